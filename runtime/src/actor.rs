@@ -1,0 +1,157 @@
+//! Stream actors: one thread per stream, taking jobs from its mailbox in order.
+//!
+//! The shared part of running a job lives here ([`execute`]); the CPU actor loop too.
+//! The CUDA actor (`cuda/actor.rs`) reuses `execute` and adds events and the watcher.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use crate::buffer::Buffer;
+use crate::completion::Payload;
+use crate::device::{Device, StreamId};
+use crate::error::{Error, Result};
+use crate::job::{Envelope, Msg};
+use crate::mailbox::Receiver;
+use crate::op::{BackendCx, ExecCx};
+use crate::placement::Policy;
+use crate::storage::{Mark, Ready};
+use crate::sync::Arc;
+
+/// What every actor knows about itself.
+pub(crate) struct ActorCx {
+    pub(crate) stream: StreamId,
+    pub(crate) device: Device,
+    pub(crate) policy: Arc<dyn Policy>,
+}
+
+/// The result of running an op: its output buffers and the completion-time finisher.
+pub(crate) struct Executed {
+    pub(crate) outputs: Vec<Buffer>,
+    pub(crate) finisher: Option<Box<dyn FnOnce() -> Result<Payload> + Send>>,
+    pub(crate) took: Duration,
+}
+
+/// Runs the envelope's op in `backend`, catching panics, and checks every output is set.
+pub(crate) fn execute(
+    env: &mut Envelope,
+    actor: &ActorCx,
+    backend: BackendCx<'_>,
+) -> Result<Executed> {
+    let name = env.name();
+    let job = env
+        .job
+        .as_mut()
+        .expect("envelope holds its job until executed");
+    let mut cx = ExecCx {
+        name,
+        stream: actor.stream,
+        device: actor.device,
+        backend,
+        specs: &env.specs,
+        outputs: (0..env.specs.len()).map(|_| None).collect(),
+        finisher: None,
+    };
+    let start = Instant::now();
+    let ran = catch_unwind(AssertUnwindSafe(|| job.run(&mut cx)));
+    let took = start.elapsed();
+    match ran {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(panic) => {
+            return Err(Error::OpPanicked {
+                op: name.to_string(),
+                message: panic_message(&*panic),
+            })
+        }
+    }
+    let mut outputs = Vec::with_capacity(cx.outputs.len());
+    for (i, o) in cx.outputs.into_iter().enumerate() {
+        match o {
+            Some(b) => outputs.push(b),
+            None => return Err(Error::invalid(name, format!("op did not set output {i}"))),
+        }
+    }
+    Ok(Executed {
+        outputs,
+        finisher: cx.finisher,
+        took,
+    })
+}
+
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Waits (blocking, without spinning) until every input's producer has published, and
+/// returns what it published. A failed producer fails this op.
+pub(crate) fn wait_inputs(env: &Envelope) -> Result<Vec<Ready>> {
+    let job = env
+        .job
+        .as_ref()
+        .expect("envelope holds its job until executed");
+    job.inputs()
+        .into_iter()
+        .map(|t| {
+            t.storage().wait_ready().map_err(|e| Error::Upstream {
+                op: job.name().to_string(),
+                cause: Box::new(e),
+            })
+        })
+        .collect()
+}
+
+/// The CPU actor: runs each job to completion on this thread (rayon inside the op).
+pub(crate) fn cpu_actor(rx: Receiver<Msg>, actor: ActorCx) {
+    while let Some(msg) = rx.recv() {
+        match msg {
+            Msg::Job(env) => run_cpu(env, &actor),
+            Msg::Shutdown => break,
+        }
+    }
+    // Anything sent after the shutdown message is failed by its envelope's drop.
+    while let Some(m) = rx.try_recv() {
+        drop(m);
+    }
+}
+
+fn run_cpu(mut env: Envelope, actor: &ActorCx) {
+    let queued = env.submitted.elapsed();
+    let span = tracing::debug_span!(
+        "op",
+        kind = env.name(),
+        stream = actor.stream.0,
+        queue_wait_us = queued.as_micros() as u64,
+        run_us = tracing::field::Empty
+    );
+    let _enter = span.enter();
+    let result = wait_inputs(&env).and_then(|_| execute(&mut env, actor, BackendCx::Cpu));
+    match result {
+        Ok(ex) => {
+            span.record("run_us", ex.took.as_micros() as u64);
+            actor
+                .policy
+                .observe(env.name(), env.cost, actor.stream, ex.took);
+            for (s, b) in env.outputs.iter().zip(ex.outputs) {
+                s.publish(Ready {
+                    buf: Arc::new(b),
+                    mark: Mark::Host,
+                });
+            }
+            let payload = ex.finisher.map(|f| f()).transpose();
+            if let Some(c) = env.completion.take() {
+                c.finish(payload);
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "op failed");
+            env.fail(e);
+        }
+    }
+    // Dropping the envelope releases the op's keep-alive (its inputs) and the load.
+}

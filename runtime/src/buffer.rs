@@ -1,0 +1,175 @@
+//! Buffers: the memory behind a tensor, on the CPU or on a CUDA device.
+//!
+//! A buffer is typed by an enum over the supported dtypes, so every access is checked
+//! without `unsafe`. Buffers are created by ops (outputs) and by uploads, and are owned by
+//! a tensor's storage once published (see `storage.rs` for the protocol).
+
+use cudarc::driver::CudaSlice;
+use half::{bf16, f16};
+
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+
+/// Host memory of one dtype.
+#[allow(missing_docs)]
+#[derive(Debug, Clone)]
+pub enum CpuData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    I32(Vec<i32>),
+    U32(Vec<u32>),
+}
+
+/// Device memory of one dtype (freed stream-ordered when dropped).
+#[allow(missing_docs)]
+#[derive(Debug)]
+pub enum CudaData {
+    F32(CudaSlice<f32>),
+    F16(CudaSlice<f16>),
+    BF16(CudaSlice<bf16>),
+    I32(CudaSlice<i32>),
+    U32(CudaSlice<u32>),
+}
+
+macro_rules! each {
+    ($e:expr, $v:ident => $body:expr) => {
+        match $e {
+            Self::F32($v) => $body,
+            Self::F16($v) => $body,
+            Self::BF16($v) => $body,
+            Self::I32($v) => $body,
+            Self::U32($v) => $body,
+        }
+    };
+}
+
+impl CpuData {
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        each!(self, v => v.len())
+    }
+    /// Whether no elements are held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Self::F32(_) => DType::F32,
+            Self::F16(_) => DType::F16,
+            Self::BF16(_) => DType::BF16,
+            Self::I32(_) => DType::I32,
+            Self::U32(_) => DType::U32,
+        }
+    }
+}
+
+impl CudaData {
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        each!(self, v => v.len())
+    }
+    /// Whether no elements are held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Self::F32(_) => DType::F32,
+            Self::F16(_) => DType::F16,
+            Self::BF16(_) => DType::BF16,
+            Self::I32(_) => DType::I32,
+            Self::U32(_) => DType::U32,
+        }
+    }
+}
+
+/// A tensor's memory.
+#[derive(Debug)]
+pub enum Buffer {
+    /// Host memory (CPU backend).
+    Cpu(CpuData),
+    /// Device memory (CUDA backend).
+    Cuda(CudaData),
+}
+
+impl Buffer {
+    /// Wraps a host vector.
+    pub fn from_vec<T: Element>(v: Vec<T>) -> Self {
+        Buffer::Cpu(T::into_cpu(v))
+    }
+    /// Wraps a device slice.
+    pub fn from_cuda<T: Element>(s: CudaSlice<T>) -> Self {
+        Buffer::Cuda(T::into_cuda(s))
+    }
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            Buffer::Cpu(d) => d.len(),
+            Buffer::Cuda(d) => d.len(),
+        }
+    }
+    /// Whether no elements are held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Buffer::Cpu(d) => d.dtype(),
+            Buffer::Cuda(d) => d.dtype(),
+        }
+    }
+    /// The host elements, if this is host memory of dtype `T`.
+    pub fn cpu<T: Element>(&self) -> Result<&[T]> {
+        match self {
+            Buffer::Cpu(d) => {
+                T::cpu(d).ok_or_else(|| Error::dtype("buffer access", T::DTYPE, d.dtype()))
+            }
+            Buffer::Cuda(_) => Err(Error::invalid(
+                "buffer access",
+                "host access to device memory",
+            )),
+        }
+    }
+    /// The host elements, mutably.
+    pub fn cpu_mut<T: Element>(&mut self) -> Result<&mut [T]> {
+        match self {
+            Buffer::Cpu(d) => {
+                let got = d.dtype();
+                T::cpu_mut(d).ok_or_else(|| Error::dtype("buffer access", T::DTYPE, got))
+            }
+            Buffer::Cuda(_) => Err(Error::invalid(
+                "buffer access",
+                "host access to device memory",
+            )),
+        }
+    }
+    /// The device slice, if this is device memory of dtype `T`.
+    pub fn cuda<T: Element>(&self) -> Result<&CudaSlice<T>> {
+        match self {
+            Buffer::Cuda(d) => {
+                T::cuda(d).ok_or_else(|| Error::dtype("buffer access", T::DTYPE, d.dtype()))
+            }
+            Buffer::Cpu(_) => Err(Error::invalid(
+                "buffer access",
+                "device access to host memory",
+            )),
+        }
+    }
+    /// The device slice, mutably.
+    pub fn cuda_mut<T: Element>(&mut self) -> Result<&mut CudaSlice<T>> {
+        match self {
+            Buffer::Cuda(d) => {
+                let got = d.dtype();
+                T::cuda_mut(d).ok_or_else(|| Error::dtype("buffer access", T::DTYPE, got))
+            }
+            Buffer::Cpu(_) => Err(Error::invalid(
+                "buffer access",
+                "device access to host memory",
+            )),
+        }
+    }
+}

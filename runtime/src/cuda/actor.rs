@@ -1,0 +1,169 @@
+//! The CUDA stream actor and its completion watcher (protocol in `cuda/mod.rs`).
+
+use std::sync::mpsc;
+use std::sync::Arc as StdArc;
+use std::time::Duration;
+
+use super::event::{EventPool, PooledEvent};
+use super::{DeviceShared, StreamCx};
+use crate::actor::{execute, wait_inputs, ActorCx};
+use crate::completion::Payload;
+use crate::error::{Error, Result};
+use crate::job::{Envelope, Msg};
+use crate::mailbox::Receiver;
+use crate::op::BackendCx;
+use crate::storage::{Mark, Ready};
+use crate::sync::Arc;
+
+/// An enqueued op waiting for its event.
+struct Watch {
+    env: Envelope,
+    event: Arc<PooledEvent>,
+    finisher: Option<Box<dyn FnOnce() -> Result<Payload> + Send>>,
+    took: Duration,
+}
+
+fn cuda_err(call: &str, e: impl std::fmt::Display) -> Error {
+    Error::Cuda {
+        call: call.into(),
+        message: e.to_string(),
+    }
+}
+
+/// The actor thread of one CUDA stream.
+pub(crate) fn cuda_actor(
+    rx: Receiver<Msg>,
+    actor: ActorCx,
+    dev: StdArc<DeviceShared>,
+    ready: mpsc::Sender<Result<()>>,
+) {
+    let stream = match dev.ctx.bind_to_thread().and_then(|_| dev.ctx.new_stream()) {
+        Ok(s) => {
+            let _ = ready.send(Ok(()));
+            s
+        }
+        Err(e) => {
+            let _ = ready.send(Err(cuda_err("cuStreamCreate", e)));
+            return;
+        }
+    };
+    let pool = EventPool::new(dev.ctx.clone());
+    let mut scx = StreamCx::new(stream, dev.clone());
+    let (wtx, wrx) = crossbeam_channel::unbounded::<Watch>();
+    let wdev = dev.clone();
+    let policy = actor.policy.clone();
+    let sid = actor.stream;
+    let watcher = std::thread::Builder::new()
+        .name(format!("rtx-watch-{}", sid.0))
+        .spawn(move || {
+            let _ = wdev.ctx.bind_to_thread();
+            for w in wrx.iter() {
+                finish(w, &wdev, &*policy, sid);
+            }
+        })
+        .expect("spawning a completion watcher thread");
+    while let Some(msg) = rx.recv() {
+        match msg {
+            Msg::Job(env) => run_cuda(env, &actor, &mut scx, &pool, &wtx, &dev),
+            Msg::Shutdown => break,
+        }
+    }
+    while let Some(m) = rx.try_recv() {
+        drop(m);
+    }
+    drop(wtx);
+    let _ = watcher.join();
+    // `scx` (with its library handles) drops here, on the thread that created them.
+}
+
+fn run_cuda(
+    mut env: Envelope,
+    actor: &ActorCx,
+    scx: &mut StreamCx,
+    pool: &StdArc<EventPool>,
+    wtx: &crossbeam_channel::Sender<Watch>,
+    dev: &DeviceShared,
+) {
+    let span = tracing::debug_span!(
+        "op",
+        kind = env.name(),
+        stream = actor.stream.0,
+        queue_wait_us = env.submitted.elapsed().as_micros() as u64,
+        run_us = tracing::field::Empty
+    );
+    let _enter = span.enter();
+    if let Some(e) = dev.poisoned() {
+        env.fail(e);
+        return;
+    }
+    let readies = match wait_inputs(&env) {
+        Ok(r) => r,
+        Err(e) => return env.fail(e),
+    };
+    for r in &readies {
+        if let Mark::Cuda { event, stream } = &r.mark {
+            if *stream != actor.stream {
+                if let Err(e) = event.event().wait_on(&scx.stream) {
+                    return env.fail(cuda_err("cuStreamWaitEvent", e));
+                }
+            }
+        }
+    }
+    drop(readies);
+    let ex = match execute(&mut env, actor, BackendCx::Cuda(scx)) {
+        Ok(x) => x,
+        Err(e) => return env.fail(e),
+    };
+    span.record("run_us", ex.took.as_micros() as u64);
+    let event = match pool.record(&scx.stream) {
+        Ok(e) => Arc::new(e),
+        Err(e) => return env.fail(cuda_err("cuEventRecord", e)),
+    };
+    for (s, b) in env.outputs.iter().zip(ex.outputs) {
+        s.publish(Ready {
+            buf: Arc::new(b),
+            mark: Mark::Cuda {
+                event: event.clone(),
+                stream: actor.stream,
+            },
+        });
+    }
+    let w = Watch {
+        env,
+        event,
+        finisher: ex.finisher,
+        took: ex.took,
+    };
+    if let Err(crossbeam_channel::SendError(w)) = wtx.send(w) {
+        // The watcher is gone (it never exits before the actor): fail rather than hang.
+        let mut w = w;
+        w.env.fail(Error::Shutdown);
+    }
+}
+
+/// Waits for one op's event, then completes it and releases its keep-alive.
+fn finish(
+    mut w: Watch,
+    dev: &DeviceShared,
+    policy: &dyn crate::placement::Policy,
+    sid: crate::device::StreamId,
+) {
+    match w.event.event().synchronize() {
+        Ok(()) => {
+            policy.observe(w.env.name(), w.env.cost, sid, w.took);
+            let payload = w.finisher.take().map(|f| f()).transpose();
+            if let Some(c) = w.env.completion.take() {
+                c.finish(payload);
+            }
+        }
+        Err(e) => {
+            dev.poison(format!("{e} (detected after `{}`)", w.env.name()));
+            let err = dev
+                .poisoned()
+                .unwrap_or(Error::Synchronization(e.to_string()));
+            w.env.fail(err);
+        }
+    }
+    // Dropping `w` drops the op (its inputs) and the event: memory and events are
+    // released only after the device has finished with them.
+}

@@ -1,0 +1,127 @@
+//! What a CUDA op sees of its stream: [`StreamCx`].
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::Arc as StdArc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
+
+use super::{driver_error, DeviceShared};
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+
+/// A CUDA stream actor's context, lent to each op it runs: the stream, the device's
+/// context, kernel functions and per-stream library state (cuBLAS, cuDNN handles...).
+/// It lives on the actor thread only, so `!Send` handles may be stored in it.
+pub struct StreamCx {
+    pub(crate) stream: StdArc<CudaStream>,
+    pub(crate) dev: StdArc<DeviceShared>,
+    functions: HashMap<(String, String), CudaFunction>,
+    ext: HashMap<TypeId, Box<dyn Any>>,
+}
+
+impl StreamCx {
+    pub(crate) fn new(stream: StdArc<CudaStream>, dev: StdArc<DeviceShared>) -> Self {
+        StreamCx {
+            stream,
+            dev,
+            functions: HashMap::new(),
+            ext: HashMap::new(),
+        }
+    }
+    /// The stream ops enqueue on.
+    pub fn stream(&self) -> &StdArc<CudaStream> {
+        &self.stream
+    }
+    /// The device's context.
+    pub fn context(&self) -> &StdArc<CudaContext> {
+        &self.dev.ctx
+    }
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.dev.ordinal
+    }
+    /// Compute capability (major, minor).
+    pub fn arch(&self) -> (i32, i32) {
+        self.dev.arch
+    }
+    /// Multiprocessor count (for sizing grids).
+    pub fn sm_count(&self) -> u32 {
+        self.dev.sm_count
+    }
+
+    /// Allocates `n` elements stream-ordered. The memory is uninitialized: the op must
+    /// write every element it publishes. Out-of-memory is [`Error::OutOfMemory`].
+    pub fn alloc<T: Element>(&self, n: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: the slice is only published as an op output, and ops write every
+        // element of their outputs before publishing (the parity tests poison outputs to
+        // catch unwritten elements).
+        unsafe { self.stream.alloc::<T>(n.max(1)) }
+            .map_err(|e| {
+                driver_error(
+                    "cuMemAllocAsync",
+                    e,
+                    &self.dev.ctx,
+                    n * std::mem::size_of::<T>(),
+                )
+            })
+            .and_then(|s| {
+                if n == 0 {
+                    Err(Error::invalid("alloc", "zero-size allocation"))
+                } else {
+                    Ok(s)
+                }
+            })
+    }
+
+    /// A kernel function, loading its module once per device from the CUBIN `cubin`
+    /// returns (called with the device's compute capability only on first use).
+    pub fn function(
+        &mut self,
+        module: &str,
+        name: &str,
+        cubin: impl FnOnce((i32, i32)) -> Result<StdArc<Vec<u8>>>,
+    ) -> Result<CudaFunction> {
+        let key = (module.to_string(), name.to_string());
+        if let Some(f) = self.functions.get(&key) {
+            return Ok(f.clone());
+        }
+        let m = match self.dev.modules.get(module) {
+            Some(m) => m.clone(),
+            None => {
+                let bin = cubin(self.dev.arch)?;
+                let m = self
+                    .dev
+                    .ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_binary((*bin).clone()))
+                    .map_err(|e| Error::Cuda {
+                        call: format!("cuModuleLoadData({module})"),
+                        message: e.to_string(),
+                    })?;
+                self.dev.modules.insert(module.to_string(), m.clone());
+                m
+            }
+        };
+        let f = m.load_function(name).map_err(|e| Error::Cuda {
+            call: format!("cuModuleGetFunction({module}::{name})"),
+            message: e.to_string(),
+        })?;
+        self.functions.insert(key, f.clone());
+        Ok(f)
+    }
+
+    /// Per-stream state of type `T` (a library handle, a plan cache), created by `init`
+    /// on first use, on this actor's thread.
+    pub fn ext<T: 'static>(&mut self, init: impl FnOnce(&StreamCx) -> Result<T>) -> Result<&mut T> {
+        let id = TypeId::of::<T>();
+        if !self.ext.contains_key(&id) {
+            let v = init(self)?;
+            self.ext.insert(id, Box::new(v));
+        }
+        Ok(self
+            .ext
+            .get_mut(&id)
+            .and_then(|b| b.downcast_mut::<T>())
+            .expect("inserted above with this type"))
+    }
+}

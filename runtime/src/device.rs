@@ -1,0 +1,64 @@
+//! Devices and streams.
+
+use std::fmt;
+
+/// Where a tensor's memory lives.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Device {
+    /// Host memory, computed on by the CPU backend.
+    Cpu,
+    /// A CUDA device, by ordinal.
+    Cuda(usize),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// A stream of a runtime, by its index among all the runtime's streams.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+pub struct StreamId(pub usize);
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream {}", self.0)
+    }
+}
+
+/// What a stream is for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum StreamKind {
+    /// Runs ops placed by the scheduler.
+    Compute,
+    /// Host↔device transfers (CUDA backend), so they overlap compute.
+    Copy,
+}
+
+/// A stream as reported by [`crate::Runtime::info`].
+#[derive(Clone, Debug)]
+pub struct StreamInfo {
+    /// Its id.
+    pub id: StreamId,
+    /// Its device.
+    pub device: Device,
+    /// Compute or copy.
+    pub kind: StreamKind,
+}
+
+/// A device as reported by [`crate::Runtime::info`].
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// The device.
+    pub device: Device,
+    /// Its name (CPU: the thread count).
+    pub name: String,
+    /// Total memory in bytes, when known.
+    pub memory: Option<usize>,
+    /// Compute capability, for CUDA devices.
+    pub compute_capability: Option<(i32, i32)>,
+}

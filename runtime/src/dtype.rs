@@ -1,0 +1,158 @@
+//! Element types and the typed views of buffers.
+
+use std::fmt;
+
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use half::{bf16, f16};
+
+use crate::buffer::{CpuData, CudaData};
+
+/// The element type of a tensor.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 32-bit signed integer (indices).
+    I32,
+    /// 32-bit unsigned integer (indices, e.g. argmax).
+    U32,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+    /// The lower-case name (`f32`, `f16`, `bf16`, `i32`, `u32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A Rust type that can be a tensor element. Sealed: f32, f16, bf16, i32, u32.
+pub trait Element:
+    sealed::Sealed
+    + Copy
+    + Send
+    + Sync
+    + fmt::Debug
+    + PartialEq
+    + DeviceRepr
+    + ValidAsZeroBits
+    + 'static
+{
+    /// The runtime dtype.
+    const DTYPE: DType;
+    /// Typed view of CPU data of this dtype.
+    fn cpu(d: &CpuData) -> Option<&[Self]>;
+    /// Typed mutable view of CPU data of this dtype.
+    fn cpu_mut(d: &mut CpuData) -> Option<&mut [Self]>;
+    /// Wraps a vector as CPU data.
+    fn into_cpu(v: Vec<Self>) -> CpuData;
+    /// Takes the vector back out of CPU data of this dtype.
+    fn from_cpu(d: CpuData) -> Result<Vec<Self>, CpuData>;
+    /// Typed view of CUDA data of this dtype.
+    fn cuda(d: &CudaData) -> Option<&CudaSlice<Self>>;
+    /// Typed mutable view of CUDA data of this dtype.
+    fn cuda_mut(d: &mut CudaData) -> Option<&mut CudaSlice<Self>>;
+    /// Wraps a device slice as CUDA data.
+    fn into_cuda(s: CudaSlice<Self>) -> CudaData;
+    /// Takes the device slice back out of CUDA data of this dtype.
+    fn from_cuda(d: CudaData) -> Result<CudaSlice<Self>, CudaData>;
+    /// Widening conversion, for references and tests.
+    fn to_f64(self) -> f64;
+    /// Narrowing conversion (rounds to nearest; integers truncate).
+    fn from_f64(v: f64) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $variant:ident, $to:expr, $from:expr) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            fn cpu(d: &CpuData) -> Option<&[Self]> {
+                match d {
+                    CpuData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn cpu_mut(d: &mut CpuData) -> Option<&mut [Self]> {
+                match d {
+                    CpuData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn into_cpu(v: Vec<Self>) -> CpuData {
+                CpuData::$variant(v)
+            }
+            fn from_cpu(d: CpuData) -> Result<Vec<Self>, CpuData> {
+                match d {
+                    CpuData::$variant(v) => Ok(v),
+                    other => Err(other),
+                }
+            }
+            fn cuda(d: &CudaData) -> Option<&CudaSlice<Self>> {
+                match d {
+                    CudaData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn cuda_mut(d: &mut CudaData) -> Option<&mut CudaSlice<Self>> {
+                match d {
+                    CudaData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn into_cuda(s: CudaSlice<Self>) -> CudaData {
+                CudaData::$variant(s)
+            }
+            fn from_cuda(d: CudaData) -> Result<CudaSlice<Self>, CudaData> {
+                match d {
+                    CudaData::$variant(v) => Ok(v),
+                    other => Err(other),
+                }
+            }
+            fn to_f64(self) -> f64 {
+                let f: fn($t) -> f64 = $to;
+                f(self)
+            }
+            fn from_f64(v: f64) -> Self {
+                let f: fn(f64) -> $t = $from;
+                f(v)
+            }
+        }
+    };
+}
+
+element!(f32, F32, |x| x as f64, |v| v as f32);
+element!(f16, F16, |x| x.to_f64(), f16::from_f64);
+element!(bf16, BF16, |x| x.to_f64(), bf16::from_f64);
+element!(i32, I32, |x| x as f64, |v| v as i32);
+element!(u32, U32, |x| x as f64, |v| v as u32);

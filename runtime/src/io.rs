@@ -1,0 +1,140 @@
+//! Moving data between the host and a runtime's devices.
+
+use crate::buffer::Buffer;
+use crate::completion::{Payload, Submission};
+use crate::device::{Device, StreamId};
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::op::{BackendCx, Cost, ExecCx, Op, Plan, PlanCx};
+use crate::runtime::{BackendKind, Runtime};
+use crate::shape::Shape;
+use crate::storage::Storage;
+use crate::sync::Arc;
+use crate::tensor::Tensor;
+
+impl Runtime {
+    /// Copies host data into a new tensor on the default device. On CUDA the copy runs on
+    /// the device's copy stream from pinned staging memory, overlapping compute; the
+    /// tensor can be used at once (consumers wait for the copy on the device).
+    pub fn upload<T: Element>(&self, data: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
+        self.upload_to(self.device(), data, shape)
+    }
+
+    /// Like [`Runtime::upload`], taking ownership (no copy on the CPU backend).
+    pub fn upload_vec<T: Element>(&self, data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        check_len(data.len(), &shape)?;
+        match self.device() {
+            Device::Cpu => Ok(Tensor::from_storage(
+                shape,
+                Arc::new(Storage::ready(Buffer::from_vec(data), Device::Cpu)),
+            )),
+            d @ Device::Cuda(_) => self.upload_to(d, &data, shape),
+        }
+    }
+
+    /// Copies host data into a new tensor on `device`.
+    pub fn upload_to<T: Element>(
+        &self,
+        device: Device,
+        data: &[T],
+        shape: impl Into<Shape>,
+    ) -> Result<Tensor> {
+        let shape = shape.into();
+        check_len(data.len(), &shape)?;
+        match (self.inner.kind, device) {
+            (BackendKind::Cpu, Device::Cpu) => Ok(Tensor::from_storage(
+                shape,
+                Arc::new(Storage::ready(Buffer::from_vec(data.to_vec()), Device::Cpu)),
+            )),
+            (BackendKind::Cuda, Device::Cuda(ord)) => {
+                crate::cuda::io::upload(self, ord, data, shape)
+            }
+            _ => Err(Error::DeviceNotFound(format!(
+                "{device} is not a device of this runtime"
+            ))),
+        }
+    }
+
+    /// Copies a tensor to the host once its producer has finished: `.await` the
+    /// submission (or `.wait()` it) for the data.
+    pub fn to_vec<T: Element>(&self, t: &Tensor) -> Result<Submission<Vec<T>>> {
+        if t.dtype() != T::DTYPE {
+            return Err(Error::dtype("to_vec", t.dtype(), T::DTYPE));
+        }
+        let stream = match t.device() {
+            Device::Cpu => t.producer().unwrap_or(StreamId(0)),
+            Device::Cuda(ord) => crate::cuda::io::copy_stream(self, ord)?,
+        };
+        let op = Download::<T> {
+            t: t.clone(),
+            _t: std::marker::PhantomData,
+        };
+        let (env, sub, stream) = self.prepare(Some(stream), op).map_err(|e| e.error)?;
+        drop(sub);
+        let completion = env
+            .completion
+            .as_ref()
+            .map(|c| c.completion())
+            .expect("fresh envelope has its completion");
+        match self.inner.streams[stream.0]
+            .tx
+            .send(crate::job::Msg::Job(env))
+        {
+            Ok(()) => Ok(Submission::payload(completion, stream)),
+            Err(_) => Err(Error::Shutdown),
+        }
+    }
+}
+
+fn check_len(len: usize, shape: &Shape) -> Result<()> {
+    if len != shape.numel() {
+        return Err(Error::ShapeMismatch {
+            op: "upload".into(),
+            lhs: Shape::new(vec![len]),
+            rhs: shape.clone(),
+            detail: format!("{len} elements for a shape of {}", shape.numel()),
+        });
+    }
+    Ok(())
+}
+
+/// Copies one tensor to the host (internal op behind [`Runtime::to_vec`]).
+struct Download<T: Element> {
+    t: Tensor,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: Element> Op for Download<T> {
+    type Output = Vec<Tensor>;
+    fn name(&self) -> &'static str {
+        "to_vec"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.t]
+    }
+    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
+        Ok(Plan {
+            outputs: vec![],
+            cost: Cost {
+                flops: 0.0,
+                bytes: (self.t.numel() * T::DTYPE.size()) as f64,
+            },
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let buf = cx.input(&self.t)?;
+        match cx.backend() {
+            BackendCx::Cpu => {
+                let v: Vec<T> = buf.cpu::<T>()?.to_vec();
+                cx.finish_with(Box::new(move || Ok(Box::new(v) as Payload)));
+                Ok(())
+            }
+            BackendCx::Cuda(scx) => {
+                let f = crate::cuda::io::download::<T>(scx, buf.cuda::<T>()?)?;
+                cx.finish_with(f);
+                Ok(())
+            }
+        }
+    }
+}

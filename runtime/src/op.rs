@@ -1,0 +1,226 @@
+//! The op contract: what the runtime asks of every op, at submit time and on the actor.
+
+use crate::buffer::Buffer;
+use crate::completion::Payload;
+use crate::device::{Device, StreamId};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+
+/// The shape and dtype of one output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorSpec {
+    /// Output shape.
+    pub shape: Shape,
+    /// Output dtype.
+    pub dtype: DType,
+}
+
+impl TensorSpec {
+    /// A spec from shape and dtype.
+    pub fn new(shape: impl Into<Shape>, dtype: DType) -> Self {
+        TensorSpec {
+            shape: shape.into(),
+            dtype,
+        }
+    }
+}
+
+/// An op's estimated work, for the scheduler's cost model.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cost {
+    /// Floating-point operations.
+    pub flops: f64,
+    /// Bytes moved through device memory (inputs read once, outputs written once).
+    pub bytes: f64,
+}
+
+/// What an op declares at submit time: its outputs and its cost.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// One spec per output, in order.
+    pub outputs: Vec<TensorSpec>,
+    /// Estimated work.
+    pub cost: Cost,
+}
+
+/// What validation may look at.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanCx {
+    /// The device the op will run on (that of its inputs).
+    pub device: Device,
+}
+
+/// An operation the runtime can run on any stream of a device.
+///
+/// `plan` runs at submit time, on the submitting thread, before anything is enqueued: it
+/// validates the operands and declares the outputs. A rejected op is given back inside
+/// [`crate::SubmitError`]. `run` executes on the stream's actor thread once every input is
+/// ready (CPU) or enqueued with its ready event waited on (CUDA). The op object itself is
+/// the keep-alive: it (with its input tensors) is dropped only after the op's completion
+/// is observed, so memory is never freed under a running kernel.
+pub trait Op: Send + 'static {
+    /// What the submission yields: one or more tensors.
+    type Output: Outputs;
+    /// A short name for errors, traces and the scheduler's cost model.
+    fn name(&self) -> &'static str;
+    /// The input tensors (their producers are waited for before `run`).
+    fn inputs(&self) -> Vec<&Tensor>;
+    /// Validates and declares outputs and cost.
+    fn plan(&self, cx: &PlanCx) -> Result<Plan>;
+    /// Executes (CPU) or enqueues (CUDA) the op, setting every output.
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()>;
+}
+
+/// Builds an op's output value from its output tensors.
+pub trait Outputs: Send + Sized + 'static {
+    /// How many tensors, or `None` for any number.
+    const COUNT: Option<usize>;
+    /// Assembles the value; `tensors.len()` matches the plan.
+    fn from_tensors(tensors: Vec<Tensor>) -> Self;
+}
+
+impl Outputs for Tensor {
+    const COUNT: Option<usize> = Some(1);
+    fn from_tensors(mut t: Vec<Tensor>) -> Self {
+        t.pop().expect("one output")
+    }
+}
+impl Outputs for (Tensor, Tensor) {
+    const COUNT: Option<usize> = Some(2);
+    fn from_tensors(t: Vec<Tensor>) -> Self {
+        let mut it = t.into_iter();
+        (
+            it.next().expect("two outputs"),
+            it.next().expect("two outputs"),
+        )
+    }
+}
+impl Outputs for (Tensor, Tensor, Tensor) {
+    const COUNT: Option<usize> = Some(3);
+    fn from_tensors(t: Vec<Tensor>) -> Self {
+        let mut it = t.into_iter();
+        let mut n = || it.next().expect("three outputs");
+        (n(), n(), n())
+    }
+}
+impl Outputs for Vec<Tensor> {
+    const COUNT: Option<usize> = None;
+    fn from_tensors(t: Vec<Tensor>) -> Self {
+        t
+    }
+}
+
+/// A shared, read-only reference to an input's memory, held while the op runs.
+pub struct BufferRef(crate::sync::Arc<Buffer>);
+
+impl std::ops::Deref for BufferRef {
+    type Target = Buffer;
+    fn deref(&self) -> &Buffer {
+        &self.0
+    }
+}
+
+/// The backend side of an execution.
+pub enum BackendCx<'a> {
+    /// The CPU backend: compute on this thread (rayon inside).
+    Cpu,
+    /// The CUDA backend: enqueue on this stream.
+    Cuda(&'a mut crate::cuda::StreamCx),
+}
+
+/// The context an op runs in on its stream actor.
+pub struct ExecCx<'a> {
+    pub(crate) name: &'static str,
+    pub(crate) stream: StreamId,
+    pub(crate) device: Device,
+    pub(crate) backend: BackendCx<'a>,
+    pub(crate) specs: &'a [TensorSpec],
+    pub(crate) outputs: Vec<Option<Buffer>>,
+    pub(crate) finisher: Option<Box<dyn FnOnce() -> Result<Payload> + Send>>,
+}
+
+impl<'a> ExecCx<'a> {
+    /// The stream this op runs on.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    /// The backend context.
+    pub fn backend(&mut self) -> &mut BackendCx<'a> {
+        &mut self.backend
+    }
+    /// The CUDA stream context, or an error on the CPU backend.
+    pub fn cuda(&mut self) -> Result<&mut crate::cuda::StreamCx> {
+        match &mut self.backend {
+            BackendCx::Cuda(c) => Ok(c),
+            BackendCx::Cpu => Err(Error::invalid(
+                self.name,
+                "CUDA context requested on the CPU backend",
+            )),
+        }
+    }
+    /// The declared spec of output `i`.
+    pub fn output_spec(&self, i: usize) -> &TensorSpec {
+        &self.specs[i]
+    }
+    /// The memory of an input (already ready, or waited on by this stream).
+    pub fn input(&self, t: &Tensor) -> Result<BufferRef> {
+        match t.storage().try_ready() {
+            Some(Ok(r)) => Ok(BufferRef(r.buf)),
+            Some(Err(e)) => Err(e),
+            None => Err(Error::invalid(
+                self.name,
+                "input used that the op did not declare in `inputs`",
+            )),
+        }
+    }
+    /// Takes a donated input's memory for in-place use, if `t` is the last handle to it
+    /// (DESIGN rule 3). Returns `None` when another handle or a pending reader can still
+    /// see it: then allocate instead. The tensor is unusable afterwards.
+    pub fn donate(&mut self, t: &mut Tensor) -> Option<Buffer> {
+        if !t.is_unique() {
+            return None;
+        }
+        t.storage().take_unique()
+    }
+    /// Sets output `i`. Its dtype, length and device must match the plan.
+    pub fn set_output(&mut self, i: usize, buf: Buffer) -> Result<()> {
+        let spec = self
+            .specs
+            .get(i)
+            .ok_or_else(|| Error::invalid(self.name, format!("output {i} was not planned")))?;
+        if buf.dtype() != spec.dtype {
+            return Err(Error::dtype(self.name, spec.dtype, buf.dtype()));
+        }
+        if buf.len() != spec.shape.numel() {
+            return Err(Error::invalid(
+                self.name,
+                format!(
+                    "output {i} has {} elements, planned {} ({})",
+                    buf.len(),
+                    spec.shape.numel(),
+                    spec.shape
+                ),
+            ));
+        }
+        let on_device = matches!(buf, Buffer::Cuda(_));
+        if on_device != matches!(self.device, Device::Cuda(_)) {
+            return Err(Error::invalid(
+                self.name,
+                format!("output {i} is not in {} memory", self.device),
+            ));
+        }
+        self.outputs[i] = Some(buf);
+        Ok(())
+    }
+    /// Registers work that produces the op's host-side value once the device has finished
+    /// (runs on the completion side).
+    pub(crate) fn finish_with(&mut self, f: Box<dyn FnOnce() -> Result<Payload> + Send>) {
+        self.finisher = Some(f);
+    }
+}

@@ -1,0 +1,633 @@
+//! The runtime: builder, submission, placement, shutdown.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use crate::actor::ActorCx;
+use crate::completion::{Completion, CompletionGuard, Submission};
+use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
+use crate::error::{Error, Result, SubmitError};
+use crate::job::{Envelope, Msg, OpJob};
+use crate::mailbox::{channel, Sender, TrySendError};
+use crate::op::{Op, Outputs, PlanCx};
+use crate::placement::{rough_ns, Affinity, LoadCounters, OpInfo, Policy, StreamLoad};
+use crate::storage::Storage;
+use crate::sync::{lock, thread, Arc, AtomicBool, Mutex, Ordering};
+use crate::tensor::Tensor;
+
+/// Which backend to run on.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Backend {
+    /// CUDA when a driver and a device are present, the CPU otherwise.
+    #[default]
+    Auto,
+    /// The CPU backend (rayon).
+    Cpu,
+    /// CUDA on these device ordinals (empty: all devices).
+    Cuda(Vec<usize>),
+}
+
+/// The backend a runtime actually runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// CPU.
+    Cpu,
+    /// CUDA.
+    Cuda,
+}
+
+/// Builds a [`Runtime`]. See [`Runtime::builder`].
+pub struct Builder {
+    backend: Backend,
+    streams: usize,
+    mailbox: usize,
+    policy: Option<Arc<dyn Policy>>,
+}
+
+impl Builder {
+    /// Which backend (default [`Backend::Auto`]).
+    pub fn backend(mut self, b: Backend) -> Self {
+        self.backend = b;
+        self
+    }
+    /// Compute streams per device (default 4 on CUDA, 2 on the CPU; at least 1).
+    pub fn streams(mut self, n: usize) -> Self {
+        self.streams = n.max(1);
+        self
+    }
+    /// Mailbox capacity per stream (default 1024; at least 1). A full mailbox makes
+    /// `submit` block and `submit_async` wait.
+    pub fn mailbox(mut self, n: usize) -> Self {
+        self.mailbox = n.max(1);
+        self
+    }
+    /// The placement policy (default [`Affinity`]; see `rtx-scheduler` for others).
+    pub fn policy(mut self, p: impl Policy) -> Self {
+        self.policy = Some(Arc::new(p));
+        self
+    }
+    /// Starts the actors.
+    pub fn build(self) -> Result<Runtime> {
+        let policy = self.policy.clone().unwrap_or_else(|| Arc::new(Affinity));
+        let want_cuda = match &self.backend {
+            Backend::Cpu => None,
+            Backend::Auto => crate::cuda::probe()
+                .ok()
+                .filter(|n| *n > 0)
+                .map(|n| (0..n).collect::<Vec<_>>()),
+            Backend::Cuda(ords) => {
+                let n = crate::cuda::probe().map_err(Error::DeviceNotFound)?;
+                if n == 0 {
+                    return Err(Error::DeviceNotFound("no CUDA device".into()));
+                }
+                let ords = if ords.is_empty() {
+                    (0..n).collect()
+                } else {
+                    ords.clone()
+                };
+                if let Some(bad) = ords.iter().find(|o| **o >= n) {
+                    return Err(Error::DeviceNotFound(format!(
+                        "cuda:{bad} (found {n} devices)"
+                    )));
+                }
+                Some(ords)
+            }
+        };
+        match want_cuda {
+            Some(ords) => crate::cuda::start(&ords, self.streams_or(4), self.mailbox, policy),
+            None => Ok(start_cpu(self.streams_or(2), self.mailbox, policy)),
+        }
+    }
+    fn streams_or(&self, d: usize) -> usize {
+        if self.streams == 0 {
+            d
+        } else {
+            self.streams
+        }
+    }
+}
+
+/// One stream as the runtime sees it.
+pub(crate) struct StreamEntry {
+    pub(crate) info: StreamInfo,
+    pub(crate) tx: Sender<Msg>,
+    pub(crate) load: Arc<LoadCounters>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) kind: BackendKind,
+    pub(crate) devices: Vec<DeviceInfo>,
+    pub(crate) streams: Vec<StreamEntry>,
+    pub(crate) policy: Arc<dyn Policy>,
+    pub(crate) closed: AtomicBool,
+    pub(crate) threads: Mutex<Vec<thread::JoinHandle<()>>>,
+    pub(crate) cuda: Option<crate::cuda::Devices>,
+}
+
+/// The rtx runtime: stream actors, a scheduler, and the completion machinery.
+///
+/// Cheap to clone and `Send + Sync`. Dropping the last handle (or [`Runtime::shutdown`])
+/// drains: every accepted op runs or fails with an error, and the actor threads are joined.
+///
+/// # Examples
+///
+/// ```
+/// use rtx_runtime::{Runtime, Backend, block_on};
+/// let rt = Runtime::builder().backend(Backend::Cpu).streams(2).build().unwrap();
+/// let x = rt.upload(&[1.0f32, 2.0, 3.0], [3]).unwrap();
+/// let v: Vec<f32> = block_on(rt.to_vec(&x).unwrap()).unwrap();
+/// assert_eq!(v, [1.0, 2.0, 3.0]);
+/// ```
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// What a runtime runs on.
+#[derive(Clone, Debug)]
+pub struct RuntimeInfo {
+    /// The backend.
+    pub backend: BackendKind,
+    /// Its devices.
+    pub devices: Vec<DeviceInfo>,
+    /// Its streams.
+    pub streams: Vec<StreamInfo>,
+    /// The placement policy's name.
+    pub policy: &'static str,
+}
+
+impl std::fmt::Display for RuntimeInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "backend: {:?}, policy: {}", self.backend, self.policy)?;
+        for d in &self.devices {
+            write!(f, "  {}: {}", d.device, d.name)?;
+            if let Some(m) = d.memory {
+                write!(f, ", {:.1} GiB", m as f64 / (1u64 << 30) as f64)?;
+            }
+            if let Some((a, b)) = d.compute_capability {
+                write!(f, ", sm_{a}{b}")?;
+            }
+            let n = self
+                .streams
+                .iter()
+                .filter(|s| s.device == d.device && s.kind == StreamKind::Compute)
+                .count();
+            let c = self
+                .streams
+                .iter()
+                .filter(|s| s.device == d.device && s.kind == StreamKind::Copy)
+                .count();
+            writeln!(f, ", {n} compute streams, {c} copy streams")?;
+        }
+        Ok(())
+    }
+}
+
+fn start_cpu(n: usize, mailbox: usize, policy: Arc<dyn Policy>) -> Runtime {
+    let mut streams = Vec::with_capacity(n);
+    let mut threads = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = channel(mailbox);
+        let actor = ActorCx {
+            stream: StreamId(i),
+            device: Device::Cpu,
+            policy: policy.clone(),
+        };
+        threads.push(spawn_named(format!("rtx-cpu-{i}"), move || {
+            crate::actor::cpu_actor(rx, actor)
+        }));
+        streams.push(StreamEntry {
+            info: StreamInfo {
+                id: StreamId(i),
+                device: Device::Cpu,
+                kind: StreamKind::Compute,
+            },
+            tx,
+            load: Arc::new(LoadCounters::default()),
+        });
+    }
+    let devices = vec![DeviceInfo {
+        device: Device::Cpu,
+        name: format!("{} rayon threads", rayon::current_num_threads()),
+        memory: None,
+        compute_capability: None,
+    }];
+    Runtime {
+        inner: Arc::new(Inner {
+            kind: BackendKind::Cpu,
+            devices,
+            streams,
+            policy,
+            closed: AtomicBool::new(false),
+            threads: Mutex::new(threads),
+            cuda: None,
+        }),
+    }
+}
+
+pub(crate) fn spawn_named(
+    name: String,
+    f: impl FnOnce() + Send + 'static,
+) -> thread::JoinHandle<()> {
+    #[cfg(not(loom))]
+    {
+        thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .expect("spawning a stream actor thread")
+    }
+    #[cfg(loom)]
+    {
+        let _ = name;
+        thread::spawn(f)
+    }
+}
+
+impl Runtime {
+    /// A builder; `Runtime::builder().build()` picks the best backend present.
+    pub fn builder() -> Builder {
+        Builder {
+            backend: Backend::Auto,
+            streams: 0,
+            mailbox: 1024,
+            policy: None,
+        }
+    }
+
+    /// The CPU backend with `streams` streams (a shorthand for tests and examples).
+    pub fn cpu(streams: usize) -> Runtime {
+        start_cpu(streams.max(1), 1024, Arc::new(Affinity))
+    }
+
+    /// The backend, devices and streams.
+    pub fn info(&self) -> RuntimeInfo {
+        RuntimeInfo {
+            backend: self.inner.kind,
+            devices: self.inner.devices.clone(),
+            streams: self.inner.streams.iter().map(|s| s.info.clone()).collect(),
+            policy: self.inner.policy.name(),
+        }
+    }
+
+    /// The backend kind.
+    pub fn backend(&self) -> BackendKind {
+        self.inner.kind
+    }
+
+    /// The default device (the first).
+    pub fn device(&self) -> Device {
+        self.inner.devices[0].device
+    }
+
+    /// The compute streams of `device`.
+    pub fn compute_streams(&self, device: Device) -> Vec<StreamId> {
+        self.inner
+            .streams
+            .iter()
+            .filter(|s| s.info.device == device && s.info.kind == StreamKind::Compute)
+            .map(|s| s.info.id)
+            .collect()
+    }
+
+    /// Submits an op, placed by the policy. Validation happens here, before anything is
+    /// enqueued; a rejected op comes back in the error. Blocks while the chosen stream's
+    /// mailbox is full (use [`Runtime::submit_async`] in async code to wait without
+    /// blocking the executor).
+    pub fn submit<O: Op>(&self, op: O) -> Result<Submission<O::Output>, SubmitError<O>> {
+        self.submit_inner(None, op)
+    }
+
+    /// Submits an op to a chosen stream (pinning).
+    pub fn submit_on<O: Op>(
+        &self,
+        stream: StreamId,
+        op: O,
+    ) -> Result<Submission<O::Output>, SubmitError<O>> {
+        self.submit_inner(Some(stream), op)
+    }
+
+    fn submit_inner<O: Op>(
+        &self,
+        pin: Option<StreamId>,
+        op: O,
+    ) -> Result<Submission<O::Output>, SubmitError<O>> {
+        let (env, sub, stream) = self.prepare(pin, op)?;
+        match self.inner.streams[stream.0].tx.send(Msg::Job(env)) {
+            Ok(()) => Ok(sub),
+            Err(Msg::Job(env)) => Err(SubmitError {
+                error: Error::Shutdown,
+                op: env.recover(),
+            }),
+            Err(Msg::Shutdown) => unreachable!("only jobs are sent here"),
+        }
+    }
+
+    /// Like [`Runtime::submit`], but waits for mailbox room asynchronously.
+    pub fn submit_async<O: Op>(&self, op: O) -> SubmitAsync<O> {
+        SubmitAsync {
+            rt: self.clone(),
+            state: AsyncState::Start(Some(op), None),
+        }
+    }
+
+    /// Like [`Runtime::submit_on`], but waits for mailbox room asynchronously.
+    pub fn submit_async_on<O: Op>(&self, stream: StreamId, op: O) -> SubmitAsync<O> {
+        SubmitAsync {
+            rt: self.clone(),
+            state: AsyncState::Start(Some(op), Some(stream)),
+        }
+    }
+
+    /// Validates, places and packages an op; nothing is enqueued yet.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn prepare<O: Op>(
+        &self,
+        pin: Option<StreamId>,
+        op: O,
+    ) -> Result<(Envelope, Submission<O::Output>, StreamId), SubmitError<O>> {
+        let reject = |error: Error, op: O| Err(SubmitError { error, op });
+        if self.inner.closed.load(Ordering::Acquire) {
+            return reject(Error::Shutdown, op);
+        }
+        let name = op.name();
+        // The device: that of the inputs, which must agree and belong to this runtime.
+        let (device, input_streams) = {
+            let inputs = op.inputs();
+            let mut device = None;
+            let mut producers: Vec<StreamId> = Vec::new();
+            let mut bad = None;
+            for t in &inputs {
+                let d = t.device();
+                match device {
+                    None => device = Some(d),
+                    Some(d0) if d0 != d => {
+                        bad = Some(Error::DeviceMismatch {
+                            op: name.into(),
+                            lhs: d0,
+                            rhs: d,
+                        });
+                        break;
+                    }
+                    _ => {}
+                }
+                if let Some(p) = t.producer() {
+                    if !producers.contains(&p) {
+                        producers.push(p);
+                    }
+                }
+            }
+            if let Some(e) = bad {
+                drop(inputs);
+                return reject(e, op);
+            }
+            (device.unwrap_or_else(|| self.device()), producers)
+        };
+        if !self.inner.devices.iter().any(|d| d.device == device) {
+            let own = self.device();
+            return reject(
+                Error::DeviceMismatch {
+                    op: name.into(),
+                    lhs: own,
+                    rhs: device,
+                },
+                op,
+            );
+        }
+        let plan = match op.plan(&PlanCx { device }) {
+            Ok(p) => p,
+            Err(e) => return reject(e, op),
+        };
+        if let Some(n) = <O::Output as Outputs>::COUNT {
+            if n != plan.outputs.len() {
+                let msg = format!(
+                    "planned {} outputs, its output type takes {n}",
+                    plan.outputs.len()
+                );
+                return reject(Error::invalid(name, msg), op);
+            }
+        }
+        // Placement.
+        let stream = match pin {
+            Some(s) => match self.inner.streams.get(s.0) {
+                Some(e) if e.info.device == device => s,
+                Some(e) => {
+                    let msg = format!("{s} is on {}, the inputs on {device}", e.info.device);
+                    return reject(Error::invalid(name, msg), op);
+                }
+                None => return reject(Error::invalid(name, format!("no {s} in this runtime")), op),
+            },
+            None => self.place(name, plan.cost, device, &input_streams),
+        };
+        let entry = &self.inner.streams[stream.0];
+        let outputs: Vec<Arc<Storage>> = plan
+            .outputs
+            .iter()
+            .map(|s| {
+                Arc::new(Storage::pending(
+                    s.dtype,
+                    s.shape.numel(),
+                    device,
+                    Some(stream),
+                ))
+            })
+            .collect();
+        let tensors: Vec<Tensor> = plan
+            .outputs
+            .iter()
+            .zip(&outputs)
+            .map(|(s, st)| Tensor::from_storage(s.shape.clone(), st.clone()))
+            .collect();
+        let completion = Completion::new();
+        let est_ns = rough_ns(plan.cost);
+        entry.load.add(est_ns);
+        let env = Envelope {
+            job: Some(Box::new(OpJob(op))),
+            specs: plan.outputs,
+            outputs,
+            completion: Some(CompletionGuard::new(completion.clone())),
+            cost: plan.cost,
+            est_ns,
+            submitted: Instant::now(),
+            load: entry.load.clone(),
+        };
+        Ok((
+            env,
+            Submission::prebuilt(O::Output::from_tensors(tensors), completion, stream),
+            stream,
+        ))
+    }
+
+    fn place(
+        &self,
+        name: &str,
+        cost: crate::op::Cost,
+        device: Device,
+        inputs: &[StreamId],
+    ) -> StreamId {
+        let loads: Vec<StreamLoad> = self
+            .inner
+            .streams
+            .iter()
+            .filter(|s| s.info.device == device && s.info.kind == StreamKind::Compute)
+            .map(|s| StreamLoad {
+                id: s.info.id,
+                queued_ops: s.load.ops.load(Ordering::Relaxed),
+                queued_ns: s.load.ns.load(Ordering::Relaxed),
+            })
+            .collect();
+        let i = self.inner.policy.place(
+            &OpInfo {
+                name,
+                cost,
+                input_streams: inputs,
+            },
+            &loads,
+        );
+        loads.get(i).map(|l| l.id).unwrap_or(loads[0].id)
+    }
+
+    /// Shuts down: stops accepting ops, lets every accepted op run (or fail), joins the
+    /// actor threads. The returned future resolves once everything has drained; dropping
+    /// the last runtime handle does the same synchronously.
+    pub fn shutdown(&self) -> Shutdown {
+        let done = Completion::new();
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            // Already shutting down: resolve once the threads are joined by whoever started.
+            let inner = self.inner.clone();
+            let d = done.clone();
+            spawn_named("rtx-shutdown".into(), move || {
+                inner.join_all();
+                d.complete(Ok(None));
+            });
+            return Shutdown(done);
+        }
+        for s in &self.inner.streams {
+            let _ = s.tx.send(Msg::Shutdown);
+        }
+        let inner = self.inner.clone();
+        let d = done.clone();
+        spawn_named("rtx-shutdown".into(), move || {
+            inner.join_all();
+            d.complete(Ok(None));
+        });
+        Shutdown(done)
+    }
+}
+
+impl Inner {
+    fn join_all(&self) {
+        loop {
+            let h = lock(&self.threads).pop();
+            match h {
+                Some(h) => {
+                    // A runtime dropped on one of its own actors cannot join that actor;
+                    // it exits by itself after the shutdown message.
+                    #[cfg(not(loom))]
+                    if h.thread().id() == thread::current().id() {
+                        continue;
+                    }
+                    let _ = h.join();
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            for s in &self.streams {
+                let _ = s.tx.send(Msg::Shutdown);
+            }
+        }
+        self.join_all();
+    }
+}
+
+/// Resolves when a shutdown has drained every stream. See [`Runtime::shutdown`].
+pub struct Shutdown(Arc<Completion>);
+
+impl Future for Shutdown {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.poll_result(cx).map(|_| ())
+    }
+}
+
+enum AsyncState<O: Op> {
+    Start(Option<O>, Option<StreamId>),
+    Sending(Option<Msg>, Option<Submission<O::Output>>, StreamId),
+    Done,
+}
+
+/// The future of [`Runtime::submit_async`].
+pub struct SubmitAsync<O: Op> {
+    rt: Runtime,
+    state: AsyncState<O>,
+}
+
+// The op is never pinned structurally: it is moved into the envelope on the first poll.
+impl<O: Op> Unpin for SubmitAsync<O> {}
+
+impl<O: Op> Future for SubmitAsync<O> {
+    type Output = Result<Submission<O::Output>, SubmitError<O>>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.state {
+                AsyncState::Start(op, pin) => {
+                    let op = op.take().expect("polled after completion");
+                    match this.rt.prepare(*pin, op) {
+                        Ok((env, sub, s)) => {
+                            this.state = AsyncState::Sending(Some(Msg::Job(env)), Some(sub), s)
+                        }
+                        Err(e) => {
+                            this.state = AsyncState::Done;
+                            return Poll::Ready(Err(e));
+                        }
+                    }
+                }
+                AsyncState::Sending(msg, sub, s) => {
+                    let entry = &this.rt.inner.streams[s.0];
+                    let m = msg.take().expect("message present while sending");
+                    let m = match entry.tx.try_send(m) {
+                        Ok(()) => {
+                            let sub = sub.take().expect("submission present");
+                            this.state = AsyncState::Done;
+                            return Poll::Ready(Ok(sub));
+                        }
+                        Err(TrySendError::Closed(m)) => m,
+                        Err(TrySendError::Full(m)) => {
+                            // Register, then retry once (see mailbox.rs for why).
+                            entry.tx.room.register(cx.waker());
+                            match entry.tx.try_send(m) {
+                                Ok(()) => {
+                                    let sub = sub.take().expect("submission present");
+                                    this.state = AsyncState::Done;
+                                    return Poll::Ready(Ok(sub));
+                                }
+                                Err(TrySendError::Full(m)) => {
+                                    *msg = Some(m);
+                                    return Poll::Pending;
+                                }
+                                Err(TrySendError::Closed(m)) => m,
+                            }
+                        }
+                    };
+                    this.state = AsyncState::Done;
+                    let Msg::Job(env) = m else {
+                        unreachable!("only jobs are sent here")
+                    };
+                    return Poll::Ready(Err(SubmitError {
+                        error: Error::Shutdown,
+                        op: env.recover(),
+                    }));
+                }
+                AsyncState::Done => panic!("SubmitAsync polled after completion"),
+            }
+        }
+    }
+}

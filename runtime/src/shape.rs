@@ -1,0 +1,84 @@
+//! Tensor shapes (row-major, contiguous).
+
+use std::fmt;
+
+/// A tensor's dimensions, outermost first. The empty shape is a scalar (one element).
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct Shape(Vec<usize>);
+
+impl Shape {
+    /// A shape from its dimensions.
+    pub fn new(dims: impl Into<Vec<usize>>) -> Self {
+        Shape(dims.into())
+    }
+    /// The scalar shape `[]`.
+    pub fn scalar() -> Self {
+        Shape(Vec::new())
+    }
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+    /// The number of elements (1 for a scalar).
+    pub fn numel(&self) -> usize {
+        self.0.iter().product()
+    }
+    /// Dimension `i`, counting from the end when negative-style `from_end` is wanted use
+    /// [`Shape::dim_from_end`].
+    pub fn dim(&self, i: usize) -> Option<usize> {
+        self.0.get(i).copied()
+    }
+    /// Dimension `i` counted from the end (0 is the last).
+    pub fn dim_from_end(&self, i: usize) -> Option<usize> {
+        self.0.len().checked_sub(i + 1).map(|j| self.0[j])
+    }
+}
+
+impl fmt::Debug for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        write!(f, "]")
+    }
+}
+
+impl From<Vec<usize>> for Shape {
+    fn from(v: Vec<usize>) -> Self {
+        Shape(v)
+    }
+}
+impl From<&[usize]> for Shape {
+    fn from(v: &[usize]) -> Self {
+        Shape(v.to_vec())
+    }
+}
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(v: [usize; N]) -> Self {
+        Shape(v.to_vec())
+    }
+}
+impl From<usize> for Shape {
+    fn from(n: usize) -> Self {
+        Shape(vec![n])
+    }
+}
+impl From<()> for Shape {
+    fn from(_: ()) -> Self {
+        Shape::scalar()
+    }
+}

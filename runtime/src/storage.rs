@@ -1,0 +1,182 @@
+//! Storage: a tensor's memory plus its sync state.
+//!
+//! # Protocol
+//!
+//! A storage is created by `submit` for each output of an op, in state `Pending`, before
+//! the op is sent to its stream actor. From then on:
+//!
+//! 1. Only the producing op's actor writes the slot, exactly once: `publish` (state
+//!    `Ready`) after the op is *enqueued* (CUDA: kernels launched and the ready event
+//!    recorded; CPU: computed), or `fail` (state `Failed`). If the job is dropped
+//!    unexecuted (shutdown), its guard fails the storage, so no waiter hangs.
+//! 2. Consumers call `wait_ready`, which blocks on the condvar until the slot leaves
+//!    `Pending` (never spinning). A consumer on another CUDA stream then makes its stream
+//!    wait on the ready event; on the CPU backend `Ready` already means computed.
+//! 3. `Ready` is immutable, except by donation: an op holding the only handle to a
+//!    storage (`Arc::strong_count == 1`, checked by the actor at execution time) may take
+//!    the buffer out (state `Donated`) and write it in place. Uniqueness means no other
+//!    tensor handle and no pending reader's keep-alive can see the memory.
+//! 4. The storage (and so the buffer) is freed when the last handle goes: user tensors,
+//!    and the keep-alives that each op holds on its inputs and outputs until its
+//!    completion is observed. Memory is therefore never freed under a running kernel.
+
+use crate::buffer::Buffer;
+use crate::device::{Device, StreamId};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::sync::{lock, wait, Arc, AtomicU64, Condvar, Mutex, Ordering};
+
+#[cfg(not(loom))]
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_id() -> u64 {
+    #[cfg(not(loom))]
+    {
+        NEXT_ID.fetch_add(1, Ordering::Relaxed)
+    }
+    #[cfg(loom)]
+    {
+        // loom atomics cannot be statics; ids only label storages in traces.
+        let _ = (AtomicU64::new(0), Ordering::Relaxed);
+        0
+    }
+}
+
+/// How a published buffer becomes safe to read.
+#[derive(Clone)]
+pub(crate) enum Mark {
+    /// The data is computed (CPU backend, uploads from host).
+    Host,
+    /// The data is ready once this event, recorded on `stream`, has completed.
+    Cuda {
+        event: Arc<crate::cuda::event::PooledEvent>,
+        stream: StreamId,
+    },
+}
+
+/// A published buffer and how to wait for it.
+#[derive(Clone)]
+pub(crate) struct Ready {
+    pub(crate) buf: Arc<Buffer>,
+    pub(crate) mark: Mark,
+}
+
+enum Slot {
+    Pending,
+    Ready(Ready),
+    Failed(Error),
+    Donated,
+}
+
+/// A tensor's memory and sync state. See the module docs for the protocol.
+pub(crate) struct Storage {
+    pub(crate) id: u64,
+    pub(crate) dtype: DType,
+    pub(crate) len: usize,
+    pub(crate) device: Device,
+    /// The stream whose op produces this storage (`None` for host uploads on the CPU).
+    pub(crate) producer: Option<StreamId>,
+    slot: Mutex<Slot>,
+    cv: Condvar,
+}
+
+impl Storage {
+    /// A storage its producer has yet to publish.
+    pub(crate) fn pending(
+        dtype: DType,
+        len: usize,
+        device: Device,
+        producer: Option<StreamId>,
+    ) -> Self {
+        Storage {
+            id: next_id(),
+            dtype,
+            len,
+            device,
+            producer,
+            slot: Mutex::new(Slot::Pending),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// A storage that is ready at once (host data on the CPU backend).
+    pub(crate) fn ready(buf: Buffer, device: Device) -> Self {
+        let s = Storage::pending(buf.dtype(), buf.len(), device, None);
+        *lock(&s.slot) = Slot::Ready(Ready {
+            buf: Arc::new(buf),
+            mark: Mark::Host,
+        });
+        s
+    }
+
+    /// Publishes the producer's result (rule 1). Later calls are ignored.
+    pub(crate) fn publish(&self, ready: Ready) {
+        let mut g = lock(&self.slot);
+        if matches!(*g, Slot::Pending) {
+            *g = Slot::Ready(ready);
+            drop(g);
+            self.cv.notify_all();
+        }
+    }
+
+    /// Fails the storage (rule 1). Ignored if already published or failed.
+    pub(crate) fn fail(&self, err: Error) {
+        let mut g = lock(&self.slot);
+        if matches!(*g, Slot::Pending) {
+            *g = Slot::Failed(err);
+            drop(g);
+            self.cv.notify_all();
+        }
+    }
+
+    /// Blocks until the producer has published or failed (rule 2).
+    pub(crate) fn wait_ready(&self) -> Result<Ready> {
+        let mut g = lock(&self.slot);
+        loop {
+            match &*g {
+                Slot::Pending => g = wait(&self.cv, g),
+                Slot::Ready(r) => return Ok(r.clone()),
+                Slot::Failed(e) => return Err(e.clone()),
+                Slot::Donated => {
+                    return Err(Error::invalid(
+                        "storage",
+                        "buffer was donated to another op",
+                    ))
+                }
+            }
+        }
+    }
+
+    /// The published buffer without waiting, if there is one.
+    pub(crate) fn try_ready(&self) -> Option<Result<Ready>> {
+        match &*lock(&self.slot) {
+            Slot::Pending => None,
+            Slot::Ready(r) => Some(Ok(r.clone())),
+            Slot::Failed(e) => Some(Err(e.clone())),
+            Slot::Donated => Some(Err(Error::invalid(
+                "storage",
+                "buffer was donated to another op",
+            ))),
+        }
+    }
+
+    /// Takes the buffer out for in-place use (rule 3). The caller guarantees it holds the
+    /// only handle to this storage; the buffer is returned only if no transient reader
+    /// holds it either.
+    pub(crate) fn take_unique(&self) -> Option<Buffer> {
+        let mut g = lock(&self.slot);
+        if !matches!(*g, Slot::Ready(_)) {
+            return None;
+        }
+        let Slot::Ready(r) = std::mem::replace(&mut *g, Slot::Donated) else {
+            return None;
+        };
+        match Arc::try_unwrap(r.buf) {
+            Ok(buf) => Some(buf),
+            Err(buf) => {
+                *g = Slot::Ready(Ready { buf, mark: r.mark });
+                None
+            }
+        }
+    }
+}
