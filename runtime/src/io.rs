@@ -66,24 +66,13 @@ impl Runtime {
             Device::Cpu => t.producer().unwrap_or(StreamId(0)),
             Device::Cuda(ord) => crate::cuda::io::copy_stream(self, ord)?,
         };
-        let op = Download::<T> {
-            t: t.clone(),
-            _t: std::marker::PhantomData,
-        };
-        let (env, sub, stream) = self.prepare(Some(stream), op).map_err(|e| e.error)?;
-        drop(sub);
-        let completion = env
-            .completion
-            .as_ref()
-            .map(|c| c.completion())
-            .expect("fresh envelope has its completion");
-        match self.inner.streams[stream.0]
-            .tx
-            .send(crate::job::Msg::Job(env))
-        {
-            Ok(()) => Ok(Submission::payload(completion, stream)),
-            Err(_) => Err(Error::Shutdown),
-        }
+        self.submit_payload(
+            stream,
+            Download::<T> {
+                t: t.clone(),
+                _t: std::marker::PhantomData,
+            },
+        )
     }
 }
 

@@ -65,12 +65,12 @@ impl Builder {
     }
     /// The placement policy (default [`Affinity`]; see `rtx-scheduler` for others).
     pub fn policy(mut self, p: impl Policy) -> Self {
-        self.policy = Some(Arc::new(p));
+        self.policy = Some(policy_arc(p));
         self
     }
     /// Starts the actors.
     pub fn build(self) -> Result<Runtime> {
-        let policy = self.policy.clone().unwrap_or_else(|| Arc::new(Affinity));
+        let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
         let want_cuda = match &self.backend {
             Backend::Cpu => None,
             Backend::Auto => crate::cuda::probe()
@@ -227,6 +227,19 @@ fn start_cpu(n: usize, mailbox: usize, policy: Arc<dyn Policy>) -> Runtime {
     }
 }
 
+/// A shared policy. loom's `Arc` cannot unsize to `dyn Policy`, so under loom the trait
+/// object is built as a std `Arc` and converted.
+fn policy_arc(p: impl Policy) -> Arc<dyn Policy> {
+    #[cfg(not(loom))]
+    {
+        Arc::new(p)
+    }
+    #[cfg(loom)]
+    {
+        Arc::from_std(std::sync::Arc::new(p) as std::sync::Arc<dyn Policy>)
+    }
+}
+
 pub(crate) fn spawn_named(
     name: String,
     f: impl FnOnce() + Send + 'static,
@@ -258,7 +271,7 @@ impl Runtime {
 
     /// The CPU backend with `streams` streams (a shorthand for tests and examples).
     pub fn cpu(streams: usize) -> Runtime {
-        start_cpu(streams.max(1), 1024, Arc::new(Affinity))
+        start_cpu(streams.max(1), 1024, policy_arc(Affinity))
     }
 
     /// The backend, devices and streams.
