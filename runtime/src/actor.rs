@@ -130,7 +130,12 @@ fn run_cpu(mut env: Envelope, actor: &ActorCx) {
         run_us = tracing::field::Empty
     );
     let _enter = span.enter();
-    let result = wait_inputs(&env).and_then(|_| execute(&mut env, actor, BackendCx::Cpu));
+    // Drop the input references before running: a donating op needs to hold the only
+    // reference to its input's buffer.
+    let result = wait_inputs(&env).and_then(|readies| {
+        drop(readies);
+        execute(&mut env, actor, BackendCx::Cpu)
+    });
     match result {
         Ok(ex) => {
             span.record("run_us", ex.took.as_micros() as u64);
