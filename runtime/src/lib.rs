@@ -21,6 +21,8 @@ mod dtype;
 mod error;
 mod io;
 mod job;
+#[cfg(all(test, loom))]
+mod loom_tests;
 mod mailbox;
 mod marker;
 mod op;

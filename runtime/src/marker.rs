@@ -95,10 +95,7 @@ impl Runtime {
             .as_ref()
             .map(|c| c.completion())
             .expect("fresh envelope has its completion");
-        match self.inner.streams[stream.0]
-            .tx
-            .send(crate::job::Msg::Job(env))
-        {
+        match self.send_job(stream, env) {
             Ok(()) => Ok(Submission::payload(completion, stream)),
             Err(_) => Err(Error::Shutdown),
         }

@@ -14,7 +14,7 @@ use crate::mailbox::{channel, Sender, TrySendError};
 use crate::op::{Op, Outputs, PlanCx};
 use crate::placement::{rough_ns, Affinity, LoadCounters, OpInfo, Policy, StreamLoad};
 use crate::storage::Storage;
-use crate::sync::{lock, thread, Arc, AtomicBool, Mutex, Ordering};
+use crate::sync::{lock, read, replace, thread, Arc, AtomicBool, Mutex, Ordering, RwLock};
 use crate::tensor::Tensor;
 
 /// Which backend to run on.
@@ -121,7 +121,13 @@ pub(crate) struct Inner {
     pub(crate) devices: Vec<DeviceInfo>,
     pub(crate) streams: Vec<StreamEntry>,
     pub(crate) policy: Arc<dyn Policy>,
+    /// Set once shutdown begins (a fast early check for `prepare`).
     pub(crate) closed: AtomicBool,
+    /// The shutdown gate: every job send holds it shared and checks it; shutdown takes it
+    /// exclusively to close it before sending the shutdown messages. So every accepted job
+    /// is in its mailbox before the shutdown message, and none can arrive after the actor
+    /// has drained (it would sit in the channel forever and its waiter would hang).
+    pub(crate) gate: RwLock<bool>,
     pub(crate) threads: Mutex<Vec<thread::JoinHandle<()>>>,
     pub(crate) cuda: Option<crate::cuda::Devices>,
 }
@@ -221,6 +227,7 @@ fn start_cpu(n: usize, mailbox: usize, policy: Arc<dyn Policy>) -> Runtime {
             streams,
             policy,
             closed: AtomicBool::new(false),
+            gate: RwLock::new(false),
             threads: Mutex::new(threads),
             cuda: None,
         }),
@@ -327,12 +334,26 @@ impl Runtime {
         op: O,
     ) -> Result<Submission<O::Output>, SubmitError<O>> {
         let (env, sub, stream) = self.prepare(pin, op)?;
-        match self.inner.streams[stream.0].tx.send(Msg::Job(env)) {
+        match self.send_job(stream, env) {
             Ok(()) => Ok(sub),
-            Err(Msg::Job(env)) => Err(SubmitError {
+            Err(env) => Err(SubmitError {
                 error: Error::Shutdown,
                 op: env.recover(),
             }),
+        }
+    }
+
+    /// Sends a job to its stream's mailbox, blocking while it is full, behind the
+    /// shutdown gate (see [`Inner::gate`]). The envelope comes back if the runtime is
+    /// shutting down.
+    pub(crate) fn send_job(&self, stream: StreamId, env: Envelope) -> Result<(), Envelope> {
+        let open = read(&self.inner.gate);
+        if *open {
+            return Err(env);
+        }
+        match self.inner.streams[stream.0].tx.send(Msg::Job(env)) {
+            Ok(()) => Ok(()),
+            Err(Msg::Job(env)) => Err(env),
             Err(Msg::Shutdown) => unreachable!("only jobs are sent here"),
         }
     }
@@ -506,19 +527,7 @@ impl Runtime {
     /// the last runtime handle does the same synchronously.
     pub fn shutdown(&self) -> Shutdown {
         let done = Completion::new();
-        if self.inner.closed.swap(true, Ordering::AcqRel) {
-            // Already shutting down: resolve once the threads are joined by whoever started.
-            let inner = self.inner.clone();
-            let d = done.clone();
-            spawn_named("rtx-shutdown".into(), move || {
-                inner.join_all();
-                d.complete(Ok(None));
-            });
-            return Shutdown(done);
-        }
-        for s in &self.inner.streams {
-            let _ = s.tx.send(Msg::Shutdown);
-        }
+        self.inner.close();
         let inner = self.inner.clone();
         let d = done.clone();
         spawn_named("rtx-shutdown".into(), move || {
@@ -530,6 +539,16 @@ impl Runtime {
 }
 
 impl Inner {
+    /// Closes the gate and sends every actor its shutdown message (once).
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        if !replace(&self.gate, true) {
+            for s in &self.streams {
+                let _ = s.tx.send(Msg::Shutdown);
+            }
+        }
+    }
+
     fn join_all(&self) {
         loop {
             let h = lock(&self.threads).pop();
@@ -551,11 +570,7 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if !self.closed.swap(true, Ordering::AcqRel) {
-            for s in &self.streams {
-                let _ = s.tx.send(Msg::Shutdown);
-            }
-        }
+        self.close();
         self.join_all();
     }
 }
@@ -606,30 +621,37 @@ impl<O: Op> Future for SubmitAsync<O> {
                 AsyncState::Sending(msg, sub, s) => {
                     let entry = &this.rt.inner.streams[s.0];
                     let m = msg.take().expect("message present while sending");
-                    let m = match entry.tx.try_send(m) {
-                        Ok(()) => {
-                            let sub = sub.take().expect("submission present");
-                            this.state = AsyncState::Done;
-                            return Poll::Ready(Ok(sub));
-                        }
-                        Err(TrySendError::Closed(m)) => m,
-                        Err(TrySendError::Full(m)) => {
-                            // Register, then retry once (see mailbox.rs for why).
-                            entry.tx.room.register(cx.waker());
-                            match entry.tx.try_send(m) {
-                                Ok(()) => {
-                                    let sub = sub.take().expect("submission present");
-                                    this.state = AsyncState::Done;
-                                    return Poll::Ready(Ok(sub));
+                    // Held across the sends: see `Inner::gate`.
+                    let closed = read(&this.rt.inner.gate);
+                    let m = if *closed {
+                        m
+                    } else {
+                        match entry.tx.try_send(m) {
+                            Ok(()) => {
+                                let sub = sub.take().expect("submission present");
+                                this.state = AsyncState::Done;
+                                return Poll::Ready(Ok(sub));
+                            }
+                            Err(TrySendError::Closed(m)) => m,
+                            Err(TrySendError::Full(m)) => {
+                                // Register, then retry once (see mailbox.rs for why).
+                                entry.tx.room.register(cx.waker());
+                                match entry.tx.try_send(m) {
+                                    Ok(()) => {
+                                        let sub = sub.take().expect("submission present");
+                                        this.state = AsyncState::Done;
+                                        return Poll::Ready(Ok(sub));
+                                    }
+                                    Err(TrySendError::Full(m)) => {
+                                        *msg = Some(m);
+                                        return Poll::Pending;
+                                    }
+                                    Err(TrySendError::Closed(m)) => m,
                                 }
-                                Err(TrySendError::Full(m)) => {
-                                    *msg = Some(m);
-                                    return Poll::Pending;
-                                }
-                                Err(TrySendError::Closed(m)) => m,
                             }
                         }
                     };
+                    drop(closed);
                     this.state = AsyncState::Done;
                     let Msg::Job(env) = m else {
                         unreachable!("only jobs are sent here")

@@ -195,6 +195,7 @@ pub(crate) fn start(
             streams,
             policy,
             closed: AtomicBool::new(false),
+            gate: crate::sync::RwLock::new(false),
             threads: Mutex::new(threads),
             cuda: Some(Devices {
                 shared,

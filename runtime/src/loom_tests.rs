@@ -1,0 +1,278 @@
+//! Loom models of the protocols in `storage.rs`, `completion.rs` and `mailbox.rs`, driven
+//! directly (no actors), so each model is small and checks one protocol precisely. The
+//! end-to-end models are in `runtime/tests/loom_runtime.rs`.
+//!
+//! Run with
+//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p rtx-runtime --lib loom`
+//! (in a separate `CARGO_TARGET_DIR`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Wake, Waker};
+
+use crate::buffer::Buffer;
+use crate::completion::{Completion, CompletionGuard, Submission};
+use crate::device::{Device, StreamId};
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::mailbox::{channel, TrySendError};
+use crate::storage::{Mark, Ready, Storage};
+use crate::sync::{Arc, Condvar, Mutex};
+use loom::thread;
+
+/// A waker that sets a flag under a loom mutex and notifies a loom condvar: loom sees the
+/// wake-up and the wait, so a lost wake-up shows as a deadlock.
+struct Signal {
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Signal {
+    fn new() -> std::sync::Arc<Signal> {
+        std::sync::Arc::new(Signal {
+            woken: Mutex::new(false),
+            cv: Condvar::new(),
+        })
+    }
+    /// Sleeps until woken, then re-arms.
+    fn sleep(&self) {
+        let mut w = self.woken.lock().unwrap();
+        while !*w {
+            w = self.cv.wait(w).unwrap();
+        }
+        *w = false;
+    }
+}
+
+impl Wake for Signal {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        *self.woken.lock().unwrap() = true;
+        self.cv.notify_one();
+    }
+}
+
+fn pending() -> Arc<Storage> {
+    Arc::new(Storage::pending(
+        DType::F32,
+        1,
+        Device::Cpu,
+        Some(StreamId(0)),
+    ))
+}
+
+fn host(v: f32) -> Ready {
+    Ready {
+        buf: Arc::new(Buffer::from_vec(vec![v])),
+        mark: Mark::Host,
+    }
+}
+
+fn value(r: &Ready) -> f32 {
+    r.buf.cpu::<f32>().unwrap()[0]
+}
+
+// ---- storage.rs: publish / fail / wait_ready / donation ------------------------------------
+
+/// A consumer waiting on a pending storage sees the producer's data (rules 1–2).
+#[test]
+fn storage_publish_wakes_waiter() {
+    loom::model(|| {
+        let s = pending();
+        let s2 = s.clone();
+        let producer = thread::spawn(move || s2.publish(host(3.0)));
+        let r = s.wait_ready().unwrap();
+        assert_eq!(value(&r), 3.0);
+        producer.join().unwrap();
+    });
+}
+
+/// Two waiters (two consumer streams) and a failing producer: both see the error.
+#[test]
+fn storage_fail_wakes_every_waiter() {
+    loom::model(|| {
+        let s = pending();
+        let s2 = s.clone();
+        let s3 = s.clone();
+        let other = thread::spawn(move || s2.wait_ready().map(|_| ()));
+        let producer = thread::spawn(move || s3.fail(Error::Shutdown));
+        assert_eq!(s.wait_ready().map(|_| ()), Err(Error::Shutdown));
+        assert_eq!(other.join().unwrap(), Err(Error::Shutdown));
+        producer.join().unwrap();
+    });
+}
+
+/// Publish and the envelope's drop-time `fail` race: the first wins, the waiter sees it.
+#[test]
+fn storage_publish_races_fail() {
+    loom::model(|| {
+        let s = pending();
+        let s2 = s.clone();
+        let t = thread::spawn(move || s2.fail(Error::Shutdown));
+        s.publish(host(1.0));
+        t.join().unwrap();
+        match s.wait_ready() {
+            Ok(r) => assert_eq!(value(&r), 1.0),
+            Err(e) => assert_eq!(e, Error::Shutdown),
+        }
+    });
+}
+
+/// Donation (rule 3) against a transient reader holding the published buffer: either the
+/// reader got the memory and donation declines (the slot stays `Ready`), or donation took
+/// it and the reader sees `Donated`; never both.
+#[test]
+fn storage_donation_races_reader() {
+    loom::model(|| {
+        let s = pending();
+        s.publish(host(5.0));
+        let s2 = s.clone();
+        let reader = thread::spawn(move || s2.try_ready().unwrap().map(|r| value(&r)));
+        let took = s.take_unique();
+        let read = reader.join().unwrap();
+        match (took, read) {
+            (Some(b), Err(_)) => assert_eq!(b.cpu::<f32>().unwrap()[0], 5.0),
+            (None, Ok(v)) => {
+                assert_eq!(v, 5.0);
+                assert!(
+                    matches!(s.try_ready(), Some(Ok(_))),
+                    "declined donation lost the buffer"
+                );
+            }
+            // The reader may finish (dropping its clone) before the donation.
+            (Some(_), Ok(v)) => assert_eq!(v, 5.0),
+            (None, Err(e)) => panic!("donation declined but the reader saw {e}"),
+        }
+    });
+}
+
+// ---- completion.rs: complete / poll / wait / guard -------------------------------------------
+
+/// The poller registers its waker under the completion's lock after seeing no result, so
+/// a completion on another thread always wakes it.
+#[test]
+fn completion_complete_wakes_poller() {
+    loom::model(|| {
+        let c = Completion::new();
+        let c2 = c.clone();
+        let t = thread::spawn(move || c2.complete(Ok(None)));
+        let signal = Signal::new();
+        let waker = Waker::from(signal.clone());
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            match c.poll_result(&mut cx) {
+                Poll::Ready(r) => {
+                    assert!(matches!(r, Ok(None)));
+                    break;
+                }
+                Poll::Pending => signal.sleep(),
+            }
+        }
+        t.join().unwrap();
+    });
+}
+
+/// A submission polled with one waker, then another (moved between tasks): the latest
+/// waker is the one woken.
+#[test]
+fn completion_rewake_with_new_waker() {
+    loom::model(|| {
+        let c = Completion::new();
+        let mut sub = Submission::prebuilt(7u32, c.clone(), StreamId(0));
+        let first = Signal::new();
+        let w1 = Waker::from(first.clone());
+        let pending = Pin::new(&mut sub).poll(&mut Context::from_waker(&w1));
+        let t = thread::spawn(move || CompletionGuard::new(c).finish(Ok(None)));
+        if pending.is_ready() {
+            unreachable!("completed before the thread started");
+        }
+        let second = Signal::new();
+        let w2 = Waker::from(second.clone());
+        let mut cx = Context::from_waker(&w2);
+        loop {
+            match Pin::new(&mut sub).poll(&mut cx) {
+                Poll::Ready(r) => {
+                    assert_eq!(r.unwrap(), 7);
+                    break;
+                }
+                Poll::Pending => second.sleep(),
+            }
+        }
+        t.join().unwrap();
+    });
+}
+
+/// A job dropped unexecuted (shutdown) completes its submission with `Shutdown` through
+/// the guard, racing a blocking waiter.
+#[test]
+fn completion_guard_drop_resolves_waiter() {
+    loom::model(|| {
+        let c = Completion::new();
+        let sub = Submission::prebuilt((), c.clone(), StreamId(0));
+        let guard = CompletionGuard::new(c);
+        let t = thread::spawn(move || drop(guard));
+        assert_eq!(sub.wait(), Err(Error::Shutdown));
+        t.join().unwrap();
+    });
+}
+
+/// `finish` and a late error (the envelope's `fail`) race: only the first result counts.
+#[test]
+fn completion_first_result_wins() {
+    loom::model(|| {
+        let c = Completion::new();
+        let sub = Submission::prebuilt((), c.clone(), StreamId(0));
+        let c2 = c.clone();
+        let t = thread::spawn(move || c2.complete(Err(Error::Shutdown)));
+        c.complete(Ok(None));
+        let r = sub.wait();
+        t.join().unwrap();
+        assert!(matches!(r, Ok(()) | Err(Error::Shutdown)));
+        assert!(c.is_done());
+    });
+}
+
+// ---- mailbox.rs: backpressure and the room --------------------------------------------------
+
+/// Capacity 1. A blocking sender fills the mailbox; an async sender then follows the
+/// `SubmitAsync` protocol (`try_send`; on `Full` register in the room, retry once; sleep
+/// until woken) while the actor receives. Every message arrives, in order; no one sleeps
+/// on a mailbox with room.
+#[test]
+fn mailbox_room_wakes_async_sender() {
+    loom::model(|| {
+        let (tx, rx) = channel::<u32>(1);
+        let actor = thread::spawn(move || {
+            let mut got = Vec::new();
+            while let Some(m) = rx.recv() {
+                got.push(m);
+            }
+            got
+        });
+        tx.send(1).map_err(|_| ()).unwrap();
+        let signal = Signal::new();
+        let waker = Waker::from(signal.clone());
+        let mut m = 2;
+        loop {
+            m = match tx.try_send(m) {
+                Ok(()) => break,
+                Err(TrySendError::Closed(_)) => panic!("actor gone"),
+                Err(TrySendError::Full(m)) => {
+                    tx.room.register(&waker);
+                    match tx.try_send(m) {
+                        Ok(()) => break,
+                        Err(TrySendError::Closed(_)) => panic!("actor gone"),
+                        Err(TrySendError::Full(m)) => {
+                            signal.sleep();
+                            m
+                        }
+                    }
+                }
+            };
+        }
+        drop(tx);
+        assert_eq!(actor.join().unwrap(), [1, 2]);
+    });
+}
