@@ -1,0 +1,324 @@
+// elementwise.cu — element-wise unary and binary ops, contiguous, broadcast and strided.
+//
+// dt is f32 (T = float), f16 (T = __half) or bf16 (T = __nv_bfloat16); all arithmetic
+// is in f32 and rounded to T once (round to nearest even). Block: 256 threads (RTX_BLOCK;
+// fewer, a multiple of 32, also work); grid: any size (grid-stride loops), best
+// min(ceil(n / (256 * 4 * V)), resident blocks) where V = 16 / sizeof(T) and resident
+// blocks = SMs x blocks per SM at this kernel's occupancy (rtx_kernels::launch). Static
+// shared memory: ews only (256 bytes); none dynamic. Outputs are contiguous.
+//
+// Unary, y[i] = op(x[i]) for i < n; op in neg exp log sin cos sqrt abs relu:
+//   extern "C" __global__ void ew_{op}_{dt}(const T* x, T* y, size_t n)
+//   relu(x) = x < 0 ? 0 : x (NaN stays NaN); abs, neg exact; exp log sin cos sqrt are the
+//   CUDA f32 functions (expf, ...; approximate under --use_fast_math).
+//
+// Binary, same shape, y[i] = a[i] op b[i]; op in add sub mul div max min:
+//   extern "C" __global__ void ew_{op}_{dt}(const T* a, const T* b, T* y, size_t n)
+//   max/min propagate NaN like PyTorch (NaN if either input is NaN).
+//
+// Binary with trailing broadcast, y[i] = a[i % na] op b[i % nb], i < n:
+//   extern "C" __global__ void ewb_{op}_{dt}(const T* a, const T* b, T* y,
+//                                            size_t n, size_t na, size_t nb)
+//   na, nb >= 1 and divide n: na == n is a full operand, 1 a scalar, the size of the
+//   trailing dims a broadcast row (e.g. bias [C] against [N, C]: nb = C).
+//
+// Binary, general strided broadcast over up to 8 dims (row-major, dim 0 outermost):
+//   struct StridedArgs { int ndim; long long shape[8]; long long sa[8]; long long sb[8]; };
+//   extern "C" __global__ void ews_{op}_{dt}(const T* a, const T* b, T* y, size_t n,
+//                                            StridedArgs args)   // passed by value
+//   y is contiguous with n = prod(shape[0..ndim]) elements; for the output index with
+//   coordinates c[d], y[i] = a[sum c[d]*sa[d]] op b[sum c[d]*sb[d]]. Strides are in
+//   elements, 0 for a broadcast dim, may be negative. 1 <= ndim <= 8. The launcher
+//   should first drop size-1 dims and merge dims that are contiguous in a, b and y.
+//
+// Aliasing: y may be the very same pointer as an input of n elements (in-place);
+// no other overlap is allowed.
+
+#include "common.cuh"
+
+using namespace rtx;
+
+// 16-byte vectors per thread per step: 4 keeps 64-128 bytes in flight per thread.
+// Ops whose f32 code is long (IEEE division's slow path) unroll less, so that the
+// kernel stays under ~64 registers.
+template <class Op> struct Unroll { static constexpr int value = 4; };
+
+// ---- ops -----------------------------------------------------------------------------
+
+struct Neg  { __device__ __forceinline__ float operator()(float x) const { return -x; } };
+struct Exp  { __device__ __forceinline__ float operator()(float x) const { return expf(x); } };
+struct Log  { __device__ __forceinline__ float operator()(float x) const { return logf(x); } };
+struct Sin  { __device__ __forceinline__ float operator()(float x) const { return sinf(x); } };
+struct Cos  { __device__ __forceinline__ float operator()(float x) const { return cosf(x); } };
+struct Sqrt { __device__ __forceinline__ float operator()(float x) const { return sqrtf(x); } };
+struct Abs  { __device__ __forceinline__ float operator()(float x) const { return fabsf(x); } };
+struct Relu { __device__ __forceinline__ float operator()(float x) const { return x < 0.0f ? 0.0f : x; } };
+
+struct Add { __device__ __forceinline__ float operator()(float a, float b) const { return a + b; } };
+struct Sub { __device__ __forceinline__ float operator()(float a, float b) const { return a - b; } };
+struct Mul { __device__ __forceinline__ float operator()(float a, float b) const { return a * b; } };
+struct Div { __device__ __forceinline__ float operator()(float a, float b) const { return a / b; } };
+template <> struct Unroll<Div> { static constexpr int value = 2; };
+struct Max { __device__ __forceinline__ float operator()(float a, float b) const { return max_nan(a, b); } };
+struct Min { __device__ __forceinline__ float operator()(float a, float b) const { return min_nan(a, b); } };
+
+// ---- contiguous ----------------------------------------------------------------------
+
+// Each thread handles U 16-byte vectors per step (all loads issued before any
+// store), then the vectors that remain, then the n % V tail element by element.
+template <class Op, typename T>
+__device__ __forceinline__ void unary(const T* x, T* y, size_t n) {
+    constexpr int V = Ty<T>::V, U = Unroll<Op>::value;
+    const size_t t = global_thread(), nt = global_threads();
+    Op op;
+    size_t done = 0;
+    if (aligned16(x) && aligned16(y)) {
+        const size_t nv = n / V;
+        size_t i = t;
+        for (; i + (U - 1) * nt < nv; i += U * nt) {
+            float f[U][V];
+#pragma unroll
+            for (int u = 0; u < U; ++u) load_vec<T, V>(x + (i + u * nt) * V, f[u]);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int e = 0; e < V; ++e) f[u][e] = op(f[u][e]);
+                store_vec<T, V>(y + (i + u * nt) * V, f[u]);
+            }
+        }
+        for (; i < nv; i += nt) {
+            float f[V];
+            load_vec<T, V>(x + i * V, f);
+#pragma unroll
+            for (int e = 0; e < V; ++e) f[e] = op(f[e]);
+            store_vec<T, V>(y + i * V, f);
+        }
+        done = nv * V;
+    }
+    for (size_t j = done + t; j < n; j += nt) Ty<T>::store(y + j, op(Ty<T>::load(x + j)));
+}
+
+template <class Op, typename T>
+__device__ __forceinline__ void binary(const T* a, const T* b, T* y, size_t n) {
+    constexpr int V = Ty<T>::V, U = Unroll<Op>::value;
+    const size_t t = global_thread(), nt = global_threads();
+    Op op;
+    size_t done = 0;
+    if (aligned16(a) && aligned16(b) && aligned16(y)) {
+        const size_t nv = n / V;
+        size_t i = t;
+        for (; i + (U - 1) * nt < nv; i += U * nt) {
+            float fa[U][V], fb[U][V];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                load_vec<T, V>(a + (i + u * nt) * V, fa[u]);
+                load_vec<T, V>(b + (i + u * nt) * V, fb[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int e = 0; e < V; ++e) fa[u][e] = op(fa[u][e], fb[u][e]);
+                store_vec<T, V>(y + (i + u * nt) * V, fa[u]);
+            }
+        }
+        for (; i < nv; i += nt) {
+            float fa[V], fb[V];
+            load_vec<T, V>(a + i * V, fa);
+            load_vec<T, V>(b + i * V, fb);
+#pragma unroll
+            for (int e = 0; e < V; ++e) fa[e] = op(fa[e], fb[e]);
+            store_vec<T, V>(y + i * V, fa);
+        }
+        done = nv * V;
+    }
+    for (size_t j = done + t; j < n; j += nt)
+        Ty<T>::store(y + j, op(Ty<T>::load(a + j), Ty<T>::load(b + j)));
+}
+
+// ---- trailing broadcast --------------------------------------------------------------
+
+// V elements of a broadcast operand starting at position pos (< len): one vector load
+// when `vec` (pos is then a multiple of V and pos + V <= len), the scalar once when
+// len == 1, else element by element, wrapping at len.
+template <typename T, int V>
+__device__ __forceinline__ void load_bcast(const T* p, size_t len, size_t pos, bool vec, float* f) {
+    if (vec) {
+        load_vec<T, V>(p + pos, f);
+    } else if (len == 1) {
+        const float s = Ty<T>::load(p);
+#pragma unroll
+        for (int e = 0; e < V; ++e) f[e] = s;
+    } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            f[e] = Ty<T>::load(p + pos);
+            pos = (pos + 1 == len) ? 0 : pos + 1;
+        }
+    }
+}
+
+// Each thread takes V outputs per step (one 16-byte store when V > 1) and keeps its
+// positions in a and b incrementally (the step modulo len is < len, so one subtraction
+// wraps): the loop has no 64-bit division. (Unrolling two chunks a step raised the
+// registers to 64 and halved occupancy: no more bytes in flight.)
+template <class Op, typename T, int V>
+__device__ __forceinline__ void bcast(const T* a, const T* b, T* y, size_t n, size_t na, size_t nb) {
+    const size_t t = global_thread(), nt = global_threads();
+    const size_t step = nt * V, vec_end = n / V * V;
+    const bool va = V > 1 && aligned16(a) && (na % V == 0 || na == n);
+    const bool vb = V > 1 && aligned16(b) && (nb % V == 0 || nb == n);
+    Op op;
+    size_t i = t * V;
+    if (i < vec_end) {
+        size_t pa = i % na, pb = i % nb;
+        const size_t sa = step % na, sb = step % nb;
+        for (; i < vec_end; i += step) {
+            float fa[V], fb[V];
+            load_bcast<T, V>(a, na, pa, va, fa);
+            load_bcast<T, V>(b, nb, pb, vb, fb);
+#pragma unroll
+            for (int e = 0; e < V; ++e) fa[e] = op(fa[e], fb[e]);
+            store_vec<T, V>(y + i, fa);
+            pa += sa; if (pa >= na) pa -= na;
+            pb += sb; if (pb >= nb) pb -= nb;
+        }
+    }
+    for (size_t j = vec_end + t; j < n; j += nt)
+        Ty<T>::store(y + j, op(Ty<T>::load(a + j % na), Ty<T>::load(b + j % nb)));
+}
+
+template <class Op, typename T>
+__device__ __forceinline__ void bcast_any(const T* a, const T* b, T* y, size_t n, size_t na, size_t nb) {
+    if (aligned16(y)) bcast<Op, T, Ty<T>::V>(a, b, y, n, na, nb);
+    else bcast<Op, T, 1>(a, b, y, n, na, nb);
+}
+
+// ---- general strided -----------------------------------------------------------------
+
+struct StridedArgs {
+    int ndim;
+    long long shape[8];
+    long long sa[8];
+    long long sb[8];
+};
+
+// The launch's shape and strides in shared memory, with 32-bit magic divisors
+// (q = (umulhi(x, mul) + x) >> shift) when every index fits in 31 bits.
+struct StridedShared {
+    long long shape[8], sa[8], sb[8];
+    unsigned mul[8], shift[8];
+};
+
+__device__ __forceinline__ void strided_setup(const StridedArgs& args, StridedShared& s) {
+    const int d = threadIdx.x;
+    if (d < args.ndim && d < 8) {
+        const u64 div = (u64)args.shape[d];
+        s.shape[d] = args.shape[d]; s.sa[d] = args.sa[d]; s.sb[d] = args.sb[d];
+        unsigned sh = 0;
+        while (sh < 32 && (1ull << sh) < div) ++sh;
+        s.shift[d] = sh;
+        s.mul[d] = div == 0 ? 0u : (unsigned)(((1ull << 32) * ((1ull << sh) - div)) / div + 1);
+    }
+    __syncthreads();
+}
+
+// Offsets in a and b of output index i; `last` gets the innermost coordinate.
+__device__ __forceinline__ void unravel(size_t i, int ndim, const StridedShared& s, bool small,
+                                        long long& oa, long long& ob, long long& last) {
+    oa = 0; ob = 0; last = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+        size_t q;
+        if (small) {
+            const unsigned x = (unsigned)i;
+            q = (unsigned)(((u64)__umulhi(x, s.mul[d]) + x) >> s.shift[d]);
+        } else {
+            q = i / (size_t)s.shape[d];
+        }
+        const long long c = (long long)(i - q * (size_t)s.shape[d]);
+        if (d == ndim - 1) last = c;
+        oa += c * s.sa[d];
+        ob += c * s.sb[d];
+        i = q;
+    }
+}
+
+// Each thread takes V consecutive outputs. When they lie in one innermost row (the
+// common case) it unravels the first, steps the innermost stride for the rest and
+// stores one 16-byte vector; otherwise it unravels each output on its own.
+template <class Op, typename T, int V>
+__device__ __forceinline__ void strided(const T* a, const T* b, T* y, size_t n, const StridedShared& s, int ndim) {
+    const size_t t = global_thread(), nt = global_threads();
+    const bool small = n < (1ull << 31);
+    const long long inner = s.shape[ndim - 1], ia = s.sa[ndim - 1], ib = s.sb[ndim - 1];
+    const size_t vec_end = n / V * V;
+    Op op;
+    for (size_t i = t * V; i < vec_end; i += nt * V) {
+        long long oa, ob, c;
+        unravel(i, ndim, s, small, oa, ob, c);
+        if (c + V <= inner) {
+            float f[V];
+#pragma unroll
+            for (int e = 0; e < V; ++e) f[e] = op(Ty<T>::load(a + oa + e * ia), Ty<T>::load(b + ob + e * ib));
+            store_vec<T, V>(y + i, f);
+        } else {
+#pragma unroll 1
+            for (int e = 0; e < V; ++e) {
+                if (e > 0) unravel(i + e, ndim, s, small, oa, ob, c);
+                Ty<T>::store(y + i + e, op(Ty<T>::load(a + oa), Ty<T>::load(b + ob)));
+            }
+        }
+    }
+    for (size_t j = vec_end + t; j < n; j += nt) {
+        long long oa, ob, c;
+        unravel(j, ndim, s, small, oa, ob, c);
+        Ty<T>::store(y + j, op(Ty<T>::load(a + oa), Ty<T>::load(b + ob)));
+    }
+}
+
+template <class Op, typename T>
+__device__ __forceinline__ void strided_any(const T* a, const T* b, T* y, size_t n, const StridedArgs& args) {
+    __shared__ StridedShared s;
+    strided_setup(args, s);
+    if (args.ndim < 1 || args.ndim > 8) return;
+    if (aligned16(y)) strided<Op, T, Ty<T>::V>(a, b, y, n, s, args.ndim);
+    else strided<Op, T, 1>(a, b, y, n, s, args.ndim);
+}
+
+// ---- entry points --------------------------------------------------------------------
+
+#define RTX_UNARY(op, Op, dt, T)                                                               \
+    extern "C" __global__ void __launch_bounds__(RTX_BLOCK) ew_##op##_##dt(const T* x, T* y, size_t n) { \
+        unary<Op, T>(x, y, n);                                                                 \
+    }
+
+#define RTX_BINARY(op, Op, dt, T)                                                              \
+    extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
+        ew_##op##_##dt(const T* a, const T* b, T* y, size_t n) {                               \
+        binary<Op, T>(a, b, y, n);                                                             \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
+        ewb_##op##_##dt(const T* a, const T* b, T* y, size_t n, size_t na, size_t nb) {        \
+        bcast_any<Op, T>(a, b, y, n, na, nb);                                                  \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
+        ews_##op##_##dt(const T* a, const T* b, T* y, size_t n, StridedArgs args) {            \
+        strided_any<Op, T>(a, b, y, n, args);                                                  \
+    }
+
+#define RTX_ALL_DTYPES(M, op, Op) M(op, Op, f32, float) M(op, Op, f16, __half) M(op, Op, bf16, __nv_bfloat16)
+
+RTX_ALL_DTYPES(RTX_UNARY, neg, Neg)
+RTX_ALL_DTYPES(RTX_UNARY, exp, Exp)
+RTX_ALL_DTYPES(RTX_UNARY, log, Log)
+RTX_ALL_DTYPES(RTX_UNARY, sin, Sin)
+RTX_ALL_DTYPES(RTX_UNARY, cos, Cos)
+RTX_ALL_DTYPES(RTX_UNARY, sqrt, Sqrt)
+RTX_ALL_DTYPES(RTX_UNARY, abs, Abs)
+RTX_ALL_DTYPES(RTX_UNARY, relu, Relu)
+
+RTX_ALL_DTYPES(RTX_BINARY, add, Add)
+RTX_ALL_DTYPES(RTX_BINARY, sub, Sub)
+RTX_ALL_DTYPES(RTX_BINARY, mul, Mul)
+RTX_ALL_DTYPES(RTX_BINARY, div, Div)
+RTX_ALL_DTYPES(RTX_BINARY, max, Max)
+RTX_ALL_DTYPES(RTX_BINARY, min, Min)

@@ -1,0 +1,297 @@
+//! Launch conventions of the built-in kernels, for the code that launches them: block
+//! size, grid sizes, workspace sizes, entry-point names and the by-value argument
+//! structs. The kernels themselves are correct for any grid (grid-stride loops); these
+//! grids are the ones they are tuned for. Signatures are in the [crate docs](crate).
+
+/// Threads per block for every built-in kernel. Reductions and softmax require it
+/// (their shared arrays are sized for it); element-wise kernels accept fewer.
+pub const BLOCK: u32 = 256;
+
+/// The largest grid for `reduce_all_*` / `argreduce_all_*`; a workspace of this many
+/// partials fits every launch.
+pub const REDUCE_ALL_MAX_GRID: u32 = 1024;
+
+/// Most dimensions a [`StridedArgs`] holds.
+pub const MAX_DIMS: usize = 8;
+
+/// Most blocks of [`BLOCK`] threads resident on one SM (2048 threads per SM).
+pub const MAX_BLOCKS_PER_SM: u32 = 8;
+
+/// Element types of the built-in kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    /// `float`.
+    F32,
+    /// `__half`.
+    F16,
+    /// `__nv_bfloat16`.
+    Bf16,
+}
+
+impl Dtype {
+    /// The entry-point suffix: `f32`, `f16`, `bf16`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::Bf16 => 2,
+        }
+    }
+
+    /// Elements per 16-byte vector.
+    pub fn vector(self) -> usize {
+        16 / self.size()
+    }
+
+    /// All of them.
+    pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
+}
+
+/// Unary ops of `elementwise.cu` (`ew_{op}_{dt}`).
+pub const UNARY_OPS: [&str; 8] = ["neg", "exp", "log", "sin", "cos", "sqrt", "abs", "relu"];
+/// Binary ops of `elementwise.cu` (`ew_`, `ewb_`, `ews_{op}_{dt}`).
+pub const BINARY_OPS: [&str; 6] = ["add", "sub", "mul", "div", "max", "min"];
+/// Reductions of `reduce.cu` (`reduce_all_`, `reduce_dim_{op}_{dt}`).
+pub const REDUCE_OPS: [&str; 5] = ["sum", "mean", "prod", "max", "min"];
+/// Index reductions of `reduce.cu` (`argreduce_all_`, `argreduce_dim_{op}_{dt}`).
+pub const ARG_OPS: [&str; 2] = ["argmax", "argmin"];
+
+/// Every documented entry point of a built-in program, or `None` for a program this
+/// module does not describe.
+pub fn entry_points(program: &str) -> Option<Vec<String>> {
+    let per_dtype = |names: Vec<String>| -> Vec<String> {
+        names
+            .iter()
+            .flat_map(|n| Dtype::ALL.map(|d| format!("{n}_{}", d.suffix())))
+            .collect()
+    };
+    let with = |prefixes: &[&str], ops: &[&str]| -> Vec<String> {
+        prefixes
+            .iter()
+            .flat_map(|p| ops.iter().map(move |op| format!("{p}_{op}")))
+            .collect()
+    };
+    let names = match program {
+        "elementwise" => {
+            let mut all = with(&["ew"], &UNARY_OPS);
+            all.extend(with(&["ew", "ewb", "ews"], &BINARY_OPS));
+            per_dtype(all)
+        }
+        "reduce" => {
+            let mut all = with(&["reduce_all", "reduce_dim"], &REDUCE_OPS);
+            all.extend(with(&["argreduce_all", "argreduce_dim"], &ARG_OPS));
+            per_dtype(all)
+        }
+        "softmax" => per_dtype(vec!["softmax".to_owned()]),
+        "fault" => vec!["fault_trap".to_owned()],
+        _ => return None,
+    };
+    Some(names)
+}
+
+fn blocks(work: usize, per_block: usize, cap: u32) -> u32 {
+    let needed = work.div_ceil(per_block.max(1)).max(1);
+    u32::try_from(needed).unwrap_or(u32::MAX).min(cap.max(1))
+}
+
+/// Blocks that run at once on a device: `sm_count` times the kernel's blocks per SM at
+/// [`BLOCK`] threads (from `cuOccupancyMaxActiveBlocksPerMultiprocessor(f, 256, 0)`,
+/// cudarc's `CudaFunction::occupancy_max_active_blocks_per_multiprocessor`). The grid
+/// functions below cap their grid at this: one full wave, no tail of idle SMs.
+pub fn resident_blocks(sm_count: u32, blocks_per_sm: u32) -> u32 {
+    sm_count.saturating_mul(blocks_per_sm.clamp(1, MAX_BLOCKS_PER_SM))
+}
+
+/// Grid for `ew_*`, `ewb_*`, `ews_*` over `n` outputs: enough blocks for 4 vectors per
+/// thread, at most `resident` (see [`resident_blocks`]).
+pub fn elementwise_grid(n: usize, dtype: Dtype, resident: u32) -> u32 {
+    blocks(n, BLOCK as usize * dtype.vector() * 4, resident)
+}
+
+/// Grid for `reduce_all_*` / `argreduce_all_*`: enough blocks for 4 vectors per thread,
+/// at most `resident` and [`REDUCE_ALL_MAX_GRID`]. The workspace needs one partial per
+/// block.
+pub fn reduce_all_grid(n: usize, dtype: Dtype, resident: u32) -> u32 {
+    blocks(
+        n,
+        BLOCK as usize * dtype.vector() * 4,
+        resident.min(REDUCE_ALL_MAX_GRID),
+    )
+}
+
+/// Grid for `reduce_dim_*` / `argreduce_dim_*` on `[outer, r, inner]`: the kernel's
+/// work units (rows per block or column tiles, as `reduce.cu` chooses them), at most
+/// `resident`. Assumes `x` is 16-byte aligned (else the grid is merely less tuned).
+pub fn reduce_dim_grid(outer: usize, r: usize, inner: usize, dtype: Dtype, resident: u32) -> u32 {
+    if inner == 1 {
+        let warp_per_row = outer >= 2048 || r <= 1024;
+        let rows_per_block = if warp_per_row { BLOCK as usize / 32 } else { 1 };
+        return blocks(outer, rows_per_block, resident);
+    }
+    let v = if inner % dtype.vector() == 0 {
+        dtype.vector()
+    } else {
+        1
+    };
+    let per_outer = inner / v;
+    let items = outer.saturating_mul(per_outer);
+    let tile = if items >= 65536 {
+        BLOCK as usize
+    } else {
+        let segment = v * dtype.size();
+        let (seg_max, seg_min) = ((128 / segment).max(1), (32 / segment).max(1));
+        let mut tx = per_outer.next_power_of_two().min(seg_max);
+        while tx > seg_min && items.div_ceil(tx) < 512 {
+            tx /= 2;
+        }
+        tx
+    };
+    blocks(items, tile, resident)
+}
+
+/// Grid for `softmax_*` on `[rows, cols]`: a warp per row up to 1024 columns, else a
+/// block per row; at most `resident`.
+pub fn softmax_grid(rows: usize, cols: usize, resident: u32) -> u32 {
+    let per_block = if cols <= 1024 { BLOCK as usize / 32 } else { 1 };
+    blocks(rows, per_block, resident)
+}
+
+/// The by-value argument of `ews_{op}_{dt}`, laid out as the C struct
+/// `struct StridedArgs { int ndim; long long shape[8]; long long sa[8]; long long sb[8]; }`.
+///
+/// Dims are row-major (0 outermost); strides are in elements, 0 where an operand is
+/// broadcast. The output is contiguous.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StridedArgs {
+    /// Number of dims in use, 1 to 8.
+    pub ndim: i32,
+    /// Output shape.
+    pub shape: [i64; MAX_DIMS],
+    /// Strides of `a`.
+    pub sa: [i64; MAX_DIMS],
+    /// Strides of `b`.
+    pub sb: [i64; MAX_DIMS],
+}
+
+const _: () = assert!(
+    std::mem::size_of::<StridedArgs>() == 200,
+    "must match the C layout"
+);
+
+// SAFETY: StridedArgs is `repr(C)` plain data (integers only, no pointers), 200 bytes
+// laid out exactly as the C struct the kernels declare, so its bytes are a valid
+// kernel argument.
+unsafe impl cudarc::driver::DeviceRepr for StridedArgs {}
+
+impl StridedArgs {
+    /// Arguments for output `shape` with operand strides `sa`, `sb` (one per dim), after
+    /// dropping size-1 dims and merging dims that are contiguous in both operands.
+    /// `None` if the lengths differ or more than 8 dims remain.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rtx_kernels::launch::StridedArgs;
+    /// // [4, 1, 3, 5] + a bias of [3, 1] broadcast over dims 0 and 3:
+    /// let args = StridedArgs::new(&[4, 1, 3, 5], &[15, 15, 5, 1], &[0, 0, 1, 0]).unwrap();
+    /// assert_eq!(args.ndim, 3);
+    /// assert_eq!(&args.shape[..3], &[4, 3, 5]);
+    /// ```
+    pub fn new(shape: &[usize], sa: &[isize], sb: &[isize]) -> Option<Self> {
+        if sa.len() != shape.len() || sb.len() != shape.len() {
+            return None;
+        }
+        let mut dims: Vec<(i64, i64, i64)> = Vec::with_capacity(shape.len());
+        for ((&n, &a), &b) in shape.iter().zip(sa).zip(sb) {
+            let (n, a, b) = (i64::try_from(n).ok()?, a as i64, b as i64);
+            if n == 1 {
+                continue;
+            }
+            match dims.last_mut() {
+                Some(outer) if outer.1 == a * n && outer.2 == b * n => *outer = (outer.0 * n, a, b),
+                _ => dims.push((n, a, b)),
+            }
+        }
+        if dims.is_empty() {
+            dims.push((1, 0, 0));
+        }
+        if dims.len() > MAX_DIMS {
+            return None;
+        }
+        let mut args = StridedArgs {
+            ndim: dims.len() as i32,
+            shape: [1; 8],
+            sa: [0; 8],
+            sb: [0; 8],
+        };
+        for (d, (n, a, b)) in dims.into_iter().enumerate() {
+            (args.shape[d], args.sa[d], args.sb[d]) = (n, a, b);
+        }
+        Some(args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges_contiguous_dims_and_drops_ones() {
+        let args = StridedArgs::new(&[2, 3, 4], &[12, 4, 1], &[12, 4, 1]).unwrap();
+        assert_eq!((args.ndim, args.shape[0], args.sa[0]), (1, 24, 1));
+        let bcast = StridedArgs::new(&[2, 3, 4], &[12, 4, 1], &[0, 1, 0]).unwrap();
+        assert_eq!(
+            (bcast.ndim, &bcast.shape[..3], &bcast.sb[..3]),
+            (3, &[2, 3, 4][..], &[0, 1, 0][..])
+        );
+        let sb: Vec<isize> = (0..9).map(|d| 1 << (8 - d)).collect();
+        let merged = StridedArgs::new(&[2; 9], &[0; 9], &sb).unwrap();
+        assert_eq!((merged.ndim, merged.shape[0], merged.sb[0]), (1, 512, 1));
+        assert!(
+            StridedArgs::new(&[2; 9], &[0; 9], &[1; 9]).is_none(),
+            "9 unmergeable dims"
+        );
+        assert!(StridedArgs::new(&[2, 3], &[1], &[1, 1]).is_none());
+    }
+
+    #[test]
+    fn grids_are_bounded() {
+        let h200 = resident_blocks(132, 8);
+        assert_eq!(elementwise_grid(1 << 26, Dtype::F32, h200), 1056);
+        assert_eq!(elementwise_grid(10, Dtype::F16, h200), 1);
+        assert_eq!(
+            reduce_all_grid(1 << 30, Dtype::F32, 10_000),
+            REDUCE_ALL_MAX_GRID
+        );
+        // 8192 x 8192 f32 over dim 0: 2048 column vectors, 4 per tile -> 512 tiles.
+        assert_eq!(reduce_dim_grid(1, 8192, 8192, Dtype::F32, 10_000), 512);
+        // ... over dim 1: a warp per row, 8 rows per block.
+        assert_eq!(reduce_dim_grid(8192, 8192, 1, Dtype::F32, 10_000), 1024);
+        assert_eq!(reduce_dim_grid(8192, 8192, 1, Dtype::F32, 660), 660);
+        // Unaligned width 3 with many items: a thread per item.
+        assert_eq!(
+            reduce_dim_grid(100_000, 7, 3, Dtype::F32, 10_000),
+            300_000usize.div_ceil(256) as u32
+        );
+        assert_eq!(softmax_grid(4096, 8192, resident_blocks(132, 4)), 528);
+    }
+
+    #[test]
+    fn names_follow_the_scheme() {
+        let ew = entry_points("elementwise").unwrap();
+        assert_eq!(ew.len(), (8 + 6 * 3) * 3);
+        assert!(ew.contains(&"ewb_max_bf16".to_owned()));
+        let red = entry_points("reduce").unwrap();
+        assert!(red.contains(&"argreduce_dim_argmin_f16".to_owned()));
+        assert!(entry_points("attention").is_none());
+    }
+}

@@ -1,0 +1,98 @@
+//! The kernel sources compiled into the crate: every `kernels/cuda/*.cu` file (one
+//! NVRTC program each) and every `kernels/cuda/*.cuh` header they may `#include`.
+//!
+//! `build.rs` generates the tables; the text is embedded with `include_str!`, so a
+//! binary carries its kernels and needs no source tree at run time.
+
+/// One CUDA C source: a kernel program (`*.cu`) or a header (`*.cuh`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSource {
+    /// For a program the file stem (`"elementwise"` for `elementwise.cu`); for a header
+    /// the file name as `#include "…"` spells it (`"common.cuh"`).
+    pub name: &'static str,
+    /// The CUDA C text.
+    pub source: &'static str,
+}
+
+include!(concat!(env!("OUT_DIR"), "/sources.rs"));
+
+/// Every kernel program in `kernels/cuda/*.cu`, sorted by name.
+///
+/// # Examples
+///
+/// ```
+/// let names: Vec<_> = rtx_kernels::sources().iter().map(|s| s.name).collect();
+/// assert!(names.contains(&"elementwise"));
+/// ```
+pub fn sources() -> &'static [KernelSource] {
+    SOURCES
+}
+
+/// The kernel program named `name` (the file stem of its `.cu` file), if any.
+///
+/// # Examples
+///
+/// ```
+/// let softmax = rtx_kernels::source("softmax").expect("softmax.cu is built in");
+/// assert!(softmax.source.contains("softmax_"));
+/// assert!(rtx_kernels::source("no_such_kernel").is_none());
+/// ```
+pub fn source(name: &str) -> Option<&'static KernelSource> {
+    SOURCES.iter().find(|s| s.name == name)
+}
+
+/// Every header in `kernels/cuda/*.cuh`. Each is handed to NVRTC as a named header,
+/// so `#include "common.cuh"` works from any program.
+pub fn headers() -> &'static [KernelSource] {
+    HEADERS
+}
+
+/// The headers `source` includes from `kernels/cuda/`, directly or through another
+/// header, in first-include order. The cache key hashes exactly these.
+pub(crate) fn local_includes(source: &str) -> Vec<&'static KernelSource> {
+    let mut found: Vec<&'static KernelSource> = Vec::new();
+    let mut pending = vec![source];
+    while let Some(text) = pending.pop() {
+        for name in quoted_includes(text) {
+            if let Some(h) = HEADERS.iter().find(|h| h.name == name) {
+                if !found.iter().any(|f| f.name == h.name) {
+                    found.push(h);
+                    pending.push(h.source);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The names in the `#include "name"` lines of `text`.
+fn quoted_includes(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter_map(|line| {
+        let rest = line.trim_start().strip_prefix('#')?.trim_start();
+        let rest = rest
+            .strip_prefix("include")?
+            .trim_start()
+            .strip_prefix('"')?;
+        rest.split('"').next()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_quoted_includes_only() {
+        let text = "#include <cuda_fp16.h>\n  #  include \"a.cuh\"\n// #include \"b.cuh\" x\n";
+        let names: Vec<_> = quoted_includes(text).collect();
+        assert_eq!(names, ["a.cuh"]);
+    }
+
+    #[test]
+    fn every_program_is_listed_and_named_by_its_stem() {
+        for name in ["elementwise", "reduce", "softmax", "fault"] {
+            assert!(source(name).is_some(), "{name}.cu missing from sources()");
+        }
+        assert!(sources().windows(2).all(|w| w[0].name < w[1].name));
+    }
+}
