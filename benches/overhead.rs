@@ -1,1 +1,116 @@
-fn main() {}
+//! Host overhead of the runtime on the CPU backend: a chain of 10,000 tiny dependent
+//! ops (16-element f32 adds) through `submit`, against calling the CPU kernel directly.
+//!
+//! ```text
+//! cargo bench --bench overhead
+//! ```
+//! Prints a markdown table: median over 9 runs of µs per op (end to end: first submit to
+//! last completion), the submitting thread's µs per submit, and ops/s.
+
+use std::time::Instant;
+
+use rtx::ops::elementwise::{self as ew, cpu, BinaryOp};
+use rtx::{Backend, Runtime};
+
+const N: usize = 10_000;
+const LEN: usize = 16;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    let a: Vec<f32> = (0..LEN).map(|i| i as f32 * 0.25 - 1.0).collect();
+
+    // Direct calls: the same CPU kernel, no runtime.
+    let mut direct = Vec::new();
+    for _ in 0..9 {
+        let mut x = a.clone();
+        let mut y = vec![0.0f32; LEN];
+        let t = Instant::now();
+        for _ in 0..N {
+            cpu::binary(BinaryOp::Add, &x, &[LEN], &a, &[LEN], &mut y, &[LEN]);
+            std::mem::swap(&mut x, &mut y);
+        }
+        direct.push(t.elapsed().as_secs_f64() * 1e6 / N as f64);
+        std::hint::black_box(&x);
+    }
+
+    let mut rows = vec![(
+        "direct CPU kernel call".to_string(),
+        median(&mut direct),
+        f64::NAN,
+    )];
+    for streams in [1usize, 4] {
+        let rt = Runtime::builder()
+            .backend(Backend::Cpu)
+            .streams(streams)
+            .build()
+            .expect("runtime");
+        let s = rt.compute_streams(rt.device())[0];
+        let at = rt.upload(&a, [LEN]).expect("upload");
+        let run = || {
+            let mut x = at.clone();
+            let t0 = Instant::now();
+            for _ in 0..N {
+                x = rt
+                    .submit_on(s, ew::add(&x, &at))
+                    .expect("submit")
+                    .outputs()
+                    .expect("output")
+                    .clone();
+            }
+            let t1 = Instant::now();
+            let v = rt
+                .to_vec::<f32>(&x)
+                .expect("download")
+                .wait()
+                .expect("chain completes");
+            let t2 = Instant::now();
+            std::hint::black_box(v);
+            (
+                (t2 - t0).as_secs_f64() * 1e6 / N as f64,
+                (t1 - t0).as_secs_f64() * 1e6 / N as f64,
+            )
+        };
+        run();
+        let (mut e2e, mut sub): (Vec<f64>, Vec<f64>) = (0..9).map(|_| run()).unzip();
+        rows.push((
+            format!("submit chain, {streams}-stream runtime"),
+            median(&mut e2e),
+            median(&mut sub),
+        ));
+
+        // Round trip: submit and await each op before the next.
+        let mut rt_lat = Vec::new();
+        for _ in 0..5 {
+            let mut x = at.clone();
+            let t = Instant::now();
+            for _ in 0..1000 {
+                x = rt
+                    .submit_on(s, ew::add(&x, &at))
+                    .expect("submit")
+                    .wait()
+                    .expect("op");
+            }
+            rt_lat.push(t.elapsed().as_secs_f64() * 1e6 / 1000.0);
+        }
+        rows.push((
+            format!("submit + wait each, {streams}-stream runtime"),
+            median(&mut rt_lat),
+            f64::NAN,
+        ));
+    }
+
+    println!("| case ({N} dependent 16-element f32 adds) | µs per op (median of 9) | µs per submit | ops/s |");
+    println!("|---|---:|---:|---:|");
+    for (name, us, sub) in rows {
+        let sub = if sub.is_nan() {
+            "".to_string()
+        } else {
+            format!("{sub:.2}")
+        };
+        println!("| {name} | {us:.2} | {sub} | {:.0} |", 1e6 / us);
+    }
+}

@@ -252,24 +252,56 @@ fn shutdown_drains_every_accepted_op() {
     assert!(matches!(e.error, Error::Shutdown));
 }
 
-#[test]
-fn dropping_the_runtime_joins_its_threads() {
-    let before = thread_count();
-    {
-        let rt = Runtime::cpu(4);
-        let a = rt.upload(&[1.0f32], [1]).unwrap();
-        let s = rt.submit(add(&a, &a)).unwrap();
-        drop(rt);
-        // The op was accepted before the drop: it completed.
-        s.wait().unwrap();
+thread_local! {
+    static HELD: std::cell::RefCell<Option<Arc<()>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Parks a clone of a token in its actor thread's thread-local storage, released only
+/// when that thread exits.
+struct Park(Tensor, Arc<()>);
+impl Op for Park {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "park"
     }
-    if let (Some(b), Some(a)) = (before, thread_count()) {
-        assert!(a <= b, "threads leaked: {b} before, {a} after");
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.0]
+    }
+    fn plan(&self, _: &PlanCx) -> Result<Plan> {
+        Ok(Plan {
+            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
+            cost: Cost::default(),
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        HELD.with(|h| *h.borrow_mut() = Some(self.1.clone()));
+        let v = cx.input(&self.0)?.cpu::<f32>()?.to_vec();
+        cx.set_output(0, Buffer::from_vec(v))
     }
 }
 
-fn thread_count() -> Option<usize> {
-    std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
+#[test]
+fn dropping_the_runtime_joins_its_threads() {
+    let token = Arc::new(());
+    let rt = Runtime::cpu(4);
+    let a = rt.upload(&[1.0f32], [1]).unwrap();
+    let subs: Vec<_> = rt
+        .compute_streams(rt.device())
+        .into_iter()
+        .map(|s| rt.submit_on(s, Park(a.clone(), token.clone())).unwrap())
+        .collect();
+    drop(rt);
+    // Every accepted op completed...
+    for s in subs {
+        s.wait().unwrap();
+    }
+    // ...and every actor thread has exited (its thread-locals are destroyed only then),
+    // because dropping the runtime joined them.
+    assert_eq!(
+        Arc::strong_count(&token),
+        1,
+        "an actor thread outlived its runtime"
+    );
 }
 
 #[test]

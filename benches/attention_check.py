@@ -1,0 +1,512 @@
+#!/usr/bin/env python3
+"""Correctness and speed check of kernels/cuda/attention.cu (FlashAttention-2 fwd/bwd).
+
+Runs on the GPU host:  python3 benches/attention_check.py [--quick] [--no-bench] [--no-check]
+
+1. ABI check: a tiny kernel echoes every FlashParams field it receives by value.
+2. Correctness against float64 PyTorch math (not SDPA), gradients from float64 autograd,
+   fresh torch.randn inputs, every output and workspace poisoned with NaN before launch:
+   dtype {f16, bf16} x D {64, 128} x causal {0, 1} x mask {none, [Lq,Lk], [B,H,Lq,Lk]}
+   x (Lq, Lk) x GQA {H=2*Hkv, H=Hkv}; relative errors ||x - ref|| / ||ref|| of o, lse,
+   dq, dk, dv; PASS when all < 2e-2. Masks hold -inf entries and (Lq > 3) one fully
+   masked row, which must give o = 0, lse = -inf and zero gradients.
+3. Timing (CUDA events, medians, 2 rotating input sets) against
+   torch.nn.functional.scaled_dot_product_attention, bf16, B*L = 16384, H*D = 2048.
+
+Writes nothing outside $OUT (if set; a JSON summary goes there). cupy's kernel cache is
+kept in memory and its temporary files go under $OUT (or a private temp dir, removed).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+
+_OUT = os.environ.get("OUT")
+if _OUT:
+    _TMP = os.path.join(_OUT, "tmp")
+    os.makedirs(_TMP, exist_ok=True)
+    _OWN_TMP = False
+else:
+    _TMP = tempfile.mkdtemp(prefix="attn_check_")
+    _OWN_TMP = True
+os.environ["TMPDIR"] = _TMP
+tempfile.tempdir = _TMP
+os.environ.setdefault("CUPY_CACHE_IN_MEMORY", "1")
+os.environ.setdefault("CUPY_CACHE_DIR", os.path.join(_TMP, "cupy_cache"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import cupy  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KDIR = os.path.join(ROOT, "kernels", "cuda")
+TOL = 2e-2
+
+# ---------------------------------------------------------------------------------------
+# ABI (mirrors struct FlashParams in kernels/cuda/attention_common.cuh)
+# ---------------------------------------------------------------------------------------
+_FIELDS = [
+    ("q", "u8", 0), ("k", "u8", 8), ("v", "u8", 16), ("mask", "u8", 24), ("o", "u8", 32),
+    ("lse", "u8", 40), ("dout", "u8", 48), ("dsum", "u8", 56), ("dq_accum", "u8", 64),
+    ("dq", "u8", 72), ("dk", "u8", 80), ("dv", "u8", 88),
+    ("mask_stride_b", "i8", 96), ("mask_stride_h", "i8", 104), ("mask_stride_q", "i8", 112),
+    ("B", "i4", 120), ("H", "i4", 124), ("Hkv", "i4", 128), ("Lq", "i4", 132), ("Lk", "i4", 136),
+    ("scale", "f4", 140), ("causal", "i4", 144), ("pad_", "i4", 148),
+]
+PARAMS_DTYPE = np.dtype({"names": [f[0] for f in _FIELDS], "formats": [f[1] for f in _FIELDS],
+                         "offsets": [f[2] for f in _FIELDS], "itemsize": 152})
+
+FWD_BR = 128          # query rows per forward block (both presets)
+BWD_BC = 64           # keys per backward block
+BWD_SMEM = {64: 58368, 128: 70144}
+
+
+def fwd_launch_cfg(d, preset, stages=3):
+    """(threads per block, dynamic smem bytes) of flash_fwd_d{d}_* for a warp-layout preset
+    (ATTN_FWD_D{d}_PRESET in attention.cu; 0 is the default)."""
+    if preset == 0:
+        threads, bc = 256, 64
+    else:
+        threads, bc = 128, (64 if d == 64 else 32)
+    return threads, FWD_BR * d * 2 + stages * 2 * bc * d * 2
+
+
+def pre_rows_per_block(d):
+    return 256 // (d // 8)
+
+
+ECHO_SRC = r'''
+#include "attention_common.cuh"
+extern "C" __global__ void flash_params_echo(const FlashParams p, unsigned long long* out) {
+    if (threadIdx.x != 0) return;
+    out[0] = (unsigned long long)p.q;  out[1] = (unsigned long long)p.k;
+    out[2] = (unsigned long long)p.v;  out[3] = (unsigned long long)p.mask;
+    out[4] = (unsigned long long)p.o;  out[5] = (unsigned long long)p.lse;
+    out[6] = (unsigned long long)p.dout; out[7] = (unsigned long long)p.dsum;
+    out[8] = (unsigned long long)p.dq_accum; out[9] = (unsigned long long)p.dq;
+    out[10] = (unsigned long long)p.dk; out[11] = (unsigned long long)p.dv;
+    out[12] = (unsigned long long)p.mask_stride_b; out[13] = (unsigned long long)p.mask_stride_h;
+    out[14] = (unsigned long long)p.mask_stride_q;
+    out[15] = p.B; out[16] = p.H; out[17] = p.Hkv; out[18] = p.Lq; out[19] = p.Lk;
+    out[20] = __float_as_uint(p.scale); out[21] = p.causal; out[22] = sizeof(FlashParams);
+}
+'''
+
+
+def compile_module(src, probe, extra=()):
+    """RawModule of src; `probe` is a kernel name fetched to force compilation."""
+    base = ("-std=c++17", "-I" + KDIR) + tuple(extra)
+    try:
+        mod = cupy.RawModule(code=src, options=base + ("--gpu-architecture=sm_90",))
+        mod.get_function(probe)
+        return mod
+    except Exception as e:  # noqa: BLE001  cupy may add its own -arch; retry without ours
+        if "arch" not in str(e).lower():
+            raise
+        print("note: compiling without --gpu-architecture (cupy sets the arch): %s" % str(e)[:200])
+        mod = cupy.RawModule(code=src, options=base)
+        mod.get_function(probe)
+        return mod
+
+
+class Kernels:
+    def __init__(self, preset=0):
+        """attention.cu compiled with ATTN_FWD_D64_PRESET = ATTN_FWD_D128_PRESET = preset."""
+        src = open(os.path.join(KDIR, "attention.cu")).read()
+        extra = () if preset == 0 else ("-DATTN_FWD_D64_PRESET=%d" % preset, "-DATTN_FWD_D128_PRESET=%d" % preset)
+        self.preset = preset
+        self.fwd_cfg = {d: fwd_launch_cfg(d, preset) for d in (64, 128)}
+        t0 = time.time()
+        self.mod = compile_module(src, "flash_fwd_d64_f16", extra)
+        self.cache = {}
+        for d in (64, 128):
+            for t in ("f16", "bf16"):
+                self.get(f"flash_fwd_d{d}_{t}", self.fwd_cfg[d][1])
+                self.get(f"flash_bwd_dq_dk_dv_d{d}_{t}", BWD_SMEM[d])
+        self.compile_s = time.time() - t0
+
+    def get(self, name, smem=0):
+        k = self.cache.get(name)
+        if k is None:
+            k = self.mod.get_function(name)
+            if smem > 48 * 1024:
+                k.max_dynamic_shared_size_bytes = smem
+            self.cache[name] = k
+        return k
+
+    def launch(self, name, grid, block, smem, params):
+        self.get(name, smem)(grid, block, (params,), shared_mem=smem)
+
+
+def tname(dtype):
+    return "bf16" if dtype == torch.bfloat16 else "f16"
+
+
+def make_params(q, k, v, o, lse, mask=None, mstrides=(0, 0, 0), causal=0, scale=None,
+                dout=None, dsum=None, dq_accum=None, dq=None, dk=None, dv=None):
+    B, H, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    p = np.zeros(1, dtype=PARAMS_DTYPE)
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask), ("o", o), ("lse", lse),
+                    ("dout", dout), ("dsum", dsum), ("dq_accum", dq_accum), ("dq", dq),
+                    ("dk", dk), ("dv", dv)):
+        p[name] = ptr(t)
+    p["mask_stride_b"], p["mask_stride_h"], p["mask_stride_q"] = mstrides
+    p["B"], p["H"], p["Hkv"], p["Lq"], p["Lk"] = B, H, Hkv, Lq, Lk
+    p["scale"] = scale if scale is not None else 1.0 / math.sqrt(D)
+    p["causal"] = int(causal)
+    return p
+
+
+def run_fwd(K, p, B, H, Lq, D, dt):
+    threads, smem = K.fwd_cfg[D]
+    K.launch(f"flash_fwd_d{D}_{dt}", ((Lq + FWD_BR - 1) // FWD_BR, H, B), (threads, 1, 1), smem, p)
+
+
+def run_bwd(K, p, B, H, Hkv, Lq, Lk, D, dt):
+    rows = B * H * Lq
+    rpb = pre_rows_per_block(D)
+    K.launch(f"flash_bwd_preprocess_d{D}_{dt}", ((rows + rpb - 1) // rpb, 1, 1), (256, 1, 1), 0, p)
+    K.launch(f"flash_bwd_dq_dk_dv_d{D}_{dt}", ((Lk + BWD_BC - 1) // BWD_BC, Hkv, B), (128, 1, 1),
+             BWD_SMEM[D], p)
+    n4 = rows * D // 4
+    K.launch(f"flash_bwd_convert_dq_d{D}_{dt}", (max(1, min((n4 + 255) // 256, 65535)), 1, 1),
+             (256, 1, 1), 0, p)
+
+
+# ---------------------------------------------------------------------------------------
+# ABI echo
+# ---------------------------------------------------------------------------------------
+def check_abi():
+    mod = compile_module(ECHO_SRC, "flash_params_echo")
+    fn = mod.get_function("flash_params_echo")
+    out = cupy.zeros(23, dtype=cupy.uint64)
+    p = np.zeros(1, dtype=PARAMS_DTYPE)
+    vals = {}
+    for i, (name, fmt, _) in enumerate(_FIELDS[:12]):
+        vals[name] = 0x1000_0000_0000 + 0x10 * (i + 1)
+    vals.update(mask_stride_b=-3, mask_stride_h=123456789012, mask_stride_q=77, B=2, H=8, Hkv=4,
+                Lq=1001, Lk=4097, scale=0.125, causal=1)
+    for kname, val in vals.items():
+        p[kname] = val
+    fn((1,), (32,), (p, out))
+    got = cupy.asnumpy(out).astype(np.uint64)
+    exp = [vals[f[0]] for f in _FIELDS[:12]] + [(-3) % 2**64, 123456789012, 77, 2, 8, 4, 1001, 4097,
+                                                 int(np.float32(0.125).view(np.uint32)), 1, 152]
+    bad = [(i, int(g), int(e)) for i, (g, e) in enumerate(zip(got, exp)) if int(g) != int(e) % 2**64]
+    return bad
+
+
+# ---------------------------------------------------------------------------------------
+# Reference (float64 math + autograd)
+# ---------------------------------------------------------------------------------------
+def reference(q, k, v, mask, causal, scale, dout):
+    G = q.shape[1] // k.shape[1]
+    qd = q.double().requires_grad_()
+    kd = k.double().requires_grad_()
+    vd = v.double().requires_grad_()
+    kk = kd.repeat_interleave(G, dim=1)
+    vv = vd.repeat_interleave(G, dim=1)
+    s = torch.matmul(qd, kk.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s + mask.double()
+    Lq, Lk = q.shape[2], k.shape[2]
+    if causal:
+        tri = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).triu(1)
+        s = s.masked_fill(tri, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True).detach()
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    l = e.sum(dim=-1, keepdim=True)
+    pm = e / torch.where(l == 0, torch.ones_like(l), l)
+    o = torch.matmul(pm, vv)
+    lse = torch.where(l == 0, torch.full_like(l, float("-inf")), torch.log(l) + m).squeeze(-1)
+    o.backward(dout.double())
+    return o.detach(), lse.detach(), qd.grad, kd.grad, vd.grad
+
+
+def relerr(x, ref):
+    x = x.double()
+    fin = torch.isfinite(ref)
+    if not bool(torch.equal(torch.isfinite(x) | ~fin, torch.ones_like(fin))):
+        return float("nan")  # NaN / inf where the reference is finite (e.g. unwritten)
+    if not bool(fin.all()):
+        # non-finite reference entries (lse = -inf) must match exactly
+        if not bool(torch.equal(x[~fin], ref[~fin])):
+            return float("nan")
+        x, ref = x[fin], ref[fin]
+    den = ref.norm().item()
+    num = (x - ref).norm().item()
+    return num / den if den > 0 else num
+
+
+def check_case(K, dtype, D, causal, mask_mode, Lq, Lk, B, H, Hkv, gen):
+    dev = "cuda"
+    dt = tname(dtype)
+    scale = 1.0 / math.sqrt(D)
+    q = torch.randn(B, H, Lq, D, device=dev, generator=gen).to(dtype)
+    k = torch.randn(B, Hkv, Lk, D, device=dev, generator=gen).to(dtype)
+    v = torch.randn(B, Hkv, Lk, D, device=dev, generator=gen).to(dtype)
+    dout = torch.randn(B, H, Lq, D, device=dev, generator=gen).to(dtype)
+    mask, mstr = None, (0, 0, 0)
+    if mask_mode:
+        shape = (Lq, Lk) if mask_mode == 1 else (B, H, Lq, Lk)
+        mask = torch.randn(*shape, device=dev, generator=gen)
+        drop = torch.rand(*shape, device=dev, generator=gen) < 0.06
+        mask = mask.masked_fill(drop, float("-inf"))
+        if Lq > 3:
+            mask[..., 3, :] = float("-inf")  # one fully masked row
+        mask = mask.to(dtype).contiguous()
+        mstr = (0, 0, Lk) if mask_mode == 1 else (H * Lq * Lk, Lq * Lk, Lk)
+    nan = float("nan")
+    o = torch.full((B, H, Lq, D), nan, device=dev, dtype=dtype)
+    lse = torch.full((B, H, Lq), nan, device=dev, dtype=torch.float32)
+    dsum = torch.full((B, H, Lq), nan, device=dev, dtype=torch.float32)
+    dqa = torch.full((B, H, Lq, D), nan, device=dev, dtype=torch.float32)
+    dq = torch.full((B, H, Lq, D), nan, device=dev, dtype=dtype)
+    dk = torch.full((B, Hkv, Lk, D), nan, device=dev, dtype=dtype)
+    dv = torch.full((B, Hkv, Lk, D), nan, device=dev, dtype=dtype)
+    p = make_params(q, k, v, o, lse, mask, mstr, causal, scale, dout, dsum, dqa, dq, dk, dv)
+    run_fwd(K, p, B, H, Lq, D, dt)
+    run_bwd(K, p, B, H, Hkv, Lq, Lk, D, dt)
+    torch.cuda.synchronize()
+    ro, rl, rdq, rdk, rdv = reference(q, k, v, mask, causal, scale, dout)
+    errs = {"o": relerr(o, ro), "lse": relerr(lse, rl), "dq": relerr(dq, rdq),
+            "dk": relerr(dk, rdk), "dv": relerr(dv, rdv)}
+    ok = all(e == e and e < TOL for e in errs.values())
+    return ok, errs
+
+
+def correctness(K, quick, title=""):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1234)
+    lengths = [(1, 1), (17, 17), (1000, 1000), (4097, 4097), (1, 1000), (17, 1000), (1000, 17)]
+    if quick:
+        lengths = [(1, 1), (17, 17), (300, 300), (1, 300), (17, 300), (300, 17)]
+    results = []
+    sticky = None
+    print("\n== correctness%s vs float64 reference (rel. L2 error; PASS < %.0e) ==" % (title, TOL))
+    print("%-4s %-4s %3s %3s %4s %5s %5s %5s | %8s %8s %8s %8s %8s | %s" % (
+        "res", "dt", "D", "cau", "mask", "H/Hkv", "Lq", "Lk", "o", "lse", "dq", "dk", "dv", "note"))
+    mask_names = {0: "none", 1: "LqLk", 2: "full"}
+    for dtype in (torch.float16, torch.bfloat16):
+        for D in (64, 128):
+            for causal in (0, 1):
+                for mask_mode in (0, 1, 2):
+                    for (Lq, Lk) in lengths:
+                        for gqa in (True, False):
+                            big = Lq >= 1000 and Lk >= 1000
+                            B = 1 if big else 2
+                            H = 2 if big else 4
+                            Hkv = H // 2 if gqa else H
+                            case = dict(dt=tname(dtype), D=D, causal=causal, mask=mask_names[mask_mode],
+                                        Lq=Lq, Lk=Lk, B=B, H=H, Hkv=Hkv)
+                            if sticky:
+                                results.append(dict(case, ok=False, errs={}, note="skipped: " + sticky))
+                                continue
+                            note = ""
+                            try:
+                                ok, errs = check_case(K, dtype, D, causal, mask_mode, Lq, Lk, B, H, Hkv, gen)
+                            except Exception as e:  # noqa: BLE001
+                                ok, errs, note = False, {}, "%s: %s" % (type(e).__name__, str(e)[:120])
+                                try:
+                                    torch.cuda.synchronize()
+                                except Exception as e2:  # noqa: BLE001
+                                    sticky = "CUDA context lost (%s)" % str(e2)[:80]
+                            results.append(dict(case, ok=ok, errs=errs, note=note))
+                            fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
+                            print("%-4s %-4s %3d %3d %4s %2d/%-2d %5d %5d | %s %s %s %s %s | %s" % (
+                                "PASS" if ok else "FAIL", case["dt"], D, causal, case["mask"], H, Hkv, Lq, Lk,
+                                *[fmt(errs.get(n, float("nan"))) for n in ("o", "lse", "dq", "dk", "dv")], note),
+                                flush=True)
+    n_ok = sum(r["ok"] for r in results)
+    print("correctness: %d / %d PASS" % (n_ok, len(results)))
+    return results
+
+
+# ---------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------
+def time_fn(fns, reps):
+    """fns: list of callables (rotated). Returns median milliseconds."""
+    for i in range(3):
+        fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for i, (a, b) in enumerate(evs):
+        a.record()
+        fns[i % len(fns)]()
+        b.record()
+    torch.cuda.synchronize()
+    ts = sorted(a.elapsed_time(b) for a, b in evs)
+    return ts[len(ts) // 2]
+
+
+def bench(K, quick, K_alt=None):
+    rows = []
+    dtype = torch.bfloat16
+    dt = "bf16"
+    Ls = (1024, 4096) if quick else (1024, 4096, 16384)
+    try:
+        from torch.nn.attention import sdpa_kernel, SDPBackend
+        have_flash_ctx = True
+    except Exception:  # noqa: BLE001
+        have_flash_ctx = False
+    for D in (64, 128):
+        H = 2048 // D
+        for L in Ls:
+            B = 16384 // L
+            for causal in (0, 1):
+                fl = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+                sets = []
+                for _ in range(2):
+                    q = torch.randn(B, H, L, D, device="cuda", dtype=dtype)
+                    k = torch.randn(B, H, L, D, device="cuda", dtype=dtype)
+                    v = torch.randn(B, H, L, D, device="cuda", dtype=dtype)
+                    do = torch.randn(B, H, L, D, device="cuda", dtype=dtype)
+                    o = torch.empty_like(q)
+                    lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                    dsum = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                    dqa = torch.empty(B, H, L, D, device="cuda", dtype=torch.float32)
+                    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                    p = make_params(q, k, v, o, lse, None, (0, 0, 0), causal, None, do, dsum, dqa, dq, dk, dv)
+                    sets.append((q, k, v, do, p))
+                reps = 20 if L >= 16384 else 30
+                ours_f = [lambda s=s: run_fwd(K, s[4], B, H, L, D, dt) for s in sets]
+                ours_fb = [lambda s=s: (run_fwd(K, s[4], B, H, L, D, dt),
+                                        run_bwd(K, s[4], B, H, H, L, L, D, dt)) for s in sets]
+
+                def t_fwd(s):
+                    with torch.no_grad():
+                        F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
+
+                tsets = [(s[0].clone().requires_grad_(), s[1].clone().requires_grad_(),
+                          s[2].clone().requires_grad_(), s[3]) for s in sets]
+
+                def t_fb(s):
+                    out = F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
+                    torch.autograd.grad(out, (s[0], s[1], s[2]), s[3])  # no .grad accumulation
+
+                res = dict(D=D, L=L, B=B, H=H, causal=causal)
+                try:
+                    res["ours_fwd"] = time_fn(ours_f, reps)
+                    res["ours_fb"] = time_fn(ours_fb, reps)
+                except Exception as e:  # noqa: BLE001
+                    res["err"] = "ours: " + str(e)[:100]
+                if K_alt is not None:
+                    try:
+                        res["alt_fwd"] = time_fn([lambda s=s: run_fwd(K_alt, s[4], B, H, L, D, dt) for s in sets], reps)
+                    except Exception as e:  # noqa: BLE001
+                        res["err"] = res.get("err", "") + " alt: " + str(e)[:100]
+                try:
+                    res["sdpa_fwd"] = time_fn([lambda s=s: t_fwd(s) for s in sets], reps)
+                    res["sdpa_fb"] = time_fn([lambda s=s: t_fb(s) for s in tsets], reps)
+                except Exception as e:  # noqa: BLE001
+                    res["err"] = res.get("err", "") + " sdpa: " + str(e)[:100]
+                if have_flash_ctx:
+                    try:
+                        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                            res["fa2_fwd"] = time_fn([lambda s=s: t_fwd(s) for s in sets], reps)
+                            res["fa2_fb"] = time_fn([lambda s=s: t_fb(s) for s in tsets], reps)
+                    except Exception as e:  # noqa: BLE001
+                        res["fa2_err"] = str(e)[:100]
+                res["fwd_flops"] = fl
+                rows.append(res)
+                del sets, tsets
+                torch.cuda.empty_cache()
+    return rows
+
+
+def print_bench(rows):
+    print("\n== timing, bf16, B*L = 16384, H*D = 2048 (median ms; TFLOP/s; fwd = 4BHL^2D (/2 causal), "
+          "bwd = 2.5 fwd) ==")
+    print("ours = default build (preset 0), p1 = forward of preset 1 (4 warps x 32 rows); "
+          "sdpa = torch SDPA default backend (cuDNN on H200), fa2 = SDPA forced to FLASH_ATTENTION; "
+          "ratio = sdpa time / ours time")
+    print("%4s %6s %3s %4s | %8s %7s %7s %7s %7s %6s | %8s %7s %7s %7s %6s" % (
+        "D", "L", "B", "caus", "fwd ms", "ours", "p1", "sdpa", "fa2", "ratio",
+        "f+b ms", "ours", "sdpa", "fa2", "ratio"))
+    tf = lambda fl, ms: fl / (ms * 1e-3) / 1e12 if ms else float("nan")  # noqa: E731
+    for r in rows:
+        fl = r["fwd_flops"]
+        of, sf, ff = r.get("ours_fwd"), r.get("sdpa_fwd"), r.get("fa2_fwd")
+        ob, sb, fb = r.get("ours_fb"), r.get("sdpa_fb"), r.get("fa2_fb")
+        g = lambda x: "%7.1f" % x if x == x else "    n/a"  # noqa: E731
+        print("%4d %6d %3d %4d | %8s %s %s %s %s %6s | %8s %s %s %s %6s  %s" % (
+            r["D"], r["L"], r["B"], r["causal"],
+            "%.3f" % of if of else "n/a", g(tf(fl, of)), g(tf(fl, r.get("alt_fwd"))), g(tf(fl, sf)), g(tf(fl, ff)),
+            "%.2f" % (sf / of) if of and sf else "n/a",
+            "%.3f" % ob if ob else "n/a", g(tf(3.5 * fl, ob)), g(tf(3.5 * fl, sb)), g(tf(3.5 * fl, fb)),
+            "%.2f" % (sb / ob) if ob and sb else "n/a", r.get("err", "")))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="smaller lengths, fewer timing configs")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--no-variant", action="store_true",
+                    help="skip the forward preset-1 build (reduced check + forward timing)")
+    args = ap.parse_args()
+    t0 = time.time()
+    dev = torch.cuda.get_device_properties(0)
+    print("device: %s, torch %s, cupy %s" % (dev.name, torch.__version__, cupy.__version__))
+    summary = {}
+    bad = check_abi()
+    print("ABI echo: %s" % ("OK" if not bad else "MISMATCH (index, got, expected) %s" % bad))
+    summary["abi_ok"] = not bad
+    if bad:
+        print("FlashParams is not passed as laid out; stopping.")
+        return 1
+    K = Kernels(0)
+    print("attention.cu compiled in %.1f s (defaults)" % K.compile_s)
+    K1 = None
+    if not args.no_variant:
+        try:
+            K1 = Kernels(1)
+            print("attention.cu compiled in %.1f s (-DATTN_FWD_D64_PRESET=1 -DATTN_FWD_D128_PRESET=1)" % K1.compile_s)
+        except Exception as e:  # noqa: BLE001
+            print("preset-1 build failed: %s" % str(e)[:300])
+    n_fail = 0
+    if not args.no_check:
+        res = correctness(K, args.quick)
+        n_fail = sum(not r["ok"] for r in res)
+        summary["correctness"] = res
+        if K1 is not None:
+            summary["correctness_preset1"] = correctness(K1, True, " of preset 1 (reduced set)")
+        print("(%.0f s so far)" % (time.time() - t0))
+    rows = []
+    if not args.no_bench:
+        rows = bench(K, args.quick, K1)
+        summary["bench"] = rows
+    if not args.no_check:
+        for key in ("correctness", "correctness_preset1"):
+            if key not in summary:
+                continue
+            fails = [r for r in summary[key] if not r["ok"]]
+            print("\n%s summary: %d cases, %d FAIL" % (key, len(summary[key]), len(fails)))
+            for r in fails[:40]:
+                print("  FAIL %s" % {k: v for k, v in r.items() if k not in ("ok",)})
+    if rows:
+        print_bench(rows)
+    print("\ntotal %.0f s" % (time.time() - t0))
+    if _OUT:
+        with open(os.path.join(_OUT, "attention_check.json"), "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+    return 1 if n_fail else 0
+
+
+if __name__ == "__main__":
+    try:
+        rc = main()
+    finally:
+        if _OWN_TMP:
+            shutil.rmtree(_TMP, ignore_errors=True)
+    sys.exit(rc)

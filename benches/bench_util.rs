@@ -1,0 +1,79 @@
+//! Shared helpers of the bench programs: random inputs, marker timing, JSON lines.
+#![allow(dead_code)]
+
+use rtx::{bf16, f16, DType, Op, Runtime, Tensor};
+
+/// Deterministic uniform values in [-1, 1) (xorshift), never all zeros.
+pub fn random_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+        })
+        .collect()
+}
+
+/// Uploads f32 host data as `dt`.
+pub fn upload(rt: &Runtime, data: &[f32], shape: &[usize], dt: DType) -> Tensor {
+    match dt {
+        DType::F32 => rt.upload(data, shape.to_vec()),
+        DType::F16 => rt.upload(
+            &data.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(),
+            shape.to_vec(),
+        ),
+        DType::BF16 => rt.upload(
+            &data.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>(),
+            shape.to_vec(),
+        ),
+        other => panic!("no float upload for {other}"),
+    }
+    .expect("upload")
+}
+
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Median over `samples` of the per-op device time (ms) of `batch` back-to-back ops made
+/// by `make`, on one stream, between two markers; after a warm-up batch.
+pub fn time_op<O: Op>(
+    rt: &Runtime,
+    batch: usize,
+    samples: usize,
+    mut make: impl FnMut() -> O,
+) -> f64 {
+    let s = rt.compute_streams(rt.device())[0];
+    let mut one = |n: usize| {
+        let m0 = rt.mark(s).expect("mark");
+        for _ in 0..n {
+            // The output handle is dropped at once: the op still runs and its memory is
+            // released after completion.
+            let _ = rt
+                .submit_on(s, make())
+                .map_err(|e| e.error)
+                .expect("submit");
+        }
+        let m1 = rt.mark(s).expect("mark");
+        let (m0, m1) = (m0.wait().expect("marker"), m1.wait().expect("marker"));
+        m0.elapsed_ms(&m1).expect("elapsed") / n as f64
+    };
+    one(batch.min(3));
+    let mut t: Vec<f64> = (0..samples).map(|_| one(batch)).collect();
+    median(&mut t)
+}
+
+/// Prints one JSON line.
+pub fn emit(case: &str, ms: f64, bytes: f64, flops: f64, extra: &[(&str, f64)]) {
+    let mut s = format!(
+        "{{\"case\": \"{case}\", \"rtx_ms\": {ms:.6}, \"bytes\": {bytes}, \"flops\": {flops}"
+    );
+    for (k, v) in extra {
+        s.push_str(&format!(", \"{k}\": {v:.4}"));
+    }
+    s.push('}');
+    println!("{s}");
+}

@@ -1,0 +1,327 @@
+//! The rtx benchmark harness: one JSON line per case, to be joined with
+//! `benches/torch_baseline.py` by `benches/compare.py` (same case names).
+//!
+//! ```text
+//! cargo bench --bench harness -- [SUITE ...]      suites: ew reduce chain gemm conv streams speedup
+//! ```
+//!
+//! Device cases are timed with the runtime's markers (CUDA events on the op's stream)
+//! after warm-up: each sample is a batch of back-to-back ops between two markers, the
+//! reported time is the median over samples of the per-op mean. Inputs are random.
+
+mod bench_util;
+
+use std::time::Instant;
+
+use bench_util::*;
+use rtx::ops::conv::{conv2d, Conv2dOpts, Layout};
+use rtx::ops::gemm::{gemm_plan_cache_stats, matmul};
+use rtx::ops::{conv, elementwise as ew, reduce, softmax};
+use rtx::{Backend, DType, Runtime, Tensor};
+
+fn suite_ew(rt: &Runtime) {
+    let host = random_f32(1 << 28, 1);
+    let host_b = random_f32(1 << 28, 2);
+    for dt in [DType::F32, DType::F16] {
+        for p in [24u32, 26, 28] {
+            let n = 1usize << p;
+            let a = upload(rt, &host[..n], &[n], dt);
+            let b = upload(rt, &host_b[..n], &[n], dt);
+            let es = dt.size() as f64;
+            let name = dt.name();
+            let ms = time_op(rt, 10, 15, || ew::add(&a, &b));
+            emit(
+                &format!("add_{name}_2^{p}"),
+                ms,
+                3.0 * n as f64 * es,
+                0.0,
+                &[],
+            );
+            let ms = time_op(rt, 10, 15, || ew::exp(&a));
+            emit(
+                &format!("exp_{name}_2^{p}"),
+                ms,
+                2.0 * n as f64 * es,
+                0.0,
+                &[],
+            );
+        }
+    }
+}
+
+fn suite_reduce(rt: &Runtime) {
+    let host = random_f32(1 << 28, 3);
+    for p in [24u32, 26, 28] {
+        let n = 1usize << p;
+        let a = upload(rt, &host[..n], &[n], DType::F32);
+        let ms = time_op(rt, 10, 15, || reduce::sum(&a));
+        emit(&format!("sum_f32_2^{p}"), ms, 4.0 * n as f64, 0.0, &[]);
+    }
+    let n = 8192usize;
+    let x = upload(rt, &host[..n * n], &[n, n], DType::F32);
+    let nb = 4.0 * (n * n) as f64;
+    let ms = time_op(rt, 10, 15, || reduce::sum_dim(&x, 0, false));
+    emit("sum_dim0_f32_8192x8192", ms, nb + 4.0 * n as f64, 0.0, &[]);
+    let ms = time_op(rt, 10, 15, || reduce::sum_dim(&x, 1, false));
+    emit("sum_dim1_f32_8192x8192", ms, nb + 4.0 * n as f64, 0.0, &[]);
+    let ms = time_op(rt, 10, 15, || reduce::max_dim(&x, 1, false));
+    emit("max_dim1_f32_8192x8192", ms, nb + 4.0 * n as f64, 0.0, &[]);
+    let ms = time_op(rt, 10, 15, || reduce::argmax_dim(&x, 1, false));
+    emit(
+        "argmax_dim1_f32_8192x8192",
+        ms,
+        nb + 4.0 * n as f64,
+        0.0,
+        &[],
+    );
+    let ms = time_op(rt, 10, 15, || softmax::softmax(&x));
+    emit("softmax_f32_8192x8192", ms, 2.0 * nb, 0.0, &[]);
+}
+
+/// A chain of 1,000 tiny dependent adds on one stream through `submit`: end-to-end µs
+/// per op (first submit to last completion) and the submitting thread's µs per submit.
+fn suite_chain(rt: &Runtime) {
+    let s = rt.compute_streams(rt.device())[0];
+    let a = upload(rt, &random_f32(16, 4), &[16], DType::F32);
+    let run = || {
+        let mut x = a.clone();
+        let t0 = Instant::now();
+        for _ in 0..1000 {
+            let sub = rt.submit_on(s, ew::add(&x, &a)).expect("submit");
+            x = sub.outputs().expect("one output").clone();
+        }
+        let t1 = Instant::now();
+        rt.to_vec::<f32>(&x)
+            .expect("download")
+            .wait()
+            .expect("chain completes");
+        let t2 = Instant::now();
+        (
+            (t2 - t0).as_secs_f64() * 1e3,
+            (t1 - t0).as_secs_f64() * 1e6 / 1000.0,
+        )
+    };
+    run();
+    let mut e2e = Vec::new();
+    let mut sub = Vec::new();
+    for _ in 0..7 {
+        let (e, s) = run();
+        e2e.push(e);
+        sub.push(s);
+    }
+    let e = median(&mut e2e);
+    let s = median(&mut sub);
+    emit(
+        "chain_1000_tiny_adds",
+        e,
+        0.0,
+        0.0,
+        &[("us_per_op", e), ("submit_us", s)],
+    );
+}
+
+fn suite_gemm(rt: &Runtime) {
+    let host = random_f32(8192 * 8192, 5);
+    let host_b = random_f32(8192 * 8192, 6);
+    for (label, dt, tf32) in [
+        ("f32", DType::F32, false),
+        ("tf32", DType::F32, true),
+        ("f16", DType::F16, false),
+        ("bf16", DType::BF16, false),
+    ] {
+        for n in [1024usize, 4096, 8192] {
+            let a = upload(rt, &host[..n * n], &[n, n], dt);
+            let b = upload(rt, &host_b[..n * n], &[n, n], dt);
+            let reps = if n >= 4096 { 5 } else { 20 };
+            let ms = time_op(rt, reps, 9, || {
+                if tf32 {
+                    matmul(&a, &b).tf32()
+                } else {
+                    matmul(&a, &b)
+                }
+            });
+            emit(
+                &format!("gemm_{label}_{n}"),
+                ms,
+                0.0,
+                2.0 * (n * n * n) as f64,
+                &[],
+            );
+        }
+    }
+    let (bt, n) = (64usize, 512usize);
+    let a = upload(rt, &host[..bt * n * n], &[bt, n, n], DType::BF16);
+    let b = upload(rt, &host_b[..bt * n * n], &[bt, n, n], DType::BF16);
+    let ms = time_op(rt, 10, 9, || matmul(&a, &b));
+    emit(
+        "bmm_bf16_64x512",
+        ms,
+        0.0,
+        2.0 * (bt * n * n * n) as f64,
+        &[],
+    );
+    let (hits, misses) = gemm_plan_cache_stats();
+    emit(
+        "gemm_plan_cache",
+        0.0,
+        0.0,
+        0.0,
+        &[("hits", hits as f64), ("misses", misses as f64)],
+    );
+}
+
+/// ResNet-50 layers, f16 NHWC, N = 32: (name, h=w, c_in, c_out, k, stride).
+const CONV_LAYERS: [(&str, usize, usize, usize, usize, usize); 6] = [
+    ("conv_56_64_64_3x3", 56, 64, 64, 3, 1),
+    ("conv_56_64_256_1x1", 56, 64, 256, 1, 1),
+    ("conv_28_128_128_3x3", 28, 128, 128, 3, 1),
+    ("conv_14_256_1024_1x1", 14, 256, 1024, 1, 1),
+    ("conv_7_512_512_3x3", 7, 512, 512, 3, 1),
+    ("conv_56_256_128_1x1_s2", 56, 256, 128, 1, 2),
+];
+
+fn suite_conv(rt: &Runtime) {
+    let n = 32usize;
+    let host = random_f32(32 * 56 * 56 * 256, 7);
+    for (name, hw, cin, cout, k, stride) in CONV_LAYERS {
+        let x = upload(
+            rt,
+            &host[..n * hw * hw * cin],
+            &[n, hw, hw, cin],
+            DType::F16,
+        );
+        let w = upload(
+            rt,
+            &host[..cout * k * k * cin],
+            &[cout, k, k, cin],
+            DType::F16,
+        );
+        let opts = Conv2dOpts::default()
+            .stride(stride)
+            .pad(k / 2)
+            .layout(Layout::Nhwc);
+        let ho = (hw + 2 * (k / 2) - k) / stride + 1;
+        let flops = 2.0 * (n * cout * ho * ho * cin * k * k) as f64;
+        let ms = time_op(rt, 10, 9, || conv2d(&x, &w, opts));
+        emit(name, ms, 0.0, flops, &[]);
+    }
+    let (hits, misses) = conv::conv_algo_cache_stats();
+    emit(
+        "conv_algo_cache",
+        0.0,
+        0.0,
+        0.0,
+        &[("hits", hits as f64), ("misses", misses as f64)],
+    );
+}
+
+/// 8 independent chains of 200 steps of (GEMM 256³ bf16 + relu), chain c pinned to
+/// stream c % k, submitted step by step from one thread; wall time to the last result.
+fn suite_streams(_rt: &Runtime) {
+    let n = 256usize;
+    // He-style scale (uniform, variance 2/n) keeps the chain's values O(1) through relu.
+    let scale: Vec<f32> = random_f32(n * n, 8)
+        .iter()
+        .map(|v| v * (6.0f32 / n as f32).sqrt())
+        .collect();
+    for k in [1usize, 2, 4, 8] {
+        let rt = Runtime::builder().streams(k).build().expect("runtime");
+        let streams = rt.compute_streams(rt.device());
+        let ws: Vec<Tensor> = (0..8)
+            .map(|_| upload(&rt, &scale, &[n, n], DType::BF16))
+            .collect();
+        let x0: Vec<Tensor> = (0..8)
+            .map(|c| upload(&rt, &random_f32(n * n, 10 + c), &[n, n], DType::BF16))
+            .collect();
+        let run = || {
+            let t = Instant::now();
+            let mut xs = x0.clone();
+            for _ in 0..200 {
+                for c in 0..8 {
+                    let s = streams[c % k];
+                    let y = rt
+                        .submit_on(s, matmul(&xs[c], &ws[c]))
+                        .expect("submit")
+                        .outputs()
+                        .cloned()
+                        .expect("out");
+                    xs[c] = rt
+                        .submit_on(s, ew::relu_(y))
+                        .expect("submit")
+                        .outputs()
+                        .cloned()
+                        .expect("out");
+                }
+            }
+            for x in &xs {
+                rt.to_vec::<rtx::bf16>(x)
+                    .expect("download")
+                    .wait()
+                    .expect("chain");
+            }
+            t.elapsed().as_secs_f64() * 1e3
+        };
+        run();
+        let mut t: Vec<f64> = (0..5).map(|_| run()).collect();
+        let ms = median(&mut t);
+        emit(
+            &format!("streams_8x200_gemm256_relu_{k}"),
+            ms,
+            0.0,
+            8.0 * 200.0 * 2.0 * (n * n * n) as f64,
+            &[],
+        );
+    }
+}
+
+/// The seeds' GPU-vs-CPU matmul table: f32 n³ on this runtime and on the CPU backend.
+fn suite_speedup(rt: &Runtime) {
+    let cpu = Runtime::builder()
+        .backend(Backend::Cpu)
+        .streams(1)
+        .build()
+        .expect("cpu runtime");
+    let host = random_f32(2048 * 2048, 9);
+    for n in [128usize, 256, 512, 1024, 2048] {
+        let a = upload(rt, &host[..n * n], &[n, n], DType::F32);
+        let ms = time_op(rt, 10, 9, || matmul(&a, &a));
+        let ac = upload(&cpu, &host[..n * n], &[n, n], DType::F32);
+        let cms = time_op(&cpu, if n >= 1024 { 2 } else { 5 }, 5, || matmul(&ac, &ac));
+        emit(
+            &format!("matmul_speedup_f32_{n}"),
+            ms,
+            0.0,
+            2.0 * (n * n * n) as f64,
+            &[("cpu_ms", cms), ("speedup", cms / ms)],
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let rt = Runtime::builder().streams(4).build().expect("runtime");
+    eprintln!("{}", rt.info());
+    let all = [
+        "ew", "reduce", "chain", "gemm", "conv", "streams", "speedup",
+    ];
+    let suites: Vec<&str> = if args.is_empty() {
+        all.to_vec()
+    } else {
+        args.iter().map(|s| s.as_str()).collect()
+    };
+    for s in suites {
+        match s {
+            "ew" => suite_ew(&rt),
+            "reduce" => suite_reduce(&rt),
+            "chain" => suite_chain(&rt),
+            "gemm" => suite_gemm(&rt),
+            "conv" => suite_conv(&rt),
+            "streams" => suite_streams(&rt),
+            "speedup" => suite_speedup(&rt),
+            other => eprintln!("unknown suite {other}"),
+        }
+    }
+}

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""PyTorch baselines for the rtx benchmark harness, on the same shapes.
+
+Prints one JSON line per case: {"case": ..., "torch_ms": median, "bytes": ..., "flops": ...}
+with the same case names as `benches/harness.rs`, so `benches/compare.py` can join them.
+Times with CUDA events after warm-up; medians; inputs are random (never zeros).
+
+    python3 benches/torch_baseline.py [SUITE ...]     suites: ew reduce chain gemm conv streams
+"""
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+DEV = "cuda"
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cudnn.benchmark = True
+
+
+def emit(case, ms, bytes_=0.0, flops=0.0, **extra):
+    d = {"case": case, "torch_ms": ms, "bytes": bytes_, "flops": flops}
+    d.update(extra)
+    print(json.dumps(d), flush=True)
+
+
+def time_cuda(fn, batch=10, reps=15):
+    """Median over reps of the per-call milliseconds of `batch` back-to-back fn() calls
+    between two CUDA events, after warm-up (the same method as the rtx harness)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(batch):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / batch)
+    return statistics.median(times)
+
+
+def suite_ew():
+    for dt, name in ((torch.float32, "f32"), (torch.float16, "f16")):
+        for p in (24, 26, 28):
+            n = 1 << p
+            a = torch.randn(n, device=DEV, dtype=dt)
+            b = torch.randn(n, device=DEV, dtype=dt)
+            es = a.element_size()
+            emit(f"add_{name}_2^{p}", time_cuda(lambda: torch.add(a, b)), 3 * n * es)
+            emit(f"exp_{name}_2^{p}", time_cuda(lambda: torch.exp(a)), 2 * n * es)
+            del a, b
+            torch.cuda.empty_cache()
+
+
+def suite_reduce():
+    for p in (24, 26, 28):
+        n = 1 << p
+        a = torch.randn(n, device=DEV)
+        emit(f"sum_f32_2^{p}", time_cuda(lambda: torch.sum(a)), 4 * n)
+        del a
+    x = torch.randn(8192, 8192, device=DEV)
+    nb = 4 * x.numel()
+    emit("sum_dim0_f32_8192x8192", time_cuda(lambda: torch.sum(x, 0)), nb + 4 * 8192)
+    emit("sum_dim1_f32_8192x8192", time_cuda(lambda: torch.sum(x, 1)), nb + 4 * 8192)
+    emit("max_dim1_f32_8192x8192", time_cuda(lambda: torch.amax(x, 1)), nb + 4 * 8192)
+    emit("argmax_dim1_f32_8192x8192", time_cuda(lambda: torch.argmax(x, 1)), nb + 8 * 8192)
+    emit("softmax_f32_8192x8192", time_cuda(lambda: torch.softmax(x, -1)), 2 * nb)
+
+
+def suite_chain():
+    a = torch.randn(16, device=DEV)
+    x = a.clone()
+    for _ in range(200):
+        x = x + a
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(7):
+        x = a.clone()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            x = x + a
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        runs.append(((t2 - t0) * 1e3, (t1 - t0) * 1e6 / 1000))
+    e2e = statistics.median(r[0] for r in runs)
+    emit("chain_1000_tiny_adds", e2e, 0, 0, us_per_op=e2e, submit_us=statistics.median(r[1] for r in runs))
+
+
+def suite_gemm():
+    for label, dt, tf32 in (("f32", torch.float32, False), ("tf32", torch.float32, True),
+                            ("f16", torch.float16, False), ("bf16", torch.bfloat16, False)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for n in (1024, 4096, 8192):
+            a = torch.rand(n, n, device=DEV, dtype=dt) * 2 - 1
+            b = torch.rand(n, n, device=DEV, dtype=dt) * 2 - 1
+            reps = 5 if n >= 4096 else 20
+            emit(f"gemm_{label}_{n}", time_cuda(lambda: torch.matmul(a, b), batch=reps, reps=9), 0, 2.0 * n ** 3)
+        torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.rand(64, 512, 512, device=DEV, dtype=torch.bfloat16) * 2 - 1
+    b = torch.rand(64, 512, 512, device=DEV, dtype=torch.bfloat16) * 2 - 1
+    emit("bmm_bf16_64x512", time_cuda(lambda: torch.bmm(a, b), reps=9), 0, 2.0 * 64 * 512 ** 3)
+
+
+CONV_LAYERS = [
+    ("conv_56_64_64_3x3", 56, 64, 64, 3, 1),
+    ("conv_56_64_256_1x1", 56, 64, 256, 1, 1),
+    ("conv_28_128_128_3x3", 28, 128, 128, 3, 1),
+    ("conv_14_256_1024_1x1", 14, 256, 1024, 1, 1),
+    ("conv_7_512_512_3x3", 7, 512, 512, 3, 1),
+    ("conv_56_256_128_1x1_s2", 56, 256, 128, 1, 2),
+]
+
+
+def suite_conv():
+    n = 32
+    for name, hw, cin, cout, k, stride in CONV_LAYERS:
+        x = (torch.rand(n, cin, hw, hw, device=DEV, dtype=torch.float16) * 2 - 1).to(memory_format=torch.channels_last)
+        w = (torch.rand(cout, cin, k, k, device=DEV, dtype=torch.float16) * 2 - 1).to(memory_format=torch.channels_last)
+        ho = (hw + 2 * (k // 2) - k) // stride + 1
+        f = lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=k // 2)
+        emit(name, time_cuda(f, reps=9), 0, 2.0 * n * cout * ho * ho * cin * k * k)
+
+
+def suite_streams():
+    n = 256
+    for k in (1, 2, 4, 8):
+        streams = [torch.cuda.Stream() for _ in range(k)]
+        ws = [(torch.rand(n, n, device=DEV) * 2 - 1).mul((6.0 / n) ** 0.5).to(torch.bfloat16) for _ in range(8)]
+        x0 = [(torch.rand(n, n, device=DEV) * 2 - 1).to(torch.bfloat16) for _ in range(8)]
+        torch.cuda.synchronize()
+
+        def run():
+            t = time.perf_counter()
+            xs = list(x0)
+            for _ in range(200):
+                for c in range(8):
+                    with torch.cuda.stream(streams[c % k]):
+                        xs[c] = torch.relu(xs[c] @ ws[c])
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t) * 1e3
+
+        run()
+        ms = statistics.median(run() for _ in range(5))
+        emit(f"streams_8x200_gemm256_relu_{k}", ms, 0, 8 * 200 * 2.0 * n ** 3)
+
+
+SUITES = {"ew": suite_ew, "reduce": suite_reduce, "chain": suite_chain, "gemm": suite_gemm,
+          "conv": suite_conv, "streams": suite_streams}
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(SUITES)
+    torch.manual_seed(0)
+    print(json.dumps({"info": torch.cuda.get_device_name(), "torch": torch.__version__}), flush=True)
+    for n in names:
+        if n in SUITES:
+            SUITES[n]()

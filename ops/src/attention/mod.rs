@@ -1,0 +1,16 @@
+//! Scaled dot-product attention (causal, masks, grouped KV heads): forward and backward.
+//!
+//! - `op.rs`: the public ops [`attention`] and [`attention_backward`] — validation at
+//!   submit (shapes, dtypes, mask layout, what CUDA supports), one `match` on the
+//!   backend in `run`;
+//! - `cpu.rs` (+ `cpu/`): the f32-accumulating CPU reference, forward and backward;
+//! - `cuda.rs`: the launches of `kernels/cuda/attention.cu` (FlashAttention-2 for
+//!   f16/bf16, D 64 and 128): the `FlashParams` mirror, per-stream function setup and
+//!   the backward's workspace.
+pub mod cpu;
+mod cuda;
+mod op;
+
+pub use op::{
+    attention, attention_backward, Attention, AttentionBackward, AttentionBackwardInputs,
+};

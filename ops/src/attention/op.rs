@@ -1,0 +1,707 @@
+//! The [`Attention`] and [`AttentionBackward`] ops: validation at submit (one
+//! [`Geometry`] for both directions), then one `match` on the backend in `run`.
+
+use std::borrow::Cow;
+
+use rtx_runtime::{
+    BackendCx, Buffer, Cost, DType, Device, Element, Error, ExecCx, Op, Plan, PlanCx, Result,
+    Shape, Tensor, TensorSpec,
+};
+
+use super::cpu::{self, AttnParams, MaskKind};
+use super::cuda;
+use crate::cpu_util::Float;
+use crate::kernels::{cpu_out, float_dispatch};
+
+const FWD: &str = "attention";
+const BWD: &str = "attention_backward";
+
+/// Head dims the CUDA kernels are built for.
+pub(super) const CUDA_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Largest batch / head count on CUDA (they are grid dims y and z).
+const CUDA_MAX_GRID_YZ: usize = 65_535;
+
+/// The options both directions share.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Flags {
+    /// `None`: `1 / sqrt(D)`.
+    scale: Option<f32>,
+    causal: bool,
+}
+
+impl Flags {
+    fn scale(&self, d: usize) -> f32 {
+        self.scale.unwrap_or(1.0 / (d as f32).sqrt())
+    }
+}
+
+/// Where the mask's `[Lq, Lk]` planes lie: element strides between batches and between
+/// heads, 0 where the mask is broadcast (rows are `Lk` apart, keys contiguous).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct MaskLayout {
+    pub(super) stride_b: usize,
+    pub(super) stride_h: usize,
+}
+
+/// A validated call: the sizes and flags (as the CPU reference takes them) and the
+/// mask's layout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Geometry {
+    pub(super) p: AttnParams,
+    pub(super) mask: Option<MaskLayout>,
+}
+
+impl Geometry {
+    /// Query/key pairs not excluded by causality, per (batch, head).
+    fn pairs(&self) -> f64 {
+        let (lq, lk) = (self.p.lq as f64, self.p.lk as f64);
+        if !self.p.causal {
+            lq * lk
+        } else if lq <= lk {
+            lq * (lq + 1.0) / 2.0
+        } else {
+            lk * (lk + 1.0) / 2.0 + (lq - lk) * lk
+        }
+    }
+
+    /// Multiply-adds of one `[Lq, Lk] x D` product over all heads, times 2 (flops).
+    fn matmul_flops(&self) -> f64 {
+        2.0 * (self.p.b * self.p.h * self.p.d) as f64 * self.pairs()
+    }
+}
+
+fn dims_shape(d: &[usize]) -> Shape {
+    Shape::new(d.to_vec())
+}
+
+fn check_rank(op: &str, what: &str, t: &Tensor, layout: &str) -> Result<()> {
+    if t.rank() == 4 {
+        Ok(())
+    } else {
+        Err(Error::invalid_dim(
+            op,
+            format!("{what} must be rank 4 {layout}, got {}", t.shape()),
+        ))
+    }
+}
+
+fn check_dtype(op: &str, expected: DType, t: &Tensor) -> Result<()> {
+    if t.dtype() == expected {
+        Ok(())
+    } else {
+        Err(Error::dtype(op, expected, t.dtype()))
+    }
+}
+
+/// Validates q, k, v, the mask and the flags (everything both directions share).
+fn geometry(
+    op: &str,
+    device: Device,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    mask: Option<&Tensor>,
+    flags: Flags,
+) -> Result<Geometry> {
+    let dtype = q.dtype();
+    if !dtype.is_float() {
+        return Err(Error::dtype(op, DType::F16, dtype));
+    }
+    let cuda = matches!(device, Device::Cuda(_));
+    if cuda && dtype == DType::F32 {
+        // The CUDA kernels are f16/bf16 tensor-core kernels; f32 runs on the CPU only.
+        return Err(Error::dtype(op, DType::F16, dtype));
+    }
+    for t in [k, v].into_iter().chain(mask) {
+        check_dtype(op, dtype, t)?;
+    }
+    check_rank(op, "q", q, "[B, H, Lq, D]")?;
+    check_rank(op, "k", k, "[B, Hkv, Lk, D]")?;
+    check_rank(op, "v", v, "[B, Hkv, Lk, D]")?;
+    if k.dims() != v.dims() {
+        return Err(Error::shape(
+            op,
+            k.shape(),
+            v.shape(),
+            "k and v must have the same shape [B, Hkv, Lk, D]",
+        ));
+    }
+    let (&[b, h, lq, d], &[kb, h_kv, lk, kd]) = (q.dims(), k.dims()) else {
+        unreachable!("ranks checked above");
+    };
+    if kb != b || kd != d {
+        return Err(Error::shape(
+            op,
+            q.shape(),
+            k.shape(),
+            "q [B, H, Lq, D] and k/v [B, Hkv, Lk, D] must agree on B and D",
+        ));
+    }
+    if h_kv == 0 || h % h_kv != 0 {
+        return Err(Error::shape(
+            op,
+            q.shape(),
+            k.shape(),
+            format!("the kv heads ({h_kv}) must divide the query heads ({h})"),
+        ));
+    }
+    if [b, h, lq, lk, d].contains(&0) {
+        return Err(Error::invalid(
+            op,
+            format!("empty attention: q {}, k {}", q.shape(), k.shape()),
+        ));
+    }
+    let scale = flags.scale(d);
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(Error::invalid(
+            op,
+            format!("the scale must be finite and > 0, got {scale}"),
+        ));
+    }
+    if cuda {
+        check_cuda_sizes(op, q, k)?;
+    }
+    let mask_layout = mask
+        .map(|m| mask_layout(op, m, [b, h, lq, lk]))
+        .transpose()?;
+    let kind = match mask_layout {
+        None => MaskKind::None,
+        Some(MaskLayout {
+            stride_b: 0,
+            stride_h: 0,
+        }) => MaskKind::Broadcast,
+        Some(_) => MaskKind::Full,
+    };
+    Ok(Geometry {
+        p: AttnParams {
+            b,
+            h,
+            h_kv,
+            lq,
+            lk,
+            d,
+            scale,
+            causal: flags.causal,
+            mask: kind,
+        },
+        mask: mask_layout,
+    })
+}
+
+/// What the CUDA kernels support beyond the op's contract: D of 64 or 128, sizes that
+/// fit their `int` fields and grid dims.
+fn check_cuda_sizes(op: &str, q: &Tensor, k: &Tensor) -> Result<()> {
+    let (&[b, h, lq, d], &[_, h_kv, lk, _]) = (q.dims(), k.dims()) else {
+        unreachable!("ranks checked before");
+    };
+    if !CUDA_HEAD_DIMS.contains(&d) {
+        return Err(Error::invalid_dim(
+            op,
+            format!(
+                "head dim D = {d} is not supported on CUDA (q {}): the kernels are built \
+                 for D in {CUDA_HEAD_DIMS:?}; the CPU backend takes any D",
+                q.shape()
+            ),
+        ));
+    }
+    if b.max(h).max(h_kv) > CUDA_MAX_GRID_YZ {
+        return Err(Error::invalid_dim(
+            op,
+            format!("B = {b}, H = {h}, Hkv = {h_kv}: at most {CUDA_MAX_GRID_YZ} each on CUDA"),
+        ));
+    }
+    if lq.max(lk) > i32::MAX as usize {
+        return Err(Error::invalid_dim(
+            op,
+            format!("Lq = {lq}, Lk = {lk}: at most {} on CUDA", i32::MAX),
+        ));
+    }
+    Ok(())
+}
+
+/// The layout of an additive mask `[Lq, Lk]` or `[B|1, H|1, Lq, Lk]`.
+fn mask_layout(op: &str, m: &Tensor, [b, h, lq, lk]: [usize; 4]) -> Result<MaskLayout> {
+    let plane = lq * lk;
+    let bad = || {
+        Error::shape(
+            op,
+            m.shape(),
+            &dims_shape(&[b, h, lq, lk]),
+            "the mask must be [Lq, Lk] or [B, H, Lq, Lk] (B and H may be 1: broadcast)",
+        )
+    };
+    match *m.dims() {
+        [mq, mk] if (mq, mk) == (lq, lk) => Ok(MaskLayout {
+            stride_b: 0,
+            stride_h: 0,
+        }),
+        [mb, mh, mq, mk]
+            if (mq, mk) == (lq, lk) && (mb == b || mb == 1) && (mh == h || mh == 1) =>
+        {
+            let stride_h = if mh == 1 { 0 } else { plane };
+            let stride_b = if mb == 1 { 0 } else { mh * plane };
+            Ok(MaskLayout { stride_b, stride_h })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// The mask as the CPU reference takes it: the tensor's own memory for `[Lq, Lk]` and
+/// full masks, a `[B, H, Lq, Lk]` copy for one broadcast over only batches or heads.
+fn cpu_mask<'a, T: Float + Element>(
+    g: &Geometry,
+    mask: Option<&'a Buffer>,
+) -> Result<Option<Cow<'a, [T]>>> {
+    let (Some(m), Some(layout)) = (mask, g.mask) else {
+        return Ok(None);
+    };
+    let m = m.cpu::<T>()?;
+    let p = &g.p;
+    let plane = p.lq * p.lk;
+    if g.p.mask == MaskKind::Broadcast || m.len() == p.b * p.h * plane {
+        return Ok(Some(Cow::Borrowed(m)));
+    }
+    let mut full = Vec::with_capacity(p.b * p.h * plane);
+    for bi in 0..p.b {
+        for hi in 0..p.h {
+            let at = bi * layout.stride_b + hi * layout.stride_h;
+            full.extend_from_slice(&m[at..at + plane]);
+        }
+    }
+    Ok(Some(Cow::Owned(full)))
+}
+
+// ---- forward ---------------------------------------------------------------------------
+
+/// Scaled dot-product attention, forward; build it with [`attention`].
+///
+/// `o = softmax(scale · q·kᵀ + mask) · v` per (batch, head), and the row log-sum-exp
+/// `lse = ln Σ_j exp(scale · q·k_j + mask_j)` (natural log, f32) that
+/// [`attention_backward`] takes. Shapes: q `[B, H, Lq, D]`, k and v `[B, Hkv, Lk, D]`
+/// with `Hkv` dividing `H` (grouped-query attention: query head `h` reads kv head
+/// `h / (H / Hkv)`); outputs o `[B, H, Lq, D]` in q's dtype and lse `[B, H, Lq]` f32.
+///
+/// Options: [`Attention::scale`] (default `1 / sqrt(D)`), [`Attention::causal`]
+/// (top-left, as PyTorch's `is_causal`: query `i` sees key `j` iff `j <= i`, so with
+/// `Lq > Lk` the last rows see every key), [`Attention::mask`] (additive, q's dtype,
+/// `[Lq, Lk]` shared by every batch and head, or `[B, H, Lq, Lk]` where B or H may be
+/// 1 to broadcast; `-inf` excludes a key). A row that sees no key gives `o = 0` and
+/// `lse = -inf`.
+///
+/// Backends: the CPU computes in f32 for f32, f16 and bf16 and any D; CUDA runs the
+/// FlashAttention-2 kernels of `kernels/cuda/attention.cu` for f16 and bf16 with D 64
+/// or 128.
+///
+/// # Errors (at submit; the op comes back in the `SubmitError`)
+///
+/// [`Error::InvalidDim`] for an operand not of rank 4 (and, on CUDA, for D not 64 or
+/// 128, or B, H above 65535); [`Error::ShapeMismatch`] when k and v differ, B or D do
+/// not agree, Hkv does not divide H, or the mask's shape does not fit;
+/// [`Error::DTypeMismatch`] when k, v or the mask have another dtype than q, for a
+/// non-float q, and for f32 on CUDA; [`Error::InvalidOp`] for an empty operand or a
+/// scale that is not finite and positive.
+///
+/// # Examples
+///
+/// ```
+/// use rtx_ops::attention::attention;
+/// use rtx_runtime::Runtime;
+///
+/// let rt = Runtime::cpu(1);
+/// // One head, two queries, two keys, D = 2.
+/// let q = rt.upload(&[1.0f32, 0.0, 0.0, 1.0], [1, 1, 2, 2])?;
+/// let k = rt.upload(&[1.0f32, 0.0, 0.0, 1.0], [1, 1, 2, 2])?;
+/// let v = rt.upload(&[1.0f32, 2.0, 3.0, 4.0], [1, 1, 2, 2])?;
+/// let (o, lse) = rt.submit(attention(&q, &k, &v).causal(true))?.wait()?;
+/// // Causal: the first query sees only the first key.
+/// let o = rt.to_vec::<f32>(&o)?.wait()?;
+/// assert_eq!(&o[..2], &[1.0, 2.0]);
+/// let lse = rt.to_vec::<f32>(&lse)?.wait()?;
+/// assert!((lse[0] - 0.5f32.sqrt()).abs() < 1e-6);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Attention {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Option<Tensor>,
+    flags: Flags,
+}
+
+/// `softmax(scale · q·kᵀ + mask) · v` and its log-sum-exp; see [`Attention`].
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Attention {
+    Attention {
+        q: q.clone(),
+        k: k.clone(),
+        v: v.clone(),
+        mask: None,
+        flags: Flags::default(),
+    }
+}
+
+impl Attention {
+    /// The score scale (default `1 / sqrt(D)`); must be finite and positive.
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.flags.scale = Some(scale);
+        self
+    }
+    /// Top-left causal masking: query `i` sees key `j` only when `j <= i`.
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.flags.causal = causal;
+        self
+    }
+    /// An additive mask (q's dtype), `[Lq, Lk]` or `[B|1, H|1, Lq, Lk]`.
+    pub fn mask(mut self, mask: &Tensor) -> Self {
+        self.mask = Some(mask.clone());
+        self
+    }
+    /// The operands (q, k, v, mask), e.g. to take them back from a rejected submission.
+    pub fn into_inputs(self) -> (Tensor, Tensor, Tensor, Option<Tensor>) {
+        (self.q, self.k, self.v, self.mask)
+    }
+
+    fn geometry(&self, device: Device) -> Result<Geometry> {
+        let qkv = (&self.q, &self.k, &self.v);
+        geometry(FWD, device, qkv, self.mask.as_ref(), self.flags)
+    }
+}
+
+impl Op for Attention {
+    type Output = (Tensor, Tensor);
+    fn name(&self) -> &'static str {
+        FWD
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        let mut v = vec![&self.q, &self.k, &self.v];
+        v.extend(self.mask.as_ref());
+        v
+    }
+    fn plan(&self, cx: &PlanCx) -> Result<Plan> {
+        let g = self.geometry(cx.device)?;
+        let p = &g.p;
+        let dtype = self.q.dtype();
+        let read: usize = self.inputs().iter().map(|t| t.numel()).sum();
+        Ok(Plan {
+            outputs: vec![
+                TensorSpec::new(self.q.shape().clone(), dtype),
+                TensorSpec::new([p.b, p.h, p.lq], DType::F32),
+            ],
+            cost: Cost {
+                flops: 2.0 * g.matmul_flops(),
+                bytes: ((read + p.q_len()) * dtype.size() + 4 * p.lse_len()) as f64,
+            },
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let g = self.geometry(cx.device())?;
+        let dtype = self.q.dtype();
+        let (q, k, v) = (cx.input(&self.q)?, cx.input(&self.k)?, cx.input(&self.v)?);
+        let mask = self.mask.as_ref().map(|m| cx.input(m)).transpose()?;
+        let mask = mask.as_deref();
+        let (o, lse) = match cx.backend() {
+            BackendCx::Cpu => {
+                float_dispatch!(dtype, FWD, |T| forward_cpu::<T>(&g, &q, &k, &v, mask))
+            }
+            BackendCx::Cuda(scx) => cuda::forward(scx, &g, dtype, [&q, &k, &v], mask),
+        }?;
+        cx.set_output(0, o)?;
+        cx.set_output(1, lse)
+    }
+}
+
+fn forward_cpu<T: Float + Element>(
+    g: &Geometry,
+    q: &Buffer,
+    k: &Buffer,
+    v: &Buffer,
+    mask: Option<&Buffer>,
+) -> Result<(Buffer, Buffer)> {
+    let p = &g.p;
+    let mask = cpu_mask::<T>(g, mask)?;
+    let mut o = cpu_out::<T>(p.q_len());
+    let mut lse = cpu_out::<f32>(p.lse_len());
+    cpu::attention_forward(
+        p,
+        q.cpu::<T>()?,
+        k.cpu::<T>()?,
+        v.cpu::<T>()?,
+        mask.as_deref(),
+        &mut o,
+        &mut lse,
+    );
+    Ok((Buffer::from_vec(o), Buffer::from_vec(lse)))
+}
+
+// ---- backward --------------------------------------------------------------------------
+
+/// The gradients of [`Attention`] with respect to q, k and v; build it with
+/// [`attention_backward`].
+///
+/// Takes the forward's inputs, its outputs `o` `[B, H, Lq, D]` (q's dtype) and `lse`
+/// `[B, H, Lq]` (f32), and the output gradient `do_` `[B, H, Lq, D]` (q's dtype), with
+/// the same options as the forward (scale, causal, mask: pass the same ones). Returns
+/// `(dq, dk, dv)` in q's dtype, dq `[B, H, Lq, D]`, dk and dv `[B, Hkv, Lk, D]` (summed
+/// over the query heads of each kv group). The mask gets no gradient.
+///
+/// FlashAttention-2's scheme from the saved lse: `P = exp(S - lse)`,
+/// `D_i = rowsum(dO ∘ O)`, `dS = P ∘ (dO·vᵀ - D)`, `dq = scale · dS·k`,
+/// `dk = scale · dSᵀ·q`, `dv = Pᵀ·dO`. On CUDA three kernels run in stream order
+/// (preprocess, dq/dk/dv, convert dq) with an f32 workspace of `B·H·Lq·(D + 1)`
+/// elements, kept per stream and reused (grown when too small, up to 256 MiB kept);
+/// dq accumulates with f32 atomics, so its rounding may differ from run to run.
+///
+/// # Errors (at submit)
+///
+/// Those of [`Attention`], plus [`Error::ShapeMismatch`] when o or do_ are not q's
+/// shape or lse is not `[B, H, Lq]`, and [`Error::DTypeMismatch`] when o or do_ are not
+/// q's dtype or lse is not f32.
+///
+/// # Examples
+///
+/// ```
+/// use rtx_ops::attention::{attention, attention_backward};
+/// use rtx_runtime::Runtime;
+///
+/// let rt = Runtime::cpu(1);
+/// let q = rt.upload(&[0.5f32, -1.0, 2.0, 0.0], [1, 1, 2, 2])?;
+/// let k = rt.upload(&[1.0f32, 0.0, 0.0, 1.0], [1, 1, 2, 2])?;
+/// let v = rt.upload(&[1.0f32, 2.0, 3.0, 4.0], [1, 1, 2, 2])?;
+/// let (o, lse) = rt.submit(attention(&q, &k, &v))?.wait()?;
+/// let do_ = rt.upload(&[1.0f32; 4], [1, 1, 2, 2])?;
+/// let (dq, dk, dv) = rt.submit(attention_backward(&q, &k, &v, &o, &lse, &do_))?.wait()?;
+/// // Every query's probabilities sum to 1, so dv's rows sum to the two queries' dO.
+/// let dv = rt.to_vec::<f32>(&dv)?.wait()?;
+/// assert!((dv[0] + dv[2] - 2.0).abs() < 1e-6);
+/// # let _ = (dq, dk);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct AttentionBackward {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    do_: Tensor,
+    mask: Option<Tensor>,
+    flags: Flags,
+}
+
+/// The operands of an [`AttentionBackward`], given back by
+/// [`AttentionBackward::into_inputs`].
+#[allow(missing_docs)] // named as the op's arguments
+pub struct AttentionBackwardInputs {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub o: Tensor,
+    pub lse: Tensor,
+    pub do_: Tensor,
+    pub mask: Option<Tensor>,
+}
+
+/// `(dq, dk, dv)` of [`attention`] from its inputs, its outputs `o` and `lse`, and the
+/// output gradient `do_`; see [`AttentionBackward`].
+pub fn attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    lse: &Tensor,
+    do_: &Tensor,
+) -> AttentionBackward {
+    AttentionBackward {
+        q: q.clone(),
+        k: k.clone(),
+        v: v.clone(),
+        o: o.clone(),
+        lse: lse.clone(),
+        do_: do_.clone(),
+        mask: None,
+        flags: Flags::default(),
+    }
+}
+
+impl AttentionBackward {
+    /// The score scale the forward used (default `1 / sqrt(D)`).
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.flags.scale = Some(scale);
+        self
+    }
+    /// Whether the forward was causal.
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.flags.causal = causal;
+        self
+    }
+    /// The forward's additive mask.
+    pub fn mask(mut self, mask: &Tensor) -> Self {
+        self.mask = Some(mask.clone());
+        self
+    }
+    /// The operands, e.g. to take them back from a rejected submission.
+    pub fn into_inputs(self) -> AttentionBackwardInputs {
+        AttentionBackwardInputs {
+            q: self.q,
+            k: self.k,
+            v: self.v,
+            o: self.o,
+            lse: self.lse,
+            do_: self.do_,
+            mask: self.mask,
+        }
+    }
+
+    fn geometry(&self, device: Device) -> Result<Geometry> {
+        let qkv = (&self.q, &self.k, &self.v);
+        let g = geometry(BWD, device, qkv, self.mask.as_ref(), self.flags)?;
+        let dtype = self.q.dtype();
+        for t in [&self.o, &self.do_] {
+            check_dtype(BWD, dtype, t)?;
+            if t.dims() != self.q.dims() {
+                return Err(Error::shape(
+                    BWD,
+                    self.q.shape(),
+                    t.shape(),
+                    "o and do_ must have q's shape [B, H, Lq, D]",
+                ));
+            }
+        }
+        check_dtype(BWD, DType::F32, &self.lse)?;
+        let lse_dims = [g.p.b, g.p.h, g.p.lq];
+        if self.lse.dims() != lse_dims {
+            return Err(Error::shape(
+                BWD,
+                &dims_shape(&lse_dims),
+                self.lse.shape(),
+                "lse must be [B, H, Lq] (the forward's second output)",
+            ));
+        }
+        Ok(g)
+    }
+}
+
+impl Op for AttentionBackward {
+    type Output = (Tensor, Tensor, Tensor);
+    fn name(&self) -> &'static str {
+        BWD
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        let mut v = vec![&self.q, &self.k, &self.v, &self.o, &self.lse, &self.do_];
+        v.extend(self.mask.as_ref());
+        v
+    }
+    fn plan(&self, cx: &PlanCx) -> Result<Plan> {
+        let g = self.geometry(cx.device)?;
+        let dtype = self.q.dtype();
+        let read: usize = self.inputs().iter().map(|t| t.numel()).sum();
+        let written = self.q.numel() + 2 * self.k.numel();
+        Ok(Plan {
+            outputs: vec![
+                TensorSpec::new(self.q.shape().clone(), dtype),
+                TensorSpec::new(self.k.shape().clone(), dtype),
+                TensorSpec::new(self.v.shape().clone(), dtype),
+            ],
+            cost: Cost {
+                // Recomputed scores, dP, dq, dk, dv: five products.
+                flops: 5.0 * g.matmul_flops(),
+                bytes: ((read + written) * dtype.size()) as f64,
+            },
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let g = self.geometry(cx.device())?;
+        let dtype = self.q.dtype();
+        let ins = BackwardBuffers {
+            q: cx.input(&self.q)?,
+            k: cx.input(&self.k)?,
+            v: cx.input(&self.v)?,
+            o: cx.input(&self.o)?,
+            lse: cx.input(&self.lse)?,
+            do_: cx.input(&self.do_)?,
+        };
+        let mask = self.mask.as_ref().map(|m| cx.input(m)).transpose()?;
+        let mask = mask.as_deref();
+        let (dq, dk, dv) = match cx.backend() {
+            BackendCx::Cpu => {
+                float_dispatch!(dtype, BWD, |T| backward_cpu::<T>(&g, &ins, mask))
+            }
+            BackendCx::Cuda(scx) => cuda::backward(
+                scx,
+                &g,
+                dtype,
+                [&ins.q, &ins.k, &ins.v, &ins.o, &ins.do_],
+                &ins.lse,
+                mask,
+            ),
+        }?;
+        cx.set_output(0, dq)?;
+        cx.set_output(1, dk)?;
+        cx.set_output(2, dv)
+    }
+}
+
+/// The backward's input memory.
+struct BackwardBuffers {
+    q: rtx_runtime::BufferRef,
+    k: rtx_runtime::BufferRef,
+    v: rtx_runtime::BufferRef,
+    o: rtx_runtime::BufferRef,
+    lse: rtx_runtime::BufferRef,
+    do_: rtx_runtime::BufferRef,
+}
+
+fn backward_cpu<T: Float + Element>(
+    g: &Geometry,
+    b: &BackwardBuffers,
+    mask: Option<&Buffer>,
+) -> Result<(Buffer, Buffer, Buffer)> {
+    let p = &g.p;
+    let mask = cpu_mask::<T>(g, mask)?;
+    let mut dq = cpu_out::<T>(p.q_len());
+    let mut dk = cpu_out::<T>(p.kv_len());
+    let mut dv = cpu_out::<T>(p.kv_len());
+    cpu::attention_backward(
+        p,
+        b.q.cpu::<T>()?,
+        b.k.cpu::<T>()?,
+        b.v.cpu::<T>()?,
+        mask.as_deref(),
+        b.o.cpu::<T>()?,
+        b.do_.cpu::<T>()?,
+        b.lse.cpu::<f32>()?,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+    );
+    Ok((
+        Buffer::from_vec(dq),
+        Buffer::from_vec(dk),
+        Buffer::from_vec(dv),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causal_pairs() {
+        let g = |lq, lk, causal| Geometry {
+            p: AttnParams {
+                b: 1,
+                h: 1,
+                h_kv: 1,
+                lq,
+                lk,
+                d: 1,
+                scale: 1.0,
+                causal,
+                mask: MaskKind::None,
+            },
+            mask: None,
+        };
+        let brute = |lq: usize, lk: usize| (0..lq).map(|i| (i + 1).min(lk)).sum::<usize>() as f64;
+        for (lq, lk) in [(1, 1), (5, 9), (9, 5), (17, 17), (1, 1000)] {
+            assert_eq!(g(lq, lk, true).pairs(), brute(lq, lk), "{lq}x{lk}");
+            assert_eq!(g(lq, lk, false).pairs(), (lq * lk) as f64);
+        }
+    }
+}

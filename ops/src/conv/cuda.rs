@@ -1,0 +1,255 @@
+//! Convolution on CUDA: the per-stream cuDNN state ([`ConvState`]) and its algorithm
+//! cache.
+//!
+//! # Per-stream state
+//!
+//! Each stream actor owns one [`ConvState`], created lazily on the actor thread the
+//! first time a convolution runs there (`StreamCx::ext`; cuDNN handles are `!Send`):
+//!
+//! - a cuDNN handle bound to the stream;
+//! - the algorithm cache: (direction, dtype, geometry incl. layout, TF32) → the
+//!   descriptors and the chosen algorithm. The first call of a key benchmarks every
+//!   algorithm on the real buffers with `cudnnFind*AlgorithmEx` (PyTorch's
+//!   `cudnn.benchmark`), using a temporary workspace as large as the hungriest
+//!   algorithm asks (at most [`SEARCH_CAP`]); if that fails, cuDNN's heuristic
+//!   (`*_v7`) chooses. Later calls reuse the choice. Hits and misses are counted
+//!   process-wide ([`conv_algo_cache_stats`]). The search blocks this actor once per
+//!   key (cuDNN synchronizes while it times).
+//! - a workspace, grown (never shrunk) to the largest need of the chosen algorithms;
+//!   the old one is freed stream-ordered, after the work that used it.
+//!
+//! # Math
+//!
+//! f32 is exact by default: the convolution's math type is forced to
+//! `CUDNN_FMA_MATH` (no TF32), as PyTorch does without `allow_tf32`; `.tf32()` opts
+//! in (`CUDNN_DEFAULT_MATH`). f16 and bf16 use `CUDNN_TENSOR_OP_MATH`. Every storage
+//! type computes in f32 (the descriptor's compute type is `CUDNN_DATA_FLOAT`).
+//!
+//! # Fused bias + activation
+//!
+//! `cudnnConvolutionBiasActivationForward` is not used: it supports only ReLU and
+//! identity (no GELU), identity only with `IMPLICIT_PRECOMP_GEMM` (which would
+//! override the benchmarked algorithm), and restricts dtypes. Instead the forward
+//! convolution is followed by one in-place bias + activation kernel
+//! (`gemm/epilogue.cu`) on the same stream: one extra pass over `y`, any activation,
+//! any dtype, either layout.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use rtx_runtime::cuda::StreamCx;
+use rtx_runtime::{DType, Element, Error, Result};
+
+use super::cpu::Conv2dParams;
+use super::dnn::{Choice, ConvDescs, Dir, Filter, Handle, Io};
+use crate::gemm::device::{dptr, dptr_mut, require_library, scratch};
+use crate::kernels::alloc_out;
+
+use cudarc::cudnn::sys::cudnnMathType_t as Math;
+
+/// The largest workspace the algorithm search offers (and any chosen algorithm
+/// gets): algorithms that need more are not considered.
+pub const SEARCH_CAP: usize = 1 << 30;
+
+static ALGO_HITS: AtomicU64 = AtomicU64::new(0);
+static ALGO_MISSES: AtomicU64 = AtomicU64::new(0);
+static SEARCH_FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// `(hits, misses)` of the per-stream convolution algorithm caches, summed over every
+/// stream of every runtime in this process. A miss runs the algorithm search.
+pub fn conv_algo_cache_stats() -> (u64, u64) {
+    (
+        ALGO_HITS.load(Ordering::Relaxed),
+        ALGO_MISSES.load(Ordering::Relaxed),
+    )
+}
+
+/// How many algorithm searches (process-wide) fell back to cuDNN's heuristic because
+/// the benchmarking search failed or found nothing usable. Expected to stay 0.
+pub fn conv_search_fallbacks() -> u64 {
+    SEARCH_FALLBACKS.load(Ordering::Relaxed)
+}
+
+/// What selects an algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct AlgoKey {
+    dir: Dir,
+    dtype: DType,
+    p: Conv2dParams,
+    tf32: bool,
+}
+
+/// A cached plan: descriptors and the chosen algorithm.
+struct Planned {
+    descs: ConvDescs,
+    choice: Choice,
+}
+
+/// A stream's cuDNN handle, algorithm cache and workspace.
+pub(crate) struct ConvState {
+    stream: Arc<CudaStream>,
+    ordinal: usize,
+    handle: Handle,
+    plans: HashMap<AlgoKey, Planned>,
+    workspace: Option<CudaSlice<u8>>,
+}
+
+impl ConvState {
+    /// Creates the handle on the actor thread (the `ext` initializer).
+    pub fn new(scx: &StreamCx) -> Result<Self> {
+        // SAFETY: the presence probe only tries to dlopen the library.
+        require_library("cudnn", || unsafe {
+            cudarc::cudnn::sys::is_culib_present()
+        })?;
+        scx.context().bind_to_thread().map_err(|e| Error::Cuda {
+            call: "cuCtxSetCurrent".into(),
+            message: e.to_string(),
+        })?;
+        Ok(ConvState {
+            stream: scx.stream().clone(),
+            ordinal: scx.ordinal(),
+            handle: Handle::new(scx.stream())?,
+            plans: HashMap::new(),
+            workspace: None,
+        })
+    }
+
+    /// Plans (once per key) and enqueues one convolution on the buffers of `io`.
+    ///
+    /// # Safety
+    /// `io` must address live buffers of `key`'s geometry and dtype on this device: the
+    /// inputs written by earlier stream-ordered work, the output a fresh allocation;
+    /// all must stay alive until the enqueued work completes.
+    unsafe fn run(&mut self, key: AlgoKey, io: Io) -> Result<()> {
+        if self.plans.contains_key(&key) {
+            ALGO_HITS.fetch_add(1, Ordering::Relaxed);
+        } else {
+            ALGO_MISSES.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: forwarded from this function's contract.
+            let planned = unsafe { self.plan(&key, io) }?;
+            self.plans.insert(key, planned);
+        }
+        let need = self.plans[&key].choice.workspace;
+        let ws = self.grow_workspace(need)?;
+        let planned = &self.plans[&key];
+        // SAFETY: buffers as guaranteed by the caller; `ws` addresses at least `need`
+        // bytes of this stream's workspace, which lives until replaced, and is then
+        // freed stream-ordered after this work.
+        unsafe { planned.descs.launch(&self.handle, &planned.choice, io, ws) }
+    }
+
+    /// Builds the descriptors and searches the algorithm for `key`.
+    ///
+    /// # Safety
+    /// As [`ConvState::run`] (the search writes the output buffer).
+    unsafe fn plan(&mut self, key: &AlgoKey, io: Io) -> Result<Planned> {
+        let exact = key.dtype == DType::F32 && !key.tf32;
+        let math = match key.dtype {
+            DType::F32 if exact => Math::CUDNN_FMA_MATH,
+            DType::F32 => Math::CUDNN_DEFAULT_MATH,
+            _ => Math::CUDNN_TENSOR_OP_MATH,
+        };
+        let descs = ConvDescs::new(&key.p, key.dtype, math)?;
+        let filter = Filter {
+            exact_f32: exact,
+            no_fft: key.dir == Dir::BackwardData && (key.p.stride.0 > 1 || key.p.stride.1 > 1),
+        };
+        let want = descs.max_workspace(&self.handle, key.dir, SEARCH_CAP);
+        // Without room for the search workspace, search among the algorithms that need none.
+        let tmp = scratch(&self.stream, self.ordinal, want).ok();
+        let ws = match &tmp {
+            Some(t) => (dptr(t, &self.stream).0, want),
+            None => (0, 0),
+        };
+        // SAFETY: buffers as guaranteed by the caller; `ws` addresses `ws.1` bytes of
+        // `tmp`, alive until after the (blocking) search returns.
+        let found = unsafe { descs.find(&self.handle, key.dir, io, ws, filter) };
+        drop(tmp);
+        let choice = match found {
+            Ok(Some(c)) => c,
+            _ => {
+                SEARCH_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                descs
+                    .heuristic(&self.handle, key.dir, SEARCH_CAP, filter)?
+                    .ok_or_else(|| Error::Cudnn {
+                        call: "algorithm search".into(),
+                        message: format!(
+                            "no {:?} algorithm for {:?} {:?}",
+                            key.dir, key.dtype, key.p
+                        ),
+                    })?
+            }
+        };
+        descs.set_math(choice.math)?;
+        Ok(Planned { descs, choice })
+    }
+
+    /// This stream's workspace, grown to at least `bytes`: (address, size).
+    fn grow_workspace(&mut self, bytes: usize) -> Result<(u64, usize)> {
+        if bytes == 0 {
+            return Ok((0, 0));
+        }
+        if self.workspace.as_ref().map_or(0, |w| w.len()) < bytes {
+            // Dropping the old workspace frees it stream-ordered, after its users.
+            self.workspace = None;
+            self.workspace = Some(scratch(&self.stream, self.ordinal, bytes)?);
+        }
+        let w = self.workspace.as_ref().expect("allocated above");
+        Ok((dptr(w, &self.stream).0, w.len()))
+    }
+}
+
+/// The operands of one convolution: `(x, w)` forward, `(dy, w)` backward data,
+/// `(x, dy)` backward filter.
+pub(crate) fn conv<T: Element>(
+    scx: &mut StreamCx,
+    dir: Dir,
+    p: &Conv2dParams,
+    a: &CudaSlice<T>,
+    b: &CudaSlice<T>,
+    tf32: bool,
+) -> Result<CudaSlice<T>> {
+    let len = match dir {
+        Dir::Forward => p.y_len(),
+        Dir::BackwardData => p.x_len(),
+        Dir::BackwardFilter => p.w_len(),
+    };
+    let mut out = alloc_out::<T>(scx, len)?;
+    let stream = scx.stream().clone();
+    let (pa, _ga) = dptr(a, &stream);
+    let (pb, _gb) = dptr(b, &stream);
+    let (po, _go) = dptr_mut(&mut out, &stream);
+    let io = match dir {
+        Dir::Forward => Io {
+            x: pa,
+            w: pb,
+            y: po,
+        },
+        Dir::BackwardData => Io {
+            x: po,
+            w: pb,
+            y: pa,
+        },
+        Dir::BackwardFilter => Io {
+            x: pa,
+            w: po,
+            y: pb,
+        },
+    };
+    let key = AlgoKey {
+        dir,
+        dtype: T::DTYPE,
+        p: *p,
+        tf32: tf32 && T::DTYPE == DType::F32,
+    };
+    let state = scx.ext::<ConvState>(ConvState::new)?;
+    // SAFETY: `a` and `b` are the op's inputs, validated at submit to have the shapes
+    // `p` implies for this direction, kept alive by the op until completion and
+    // written by earlier work this stream waited on; `out` is a fresh allocation of
+    // the output's length, owned by the op until completion.
+    unsafe { state.run(key, io) }?;
+    drop((_ga, _gb, _go));
+    Ok(out)
+}

@@ -1,0 +1,327 @@
+//! The convolution ops: forward (with optional bias and activation), backward data
+//! and backward filter. Validation at submit; one `match` on the backend in `run`.
+
+use rtx_runtime::{
+    BackendCx, Buffer, Cost, DType, Element, ExecCx, Op, Plan, PlanCx, Result, Shape, Tensor,
+    TensorSpec,
+};
+
+use super::cpu::{self, Conv2dParams, Layout};
+use super::cuda;
+use super::dnn::Dir;
+use super::shape::{check_params, expect_shape, w_shape, x_shape, y_shape, Conv2dOpts};
+use crate::cpu_util::Float;
+use crate::gemm::epilogue;
+use crate::gemm::shape::float_dtype;
+use crate::gemm::Activation;
+use crate::kernels::{cpu_out, float_dispatch};
+
+/// A 2-D convolution (cross-correlation), optionally followed by a per-channel bias
+/// and an activation; build it with [`conv2d`].
+///
+/// Shapes by [`Layout`]: NCHW x `[n, c_in, h, w]`, w `[c_out, c_in/groups, kh, kw]`,
+/// y `[n, c_out, oh, ow]`; NHWC x `[n, h, w, c_in]`, w `[c_out, kh, kw, c_in/groups]`,
+/// y `[n, oh, ow, c_out]`; bias `[c_out]`. f32 (exact unless [`Conv2d::tf32`]), f16,
+/// bf16 (f32 accumulation). On CUDA: cuDNN with an algorithm benchmarked once per
+/// shape and stream, then (with a bias or an activation) one in-place epilogue kernel.
+///
+/// # Examples
+///
+/// ```
+/// use rtx_ops::conv::{conv2d, Conv2dOpts};
+/// use rtx_runtime::Runtime;
+///
+/// let rt = Runtime::cpu(1);
+/// let x = rt.upload(&[1.0f32; 16], [1, 1, 4, 4])?;
+/// let w = rt.upload(&[1.0f32; 9], [1, 1, 3, 3])?;
+/// let y = rt.submit(conv2d(&x, &w, Conv2dOpts::default().pad(1))).map_err(|e| e.error)?.wait()?;
+/// assert_eq!(y.dims(), [1, 1, 4, 4]);
+/// assert_eq!(rt.to_vec::<f32>(&y)?.wait()?[5], 9.0);
+/// # Ok::<(), rtx_runtime::Error>(())
+/// ```
+pub struct Conv2d {
+    x: Tensor,
+    w: Tensor,
+    bias: Option<Tensor>,
+    act: Activation,
+    opts: Conv2dOpts,
+    tf32: bool,
+}
+
+/// `conv(x, w)` with `opts`; see [`Conv2d`].
+pub fn conv2d(x: &Tensor, w: &Tensor, opts: Conv2dOpts) -> Conv2d {
+    let (x, w) = (x.clone(), w.clone());
+    Conv2d {
+        x,
+        w,
+        bias: None,
+        act: Activation::None,
+        opts,
+        tf32: false,
+    }
+}
+
+impl Conv2d {
+    /// Adds `bias[c]` to every output of channel `c`.
+    pub fn bias(mut self, bias: &Tensor) -> Self {
+        let bias = bias.clone();
+        self.bias = Some(bias);
+        self
+    }
+    /// Applies `act` after the bias.
+    pub fn activation(mut self, act: Activation) -> Self {
+        self.act = act;
+        self
+    }
+    /// Allows TF32 tensor cores for f32 on CUDA.
+    pub fn tf32(mut self) -> Self {
+        self.tf32 = true;
+        self
+    }
+    /// The operands, e.g. to take them back from a rejected submission.
+    pub fn into_inputs(self) -> (Tensor, Tensor, Option<Tensor>) {
+        (self.x, self.w, self.bias)
+    }
+    fn params(&self) -> Result<Conv2dParams> {
+        self.opts.params(self.x.shape(), self.w.shape())
+    }
+}
+
+impl Op for Conv2d {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "conv2d"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        let mut v = vec![&self.x, &self.w];
+        v.extend(self.bias.as_ref());
+        v
+    }
+    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
+        let dts: Vec<DType> = self.inputs().iter().map(|t| t.dtype()).collect();
+        let dt = float_dtype(self.name(), &dts)?;
+        let p = self.params()?;
+        if let Some(b) = &self.bias {
+            expect_shape(self.name(), "bias", b.shape(), &Shape::new(vec![p.c_out]))?;
+        }
+        Ok(plan_of(&p, dt, y_shape(&p), self.inputs()))
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let p = self.params()?;
+        let (x, w) = (cx.input(&self.x)?, cx.input(&self.w)?);
+        let bias = self.bias.as_ref().map(|b| cx.input(b)).transpose()?;
+        let c = Conv {
+            dir: Dir::Forward,
+            p: &p,
+            act: self.act,
+            tf32: self.tf32,
+        };
+        let out = float_dispatch!(self.x.dtype(), self.name(), |T| {
+            c.run::<T>(cx.backend(), &x, &w, bias.as_deref())
+        })?;
+        cx.set_output(0, out)
+    }
+}
+
+/// The data gradient of a convolution: `dx` from `dy` and `w`; build it with
+/// [`conv2d_backward_data`]. The output has x's shape (`p`'s input geometry).
+pub struct Conv2dBackwardData {
+    dy: Tensor,
+    w: Tensor,
+    p: Conv2dParams,
+    tf32: bool,
+}
+
+/// `dx = conv_transpose(dy, w)` for the convolution `p` (use [`Conv2dOpts::params`]
+/// to get `p` from the forward shapes).
+pub fn conv2d_backward_data(dy: &Tensor, w: &Tensor, p: Conv2dParams) -> Conv2dBackwardData {
+    let (dy, w) = (dy.clone(), w.clone());
+    Conv2dBackwardData {
+        dy,
+        w,
+        p,
+        tf32: false,
+    }
+}
+
+impl Conv2dBackwardData {
+    /// Allows TF32 tensor cores for f32 on CUDA.
+    pub fn tf32(mut self) -> Self {
+        self.tf32 = true;
+        self
+    }
+    /// The operands `(dy, w)`.
+    pub fn into_inputs(self) -> (Tensor, Tensor) {
+        (self.dy, self.w)
+    }
+}
+
+impl Op for Conv2dBackwardData {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "conv2d_backward_data"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.dy, &self.w]
+    }
+    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
+        let dt = float_dtype(self.name(), &[self.dy.dtype(), self.w.dtype()])?;
+        check_params(self.name(), &self.p)?;
+        expect_shape(self.name(), "dy", self.dy.shape(), &y_shape(&self.p))?;
+        expect_shape(self.name(), "w", self.w.shape(), &w_shape(&self.p))?;
+        Ok(plan_of(&self.p, dt, x_shape(&self.p), self.inputs()))
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let (dy, w) = (cx.input(&self.dy)?, cx.input(&self.w)?);
+        let c = Conv {
+            dir: Dir::BackwardData,
+            p: &self.p,
+            act: Activation::None,
+            tf32: self.tf32,
+        };
+        let out = float_dispatch!(self.dy.dtype(), self.name(), |T| c.run::<T>(
+            cx.backend(),
+            &dy,
+            &w,
+            None
+        ))?;
+        cx.set_output(0, out)
+    }
+}
+
+/// The filter gradient of a convolution: `dw` from `x` and `dy`; build it with
+/// [`conv2d_backward_filter`]. The output has the filter's shape.
+pub struct Conv2dBackwardFilter {
+    x: Tensor,
+    dy: Tensor,
+    p: Conv2dParams,
+    tf32: bool,
+}
+
+/// `dw = Σ dy ⊗ x-patches` for the convolution `p`.
+pub fn conv2d_backward_filter(x: &Tensor, dy: &Tensor, p: Conv2dParams) -> Conv2dBackwardFilter {
+    let (x, dy) = (x.clone(), dy.clone());
+    Conv2dBackwardFilter {
+        x,
+        dy,
+        p,
+        tf32: false,
+    }
+}
+
+impl Conv2dBackwardFilter {
+    /// Allows TF32 tensor cores for f32 on CUDA.
+    pub fn tf32(mut self) -> Self {
+        self.tf32 = true;
+        self
+    }
+    /// The operands `(x, dy)`.
+    pub fn into_inputs(self) -> (Tensor, Tensor) {
+        (self.x, self.dy)
+    }
+}
+
+impl Op for Conv2dBackwardFilter {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "conv2d_backward_filter"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.x, &self.dy]
+    }
+    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
+        let dt = float_dtype(self.name(), &[self.x.dtype(), self.dy.dtype()])?;
+        check_params(self.name(), &self.p)?;
+        expect_shape(self.name(), "x", self.x.shape(), &x_shape(&self.p))?;
+        expect_shape(self.name(), "dy", self.dy.shape(), &y_shape(&self.p))?;
+        Ok(plan_of(&self.p, dt, w_shape(&self.p), self.inputs()))
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let (x, dy) = (cx.input(&self.x)?, cx.input(&self.dy)?);
+        let c = Conv {
+            dir: Dir::BackwardFilter,
+            p: &self.p,
+            act: Activation::None,
+            tf32: self.tf32,
+        };
+        let out = float_dispatch!(self.x.dtype(), self.name(), |T| c.run::<T>(
+            cx.backend(),
+            &x,
+            &dy,
+            None
+        ))?;
+        cx.set_output(0, out)
+    }
+}
+
+/// The plan of any direction: the output spec and the cost (the same multiply-adds).
+fn plan_of(p: &Conv2dParams, dt: DType, out: Shape, inputs: Vec<&Tensor>) -> Plan {
+    let macs = p.y_len() as f64 * (p.c_in / p.groups * p.kh * p.kw) as f64;
+    let elems: usize = inputs.iter().map(|t| t.numel()).sum::<usize>() + out.numel();
+    Plan {
+        outputs: vec![TensorSpec::new(out, dt)],
+        cost: Cost {
+            flops: 2.0 * macs,
+            bytes: (elems * dt.size()) as f64,
+        },
+    }
+}
+
+/// One direction on either backend. Operands: `(x, w)` forward, `(dy, w)` backward
+/// data, `(x, dy)` backward filter.
+struct Conv<'a> {
+    dir: Dir,
+    p: &'a Conv2dParams,
+    act: Activation,
+    tf32: bool,
+}
+
+impl Conv<'_> {
+    fn run<T: Float + Element>(
+        &self,
+        be: &mut BackendCx<'_>,
+        a: &Buffer,
+        b: &Buffer,
+        bias: Option<&Buffer>,
+    ) -> Result<Buffer> {
+        let p = self.p;
+        match be {
+            BackendCx::Cpu => {
+                let (a, b) = (a.cpu::<T>()?, b.cpu::<T>()?);
+                let out = match self.dir {
+                    Dir::Forward => {
+                        let mut y = cpu_out::<T>(p.y_len());
+                        let bias = bias.map(|b| b.cpu::<T>()).transpose()?;
+                        cpu::conv2d_forward(p, a, b, bias, self.act, &mut y);
+                        y
+                    }
+                    Dir::BackwardData => {
+                        let mut dx = cpu_out::<T>(p.x_len());
+                        cpu::conv2d_backward_data(p, a, b, &mut dx);
+                        dx
+                    }
+                    Dir::BackwardFilter => {
+                        let mut dw = cpu_out::<T>(p.w_len());
+                        cpu::conv2d_backward_filter(p, a, b, &mut dw);
+                        dw
+                    }
+                };
+                Ok(Buffer::from_vec(out))
+            }
+            BackendCx::Cuda(scx) => {
+                let mut out =
+                    cuda::conv::<T>(scx, self.dir, p, a.cuda::<T>()?, b.cuda::<T>()?, self.tf32)?;
+                if self.dir == Dir::Forward {
+                    let (oh, ow) = p.out_hw();
+                    let inner = match p.layout {
+                        Layout::Nchw => oh * ow,
+                        Layout::Nhwc => 1,
+                    };
+                    let bias = bias.map(|b| b.cuda::<T>()).transpose()?;
+                    epilogue::bias_act(scx, &mut out, bias, p.c_out, inner, self.act)?;
+                }
+                Ok(Buffer::from_cuda(out))
+            }
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! CUDA launches of `kernels/cuda/elementwise.cu`.
+//!
+//! A binary op picks one of three kernels: `ew_` when both operands have the output's
+//! shape, `ewb_` when one does and the other repeats along the trailing dims (a row, or a
+//! scalar), `ews_` otherwise (general strided broadcast, dims coalesced to at most 8).
+//! In-place ops pass the output's address as the donated operand too, which the kernels
+//! allow for an operand of `n` elements.
+
+use cudarc::driver::{DeviceRepr, PushKernelArg};
+use rtx_runtime::cuda::StreamCx;
+use rtx_runtime::{Buffer, DType, Element, Error, Result};
+
+use super::{is_trailing, BinaryArgs, BinaryOp, UnaryOp};
+use crate::kernels::{self, config, elementwise_grid, float_dispatch, launch_error};
+
+const MODULE: &str = "elementwise";
+
+/// Most dims `ews_` takes (`StridedArgs` arrays).
+const MAX_DIMS: usize = 8;
+
+/// Mirrors `struct StridedArgs` of `elementwise.cu`: `int ndim; long long shape[8],
+/// sa[8], sb[8];` (C puts 4 bytes of padding after `ndim`, as `repr(C)` does).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct StridedArgs {
+    ndim: i32,
+    shape: [i64; MAX_DIMS],
+    sa: [i64; MAX_DIMS],
+    sb: [i64; MAX_DIMS],
+}
+
+// SAFETY: `StridedArgs` is `repr(C)` with the same field types, order and therefore
+// layout (200 bytes, 8-aligned) as the C struct the `ews_*` kernels take by value; it
+// holds only plain integers, valid for any bit pattern.
+unsafe impl DeviceRepr for StridedArgs {}
+
+/// How a binary op's operands map onto its output.
+#[derive(Debug, PartialEq)]
+enum Layout {
+    /// Both operands have the output's `n` elements.
+    Same,
+    /// `y[i] = a[i % na] op b[i % nb]`.
+    Trailing { na: usize, nb: usize },
+    /// General broadcast.
+    Strided(StridedArgs),
+}
+
+fn layout(a: &[usize], b: &[usize], y: &[usize]) -> Option<Layout> {
+    let (na, nb, n) = (numel(a), numel(b), numel(y));
+    Some(if na == n && nb == n {
+        Layout::Same
+    } else if na == n && is_trailing(b, y) || nb == n && is_trailing(a, y) {
+        Layout::Trailing { na, nb }
+    } else {
+        Layout::Strided(strided_args(a, b, y)?)
+    })
+}
+
+fn numel(d: &[usize]) -> usize {
+    d.iter().product()
+}
+
+/// Row-major strides of `shape` as broadcast into `y` (0 where broadcast).
+fn bcast_strides(shape: &[usize], y: &[usize]) -> Vec<i64> {
+    let off = y.len() - shape.len();
+    let mut strides = vec![0i64; y.len()];
+    let mut s = 1i64;
+    for (i, &d) in shape.iter().enumerate().rev() {
+        strides[off + i] = if d == 1 { 0 } else { s };
+        s *= d as i64;
+    }
+    strides
+}
+
+/// The `ews_` arguments: size-1 dims dropped, dims contiguous in both operands merged;
+/// `None` when more than [`MAX_DIMS`] remain.
+fn strided_args(a: &[usize], b: &[usize], y: &[usize]) -> Option<StridedArgs> {
+    let (sa, sb) = (bcast_strides(a, y), bcast_strides(b, y));
+    // Innermost first while merging.
+    let mut dims: Vec<(i64, i64, i64)> = Vec::with_capacity(y.len());
+    for i in (0..y.len()).rev() {
+        let d = (y[i] as i64, sa[i], sb[i]);
+        if d.0 == 1 {
+            continue;
+        }
+        match dims.last_mut() {
+            Some(inner) if d.1 == inner.1 * inner.0 && d.2 == inner.2 * inner.0 => inner.0 *= d.0,
+            _ => dims.push(d),
+        }
+    }
+    if dims.is_empty() {
+        dims.push((1, 0, 0));
+    }
+    if dims.len() > MAX_DIMS {
+        return None;
+    }
+    let mut args = StridedArgs {
+        ndim: dims.len() as i32,
+        ..StridedArgs::default()
+    };
+    for (k, d) in dims.iter().rev().enumerate() {
+        (args.shape[k], args.sa[k], args.sb[k]) = *d;
+    }
+    Some(args)
+}
+
+/// Rejects (at submit) a broadcast the strided kernel cannot express.
+pub(super) fn check_rank(op: &str, a: &[usize], b: &[usize], y: &[usize]) -> Result<()> {
+    match layout(a, b, y) {
+        Some(_) => Ok(()),
+        None => Err(Error::invalid(
+            op,
+            format!("broadcast of {a:?} with {b:?} needs more than {MAX_DIMS} dims on CUDA"),
+        )),
+    }
+}
+
+fn binary_kernel(op: BinaryOp) -> &'static str {
+    match op {
+        BinaryOp::Add => "add",
+        BinaryOp::Sub => "sub",
+        BinaryOp::Mul => "mul",
+        BinaryOp::Div => "div",
+        BinaryOp::Max => "max",
+        BinaryOp::Min => "min",
+    }
+}
+
+fn unary_kernel(op: UnaryOp) -> &'static str {
+    match op {
+        UnaryOp::Neg => "neg",
+        UnaryOp::Exp => "exp",
+        UnaryOp::Log => "log",
+        UnaryOp::Sin => "sin",
+        UnaryOp::Cos => "cos",
+        UnaryOp::Sqrt => "sqrt",
+        UnaryOp::Abs => "abs",
+        UnaryOp::Relu => "relu",
+    }
+}
+
+/// Enqueues `y = a op b`; `a` is read from `donated` (in place) or from `a`.
+pub(super) fn binary(
+    scx: &mut StreamCx,
+    dtype: DType,
+    args: &BinaryArgs<'_>,
+    a: Option<&Buffer>,
+    donated: Option<Buffer>,
+    b: &Buffer,
+) -> Result<Buffer> {
+    float_dispatch!(dtype, args.name, |T| binary_t::<T>(
+        scx, args, a, donated, b
+    ))
+}
+
+fn binary_t<T: Element>(
+    scx: &mut StreamCx,
+    args: &BinaryArgs<'_>,
+    a: Option<&Buffer>,
+    donated: Option<Buffer>,
+    b: &Buffer,
+) -> Result<Buffer> {
+    let name = args.name;
+    let n = numel(args.y_dims);
+    let layout = layout(args.a_dims, args.b_dims, args.y_dims).ok_or_else(|| {
+        Error::invalid(name, format!("broadcast needs more than {MAX_DIMS} dims"))
+    })?;
+    let (kind, prefix) = match layout {
+        Layout::Same => (1u16, "ew"),
+        Layout::Trailing { .. } => (2, "ewb"),
+        Layout::Strided(_) => (3, "ews"),
+    };
+    let f = kernels::function(scx, MODULE, kind << 8 | args.op as u16, T::DTYPE, || {
+        format!("{prefix}_{}_{}", binary_kernel(args.op), T::DTYPE.name())
+    })?;
+    let (mut y, a) = kernels::output_and_input::<T>(scx, name, n, donated, a)?;
+    let b = b.cuda::<T>()?;
+    let cfg = config(elementwise_grid(scx, n, std::mem::size_of::<T>()), 0);
+    {
+        let mut lb = scx.stream().launch_builder(&f);
+        a.push(&mut lb);
+        lb.arg(b).arg(&mut y).arg(&n);
+        match &layout {
+            Layout::Same => {}
+            Layout::Trailing { na, nb } => {
+                lb.arg(na).arg(nb);
+            }
+            Layout::Strided(s) => {
+                lb.arg(s);
+            }
+        }
+        // SAFETY: the arguments match the kernel chosen above, as documented in
+        // elementwise.cu: (const T* a, const T* b, T* y, size_t n) then (size_t na,
+        // size_t nb) for `ewb_` or (StridedArgs) for `ews_`, with T the dtype of the
+        // buffers. `y` holds n elements; `a` holds n elements or is `y` itself (an
+        // aliasing the kernels allow), or is broadcast with na/nb/strides derived from
+        // its shape; the kernel writes every y[i], i < n.
+        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(name, e))?;
+    }
+    Ok(Buffer::from_cuda(y))
+}
+
+/// Enqueues `y = op(x)`; `x` is read from `donated` (in place) or from `x`.
+pub(super) fn unary(
+    scx: &mut StreamCx,
+    dtype: DType,
+    op: UnaryOp,
+    name: &'static str,
+    x: Option<&Buffer>,
+    donated: Option<Buffer>,
+    n: usize,
+) -> Result<Buffer> {
+    float_dispatch!(dtype, name, |T| unary_t::<T>(scx, op, name, x, donated, n))
+}
+
+fn unary_t<T: Element>(
+    scx: &mut StreamCx,
+    op: UnaryOp,
+    name: &'static str,
+    x: Option<&Buffer>,
+    donated: Option<Buffer>,
+    n: usize,
+) -> Result<Buffer> {
+    let f = kernels::function(scx, MODULE, op as u16, T::DTYPE, || {
+        format!("ew_{}_{}", unary_kernel(op), T::DTYPE.name())
+    })?;
+    let (mut y, x) = kernels::output_and_input::<T>(scx, name, n, donated, x)?;
+    let cfg = config(elementwise_grid(scx, n, std::mem::size_of::<T>()), 0);
+    {
+        let mut lb = scx.stream().launch_builder(&f);
+        x.push(&mut lb);
+        lb.arg(&mut y).arg(&n);
+        // SAFETY: `ew_{op}_{dt}(const T* x, T* y, size_t n)` with T the buffers' dtype;
+        // `y` holds n elements and `x` holds n elements or is `y` itself (allowed); the
+        // kernel writes every y[i], i < n.
+        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(name, e))?;
+    }
+    Ok(Buffer::from_cuda(y))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_args_match_the_c_layout() {
+        assert_eq!(std::mem::size_of::<StridedArgs>(), 8 + 3 * 8 * 8);
+        assert_eq!(std::mem::align_of::<StridedArgs>(), 8);
+    }
+
+    #[test]
+    fn layouts() {
+        assert_eq!(layout(&[5, 7], &[5, 7], &[5, 7]), Some(Layout::Same));
+        assert_eq!(
+            layout(&[5, 7], &[7], &[5, 7]),
+            Some(Layout::Trailing { na: 35, nb: 7 })
+        );
+        assert_eq!(
+            layout(&[], &[5, 7], &[5, 7]),
+            Some(Layout::Trailing { na: 1, nb: 35 })
+        );
+        let Some(Layout::Strided(s)) = layout(&[5, 1], &[1, 7], &[5, 7]) else {
+            panic!("general broadcast expected");
+        };
+        assert_eq!(s.ndim, 2);
+        assert_eq!((s.shape[0], s.sa[0], s.sb[0]), (5, 1, 0));
+        assert_eq!((s.shape[1], s.sa[1], s.sb[1]), (7, 0, 1));
+        // [4, 3, 5] with [4, 1, 5]: nothing merges across the broadcast dim.
+        let s = strided_args(&[4, 3, 5], &[4, 1, 5], &[4, 3, 5]).unwrap();
+        assert_eq!(s.ndim, 3);
+        // [2, 3, 4, 1] with [1, 1, 1, 6]: the first three dims of `a` merge.
+        let s = strided_args(&[2, 3, 4, 1], &[1, 1, 1, 6], &[2, 3, 4, 6]).unwrap();
+        assert_eq!(s.ndim, 2);
+        assert_eq!((s.shape[0], s.sa[0], s.sb[0]), (24, 1, 0));
+        assert_eq!((s.shape[1], s.sa[1], s.sb[1]), (6, 0, 1));
+    }
+}

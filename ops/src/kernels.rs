@@ -1,0 +1,297 @@
+//! Pieces shared by the op families: dtype dispatch, and for the CUDA side kernel
+//! loading (NVRTC through `rtx_kernels`, cached per stream), launch geometry and output
+//! allocation with optional NaN poisoning.
+//!
+//! # Function handles
+//!
+//! [`function`] keeps a per-stream map from a small key (`module`, family-defined op
+//! code, dtype) to the loaded `CudaFunction`, so the hot path of a launch allocates no
+//! `String`: a kernel name is formatted only the first time a stream asks for it, and the
+//! module's CUBIN is compiled (or read from the disk cache) once per device.
+//!
+//! # Poisoned outputs
+//!
+//! CUDA outputs are uninitialized memory. With [`set_poison_outputs`]`(true)` (or
+//! `RTX_POISON_OUTPUTS=1` in the environment) every freshly allocated output is filled
+//! with `0xFF` bytes first (NaN for floats, `u32::MAX` for indices), and CPU outputs with
+//! NaN, so a test catches any element an op forgets to write.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{
+    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg,
+};
+use rtx_kernels::{Arch, KernelCache, KernelError, Options};
+use rtx_runtime::cuda::StreamCx;
+use rtx_runtime::{Buffer, DType, Element, Error, Result};
+
+use crate::cpu_util::Float;
+
+/// Threads per block of every rtx kernel (`RTX_BLOCK` in `common.cuh`).
+pub(crate) const BLOCK: u32 = 256;
+
+/// Resident 256-thread blocks per SM used to cap grid-stride grids (2048 threads/SM).
+pub(crate) const BLOCKS_PER_SM: u32 = 8;
+
+/// Runs `$body` with `$t` a type alias for the element type of the float dtype `$dtype`
+/// (f32, f16, bf16); any other dtype is `Error::DTypeMismatch` for op `$op`.
+macro_rules! float_dispatch {
+    ($dtype:expr, $op:expr, |$t:ident| $body:expr) => {
+        match $dtype {
+            ::rtx_runtime::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            ::rtx_runtime::DType::F16 => {
+                type $t = ::half::f16;
+                $body
+            }
+            ::rtx_runtime::DType::BF16 => {
+                type $t = ::half::bf16;
+                $body
+            }
+            other => Err(::rtx_runtime::Error::dtype(
+                $op,
+                ::rtx_runtime::DType::F32,
+                other,
+            )),
+        }
+    };
+}
+pub(crate) use float_dispatch;
+
+/// Checks that `dtype` is one of the float types the ops compute on.
+pub(crate) fn check_float(op: &str, dtype: DType) -> Result<()> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(op, DType::F32, dtype))
+    }
+}
+
+// ---- donation counter ------------------------------------------------------------------
+
+static DONATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Test hook: how many ops of this crate have written into a donated input's memory
+/// (process-wide, since start).
+#[doc(hidden)]
+pub fn donations() -> u64 {
+    DONATIONS.load(Ordering::Relaxed)
+}
+
+/// Counts a donation that was taken (call when `cx.donate` returned memory).
+pub(crate) fn count_donation<T>(donated: &Option<T>) {
+    if donated.is_some() {
+        DONATIONS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// ---- poisoning -------------------------------------------------------------------------
+
+static POISON: AtomicBool = AtomicBool::new(false);
+
+/// Test hook: when on, ops fill every freshly allocated output with NaN (`0xFF` bytes on
+/// CUDA) before computing it, so an element an op fails to write shows up in a parity
+/// test. Also turned on by `RTX_POISON_OUTPUTS=1`. Costs one memset per output.
+#[doc(hidden)]
+pub fn set_poison_outputs(on: bool) {
+    POISON.store(on, Ordering::Relaxed);
+}
+
+/// Whether outputs are poisoned (see [`set_poison_outputs`]).
+pub(crate) fn poisoning() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    POISON.load(Ordering::Relaxed)
+        || *ENV.get_or_init(|| std::env::var("RTX_POISON_OUTPUTS").is_ok_and(|v| v == "1"))
+}
+
+/// A host output of `n` elements: NaN when poisoning, zeros otherwise. The op must
+/// write every element.
+pub(crate) fn cpu_out<T: Float>(n: usize) -> Vec<T> {
+    if poisoning() {
+        vec![T::from_f32(f32::NAN); n]
+    } else {
+        vec![T::default(); n]
+    }
+}
+
+/// A host index output of `n` elements (`u32::MAX` when poisoning).
+pub(crate) fn cpu_out_u32(n: usize) -> Vec<u32> {
+    vec![if poisoning() { u32::MAX } else { 0 }; n]
+}
+
+/// A device output of `n` elements, uninitialized (or `0xFF` bytes when poisoning).
+pub(crate) fn alloc_out<T: Element>(scx: &StreamCx, n: usize) -> Result<CudaSlice<T>> {
+    let mut y = scx.alloc::<T>(n)?;
+    if poisoning() {
+        let bytes = n * std::mem::size_of::<T>();
+        let stream = scx.stream();
+        let (ptr, _sync) = y.device_ptr_mut(stream);
+        // SAFETY: `ptr` is the start of `y`'s allocation of `n` elements (`bytes` bytes),
+        // alive until the end of this function and beyond (we return `y`); the memset is
+        // ordered on the stream that allocated it, before any kernel that writes it.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }
+            .map_err(|e| Error::Cuda {
+                call: "cuMemsetD8Async".into(),
+                message: e.to_string(),
+            })?;
+    }
+    Ok(y)
+}
+
+/// The raw device address of `s`, for a kernel argument that aliases another one (an
+/// in-place launch passes the output's address as its input too).
+pub(crate) fn device_addr<T>(s: &CudaSlice<T>, scx: &StreamCx) -> u64 {
+    let (ptr, _sync) = s.device_ptr(scx.stream());
+    ptr
+}
+
+// ---- functions -------------------------------------------------------------------------
+
+/// Per-stream cache of loaded functions, keyed without strings.
+#[derive(Default)]
+struct Functions(HashMap<(&'static str, u16, DType), CudaFunction>);
+
+/// The kernel `name()` of program `module` (a `kernels/cuda/<module>.cu`) for this
+/// stream, cached under (`module`, `code`, `dtype`): `code` must identify the kernel
+/// within the module for that dtype. `name` is called only on a miss.
+pub(crate) fn function(
+    scx: &mut StreamCx,
+    module: &'static str,
+    code: u16,
+    dtype: DType,
+    name: impl FnOnce() -> String,
+) -> Result<CudaFunction> {
+    let key = (module, code, dtype);
+    if let Some(f) = scx
+        .ext::<Functions>(|_| Ok(Functions::default()))?
+        .0
+        .get(&key)
+    {
+        return Ok(f.clone());
+    }
+    let f = scx.function(module, &name(), |arch| cubin(module, arch))?;
+    scx.ext::<Functions>(|_| Ok(Functions::default()))?
+        .0
+        .insert(key, f.clone());
+    Ok(f)
+}
+
+/// The CUBIN of `module` for compute capability `arch`, from the global kernel cache.
+pub(crate) fn cubin(module: &str, arch: (i32, i32)) -> Result<Arc<Vec<u8>>> {
+    let arch = Arch::new(arch.0.max(0) as u32, arch.1.max(0) as u32);
+    KernelCache::global()
+        .cubin(module, arch, &Options::default())
+        .map_err(|e| kernel_error(module, arch, e))
+}
+
+fn kernel_error(module: &str, arch: Arch, e: KernelError) -> Error {
+    match e {
+        KernelError::Compile {
+            name,
+            arch,
+            status,
+            log,
+            ..
+        } => Error::KernelCompile {
+            kernel: name,
+            arch,
+            log: format!("{status}\n{log}"),
+        },
+        other => Error::KernelCompile {
+            kernel: module.to_string(),
+            arch: arch.to_string(),
+            log: other.to_string(),
+        },
+    }
+}
+
+// ---- launch geometry -------------------------------------------------------------------
+
+/// A grid-stride grid: `blocks` wanted, capped at the blocks the device keeps resident.
+pub(crate) fn grid(scx: &StreamCx, blocks: usize) -> u32 {
+    let cap = (scx.sm_count() * BLOCKS_PER_SM) as usize;
+    blocks.clamp(1, cap) as u32
+}
+
+/// The grid for an element-wise kernel over `n` elements of `elem` bytes: each thread
+/// handles 4 vectors of 16 bytes per step.
+pub(crate) fn elementwise_grid(scx: &StreamCx, n: usize, elem: usize) -> u32 {
+    let per_block = BLOCK as usize * 4 * (16 / elem).max(1);
+    grid(scx, n.div_ceil(per_block))
+}
+
+/// A one-dimensional launch of `grid` blocks of [`BLOCK`] threads.
+pub(crate) fn config(grid: u32, shared_mem_bytes: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes,
+    }
+}
+
+/// Maps a launch failure to [`Error::KernelExecution`].
+pub(crate) fn launch_error(op: &str, e: cudarc::driver::DriverError) -> Error {
+    Error::KernelExecution {
+        op: op.to_string(),
+        message: format!("cuLaunchKernel: {e}"),
+    }
+}
+
+// ---- operands --------------------------------------------------------------------------
+
+/// A kernel input: its slice, or, in an in-place launch, the output's address (the
+/// kernel reads and writes the same element through two pointers).
+pub(crate) enum Input<'a, T> {
+    /// A separate input buffer.
+    Slice(&'a CudaSlice<T>),
+    /// The output's own address (donated input).
+    Alias(u64),
+}
+
+impl<'a, T> Input<'a, T> {
+    /// Pushes the input as the next pointer argument.
+    pub(crate) fn push<'l>(&'l self, lb: &mut LaunchArgs<'l>)
+    where
+        'a: 'l,
+    {
+        match self {
+            Input::Slice(s) => lb.arg(*s),
+            Input::Alias(p) => lb.arg(p),
+        };
+    }
+}
+
+/// The device slice of a donated buffer.
+pub(crate) fn take_cuda<T: Element>(op: &str, buf: Buffer) -> Result<CudaSlice<T>> {
+    match buf {
+        Buffer::Cuda(d) => T::from_cuda(d).map_err(|d| Error::dtype(op, T::DTYPE, d.dtype())),
+        Buffer::Cpu(_) => Err(Error::invalid(
+            op,
+            "donated host memory on the CUDA backend",
+        )),
+    }
+}
+
+/// The output of an in-place-capable op and its input: the donated buffer with
+/// [`Input::Alias`] when there is one, else a fresh output and `input`'s slice.
+pub(crate) fn output_and_input<'a, T: Element>(
+    scx: &StreamCx,
+    op: &str,
+    n: usize,
+    donated: Option<Buffer>,
+    input: Option<&'a Buffer>,
+) -> Result<(CudaSlice<T>, Input<'a, T>)> {
+    match (donated, input) {
+        (Some(buf), _) => {
+            let y = take_cuda::<T>(op, buf)?;
+            let addr = device_addr(&y, scx);
+            Ok((y, Input::Alias(addr)))
+        }
+        (None, Some(x)) => Ok((alloc_out::<T>(scx, n)?, Input::Slice(x.cuda::<T>()?))),
+        (None, None) => Err(Error::invalid(op, "input neither donated nor readable")),
+    }
+}

@@ -1,0 +1,342 @@
+//! Element-wise ops on every backend: parity with f64 references for each op and dtype,
+//! broadcasting, donation (in place) and bad input.
+
+mod common;
+
+use common::*;
+use rtx_ops::elementwise::{self as ew, Binary, BinaryOp, Unary, UnaryOp};
+use rtx_runtime::{bf16, f16, Element, Error, Runtime, Tensor};
+
+const UNARY: [UnaryOp; 8] = [
+    UnaryOp::Neg,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Sqrt,
+    UnaryOp::Abs,
+    UnaryOp::Relu,
+];
+
+const BINARY: [BinaryOp; 6] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Max,
+    BinaryOp::Min,
+];
+
+fn unary_op(op: UnaryOp, x: &Tensor) -> Unary {
+    match op {
+        UnaryOp::Neg => ew::neg(x),
+        UnaryOp::Exp => ew::exp(x),
+        UnaryOp::Log => ew::log(x),
+        UnaryOp::Sin => ew::sin(x),
+        UnaryOp::Cos => ew::cos(x),
+        UnaryOp::Sqrt => ew::sqrt(x),
+        UnaryOp::Abs => ew::abs(x),
+        UnaryOp::Relu => ew::relu(x),
+    }
+}
+
+fn unary_ref(op: UnaryOp, x: f64) -> f64 {
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Relu => x.max(0.0),
+    }
+}
+
+fn binary_op(op: BinaryOp, a: &Tensor, b: &Tensor) -> Binary {
+    match op {
+        BinaryOp::Add => ew::add(a, b),
+        BinaryOp::Sub => ew::sub(a, b),
+        BinaryOp::Mul => ew::mul(a, b),
+        BinaryOp::Div => ew::div(a, b),
+        BinaryOp::Max => ew::maximum(a, b),
+        BinaryOp::Min => ew::minimum(a, b),
+    }
+}
+
+fn binary_ref(op: BinaryOp, a: f64, b: f64) -> f64 {
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Max => a.max(b),
+        BinaryOp::Min => a.min(b),
+    }
+}
+
+/// Runs `$f::<T>(args)` for T in f32, f16, bf16.
+macro_rules! each_dtype {
+    ($f:ident($($arg:expr),*)) => {
+        $f::<f32>($($arg),*);
+        $f::<f16>($($arg),*);
+        $f::<bf16>($($arg),*);
+    };
+}
+
+fn run<O: rtx_runtime::Op<Output = Tensor>>(rt: &Runtime, op: O) -> Tensor {
+    match rt.submit(op) {
+        Ok(s) => s.wait().expect("op failed"),
+        Err(e) => panic!("submit rejected: {}", e.error),
+    }
+}
+
+fn unary_parity<T: Element>(rt: &Runtime, label: &str) {
+    let (seed, mut r) = rng();
+    for shape in [&[1][..], &[7], &[1_000_003], &[33, 1001]] {
+        let n: usize = shape.iter().product();
+        let signed = rand_vec::<T>(&mut r, n, -1.0, 1.0);
+        let positive = rand_vec::<T>(&mut r, n, 0.01, 2.0);
+        let (ts, tp) = (upload(rt, &signed, shape), upload(rt, &positive, shape));
+        for op in UNARY {
+            let (x, t) = match op {
+                UnaryOp::Log | UnaryOp::Sqrt => (&positive, &tp),
+                _ => (&signed, &ts),
+            };
+            let y = run(rt, unary_op(op, t));
+            assert_eq!(y.dims(), shape);
+            let want: Vec<f64> = f64s(x).into_iter().map(|v| unary_ref(op, v)).collect();
+            check::<T>(
+                &download::<T>(rt, &y),
+                &want,
+                &format!("{label} {op:?} {shape:?}"),
+                seed,
+            );
+        }
+    }
+}
+
+backend_test!(unary_ops_match_f64, |rt, label| {
+    each_dtype!(unary_parity(rt, label));
+});
+
+/// Shapes of (a, b): same, odd sizes, trailing rows, scalars, general broadcast.
+const SHAPES: &[(&[usize], &[usize])] = &[
+    (&[1], &[1]),
+    (&[7], &[7]),
+    (&[1_000_003], &[1_000_003]),
+    (&[33, 1001], &[33, 1001]),
+    (&[5, 7], &[7]),
+    (&[7], &[5, 7]),
+    (&[33, 1001], &[]),
+    (&[], &[1001]),
+    (&[1_000_003], &[1]),
+    (&[5, 1], &[1, 7]),
+    (&[33, 1001], &[33, 1]),
+    (&[8, 17, 5], &[17, 1]),
+    (&[2, 3, 1, 5], &[3, 4, 1]),
+    (&[1, 1000, 1], &[70, 1, 3]),
+];
+
+/// `n` values with |v| in [0.5, 1.5) and a random sign: safe divisors.
+fn divisors<T: Element>(r: &mut rand::rngs::StdRng, n: usize) -> Vec<T> {
+    use rand::Rng;
+    (0..n)
+        .map(|_| {
+            let m = r.gen_range(0.5..1.5);
+            T::from_f64(if r.gen::<bool>() { m } else { -m })
+        })
+        .collect()
+}
+
+fn binary_parity<T: Element>(rt: &Runtime, label: &str) {
+    let (seed, mut r) = rng();
+    for (sa, sb) in SHAPES {
+        let a = rand_vec::<T>(&mut r, sa.iter().product(), -1.0, 1.0);
+        let b = divisors::<T>(&mut r, sb.iter().product());
+        let (ta, tb) = (upload(rt, &a, sa), upload(rt, &b, sb));
+        let (fa, fb) = (f64s(&a), f64s(&b));
+        for op in BINARY {
+            let y = run(rt, binary_op(op, &ta, &tb));
+            assert_eq!(y.dims(), broadcast(sa, sb), "{label} {op:?} {sa:?} {sb:?}");
+            let want = broadcast_ref(&fa, sa, &fb, sb, |x, z| binary_ref(op, x, z));
+            let what = format!("{label} {op:?} {sa:?} with {sb:?}");
+            check::<T>(&download::<T>(rt, &y), &want, &what, seed);
+        }
+    }
+}
+
+backend_test!(binary_ops_match_f64, |rt, label| {
+    each_dtype!(binary_parity(rt, label));
+});
+
+backend_test!(max_min_propagate_nan, |rt, label| {
+    let a = upload(rt, &[f32::NAN, 1.0, 2.0, f32::NAN], &[4]);
+    let b = upload(rt, &[1.0f32, f32::NAN, 1.0, f32::NAN], &[4]);
+    for op in [ew::maximum(&a, &b), ew::minimum(&a, &b)] {
+        let v = download::<f32>(rt, &run(rt, op));
+        assert!(
+            v[0].is_nan() && v[1].is_nan() && v[3].is_nan(),
+            "{label} {v:?}"
+        );
+        assert!(v[2] == 2.0 || v[2] == 1.0, "{label} {v:?}");
+    }
+    let r = download::<f32>(rt, &run(rt, ew::relu(&upload(rt, &[f32::NAN, -1.0], &[2]))));
+    assert!(r[0].is_nan() && r[1] == 0.0, "{label} relu {r:?}");
+});
+
+fn donation<T: Element>(rt: &Runtime, label: &str) {
+    let (seed, mut r) = rng();
+    let what = |s: &str| format!("{label} {s} {}", T::DTYPE);
+    let (sa, sb) = (&[33usize, 1001][..], &[1001usize][..]);
+    let a = rand_vec::<T>(&mut r, 33 * 1001, -1.0, 1.0);
+    let b = divisors::<T>(&mut r, 1001);
+    let tb = upload(rt, &b, sb);
+    let want = |op| broadcast_ref(&f64s(&a), sa, &f64s(&b), sb, |x, z| binary_ref(op, x, z));
+    // Unique `a`: may be written in place; the answer is the same.
+    for (op, mk) in [
+        (BinaryOp::Add, ew::add_ as fn(Tensor, &Tensor) -> Binary),
+        (BinaryOp::Mul, ew::mul_),
+        (BinaryOp::Sub, ew::sub_),
+        (BinaryOp::Div, ew::div_),
+    ] {
+        let y = run(rt, mk(upload(rt, &a, sa), &tb));
+        check::<T>(&download::<T>(rt, &y), &want(op), &what("unique a"), seed);
+    }
+    // A clone of `a` keeps its old values: the op must allocate.
+    let ta = upload(rt, &a, sa);
+    let keep = ta.clone();
+    let y = run(rt, ew::add_(ta, &tb));
+    check::<T>(
+        &download::<T>(rt, &y),
+        &want(BinaryOp::Add),
+        &what("shared a"),
+        seed,
+    );
+    assert_eq!(
+        download::<T>(rt, &keep),
+        f64s(&a),
+        "{}: clone changed",
+        what("shared a")
+    );
+    // The result is larger than `a`: allocate.
+    let y = run(rt, ew::add_(upload(rt, &b, sb), &upload(rt, &a, sa)));
+    let back = broadcast_ref(&f64s(&b), sb, &f64s(&a), sa, |x, z| x + z);
+    check::<T>(&download::<T>(rt, &y), &back, &what("broadcast a"), seed);
+    // Unary donation, unique and shared.
+    let x = upload(rt, &a, sa);
+    let keep = x.clone();
+    let y = run(rt, ew::relu_(x));
+    let relu: Vec<f64> = f64s(&a).iter().map(|v| v.max(0.0)).collect();
+    check::<T>(&download::<T>(rt, &y), &relu, &what("relu_ shared"), seed);
+    assert_eq!(
+        download::<T>(rt, &keep),
+        f64s(&a),
+        "{}",
+        what("relu_ clone")
+    );
+    let y = run(rt, ew::exp_(upload(rt, &a, sa)));
+    let exp: Vec<f64> = f64s(&a).iter().map(|v| v.exp()).collect();
+    check::<T>(&download::<T>(rt, &y), &exp, &what("exp_ unique"), seed);
+    // A chain of donations without waiting in between.
+    let mut x = upload(rt, &a, sa);
+    for _ in 0..5 {
+        x = rt
+            .submit(ew::add_(x, &tb))
+            .unwrap()
+            .outputs()
+            .unwrap()
+            .clone();
+    }
+    let five = broadcast_ref(&f64s(&a), sa, &f64s(&b), sb, |x, z| x + 5.0 * z);
+    check::<T>(&download::<T>(rt, &x), &five, &what("chain"), seed);
+}
+
+backend_test!(donation_reuses_only_unique_memory, |rt, label| {
+    each_dtype!(donation(rt, label));
+});
+
+/// A unique, computed input is written in place on the CPU backend (deterministic there:
+/// an uploaded tensor has no pending producer). On CUDA the producer's keep-alive may
+/// still hold the memory, so there reuse is only likely, not certain.
+#[test]
+fn cpu_donation_writes_in_place() {
+    let rt = Runtime::cpu(1);
+    let a = upload(&rt, &[1.0f32, 2.0, 3.0], &[3]);
+    let b = upload(&rt, &[10.0f32], &[]);
+    let before = rtx_ops::donations();
+    let y = run(&rt, ew::add_(a, &b));
+    assert_eq!(download::<f32>(&rt, &y), vec![11.0, 12.0, 13.0]);
+    let y = run(&rt, ew::relu_(y));
+    // (The counter is process-wide: other tests running at once only add to it.)
+    assert!(
+        rtx_ops::donations() - before >= 2,
+        "both ops should write in place"
+    );
+    // Shared: the op allocates and the clone keeps its values.
+    let keep = y.clone();
+    let z = run(&rt, ew::mul_(y, &b));
+    assert_eq!(download::<f32>(&rt, &keep), vec![11.0, 12.0, 13.0]);
+    assert_eq!(download::<f32>(&rt, &z), vec![110.0, 120.0, 130.0]);
+}
+
+backend_test!(bad_input_is_rejected_and_given_back, |rt, label| {
+    let a = upload(rt, &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let b = upload(rt, &[1.0f32, 2.0, 3.0, 4.0], &[4]);
+    let e = rt.submit(ew::add(&a, &b)).unwrap_err();
+    match &e.error {
+        Error::ShapeMismatch { lhs, rhs, .. } => {
+            assert_eq!((lhs.dims(), rhs.dims()), (&[2, 3][..], &[4][..]), "{label}")
+        }
+        other => panic!("{label}: expected a shape mismatch, got {other}"),
+    }
+    let (ga, gb) = e.into_op().into_inputs();
+    assert!(ga.same_storage(&a) && gb.same_storage(&b), "{label}");
+
+    // A donated operand comes back intact.
+    let e = rt.submit(ew::mul_(a.clone(), &b)).unwrap_err();
+    let (ga, _) = e.into_op().into_inputs();
+    assert_eq!(download::<f32>(rt, &ga), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+
+    let h = upload(rt, &[f16::from_f32(1.0); 3], &[3]);
+    let e = rt.submit(ew::add(&a, &h)).unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::DTypeMismatch {
+                expected: rtx_runtime::DType::F32,
+                got: rtx_runtime::DType::F16,
+                ..
+            }
+        ),
+        "{label}: {}",
+        e.error
+    );
+    assert!(e.into_op().into_inputs().1.same_storage(&h));
+
+    let u = upload(rt, &[1u32, 2], &[2]);
+    let e = rt.submit(ew::relu(&u)).unwrap_err();
+    assert!(
+        matches!(e.error, Error::DTypeMismatch { .. }),
+        "{label}: {}",
+        e.error
+    );
+    assert!(e.into_op().into_input().same_storage(&u));
+
+    if let Ok(z) = rt.upload::<f32>(&[], [0, 3]) {
+        let e = rt
+            .submit(ew::add(&z, &upload(rt, &[1.0f32], &[1])))
+            .unwrap_err();
+        assert!(
+            matches!(e.error, Error::InvalidOp { .. }),
+            "{label}: {}",
+            e.error
+        );
+        let e = rt.submit(ew::exp(&z)).unwrap_err();
+        assert!(
+            matches!(e.error, Error::InvalidOp { .. }),
+            "{label}: {}",
+            e.error
+        );
+    }
+});

@@ -1,0 +1,161 @@
+//! The `rtx` command line: `rtx info`, `rtx demo`.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rtx::ops::{elementwise as ew, reduce, softmax};
+use rtx::{block_on, Runtime, Submission, Tensor};
+
+const USAGE: &str = "usage: rtx <info | demo>
+  info   what rtx found: backend, devices, streams, CUDA libraries, NVRTC
+  demo   run a multi-stream DAG of ops on the best backend present and show what ran
+         where and how long (the quickstart)";
+
+fn main() -> ExitCode {
+    let cmd = std::env::args().nth(1).unwrap_or_default();
+    let r = match cmd.as_str() {
+        "info" => info(),
+        "demo" => demo(),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rtx: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn present(f: unsafe fn() -> bool) -> &'static str {
+    // SAFETY: the `is_culib_present` probes only try to dlopen a library by name.
+    match std::panic::catch_unwind(|| unsafe { f() }) {
+        Ok(true) => "found",
+        _ => "not found",
+    }
+}
+
+fn info() -> rtx::Result<()> {
+    let rt = Runtime::builder().build()?;
+    print!("{}", rt.info());
+    match rtx::cuda::probe() {
+        Ok(n) => println!("CUDA driver: found, {n} device(s)"),
+        Err(e) => println!("CUDA driver: {e}"),
+    }
+    println!("cuBLAS: {}", present(cudarc::cublas::sys::is_culib_present));
+    println!(
+        "cuBLASLt: {}",
+        present(cudarc::cublaslt::sys::is_culib_present)
+    );
+    println!("cuDNN: {}", present(cudarc::cudnn::sys::is_culib_present));
+    match rtx::kernels::nvrtc_version() {
+        Some((a, b)) if rtx::kernels::nvrtc_present() => println!("NVRTC: {a}.{b}"),
+        _ => println!("NVRTC: not found"),
+    }
+    match rtx::kernels::cuda_include_dir() {
+        Some(d) => println!("CUDA headers: {}", d.display()),
+        None => println!("CUDA headers: not found (set RTX_CUDA_INCLUDE)"),
+    }
+    if let Some(d) = rtx::kernels::KernelCache::global().dir() {
+        println!("kernel cache: {}", d.display());
+    }
+    Ok(())
+}
+
+struct Ran {
+    what: String,
+    sub: Submission<Tensor>,
+    at: Instant,
+}
+
+/// Four independent branches, each a short chain of element-wise ops on its own data,
+/// joined by a sum and reduced: the scheduler spreads the branches over the streams and
+/// the join waits on their ready events.
+fn demo() -> rtx::Result<()> {
+    let rt = Runtime::builder()
+        .streams(4)
+        .policy(rtx::scheduler::EarliestFinish::new())
+        .build()?;
+    print!("{}", rt.info());
+    let n = if rt.backend() == rtx::BackendKind::Cuda {
+        1 << 24
+    } else {
+        1 << 20
+    };
+    let data: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let start = Instant::now();
+    let mut ran: Vec<Ran> = Vec::new();
+    let mut push = |what: String, sub: Submission<Tensor>| -> Tensor {
+        let t = sub.outputs().cloned().expect("tensor output");
+        ran.push(Ran {
+            what,
+            sub,
+            at: Instant::now(),
+        });
+        t
+    };
+    let w = rt.upload(&data, [n])?;
+    let mut heads = Vec::new();
+    for b in 0..4 {
+        let x = rt.upload(
+            &data[b..]
+                .iter()
+                .chain(&data[..b])
+                .copied()
+                .collect::<Vec<_>>(),
+            [n],
+        )?;
+        let y = push(format!("branch {b}: mul"), rt.submit(ew::mul(&x, &w))?);
+        let y = push(format!("branch {b}: relu"), rt.submit(ew::relu_(y))?);
+        let y = push(format!("branch {b}: exp"), rt.submit(ew::exp_(y))?);
+        heads.push(y);
+    }
+    let s01 = push(
+        "join: add 0+1".into(),
+        rt.submit(ew::add(&heads[0], &heads[1]))?,
+    );
+    let s23 = push(
+        "join: add 2+3".into(),
+        rt.submit(ew::add(&heads[2], &heads[3]))?,
+    );
+    let all = push("join: add".into(), rt.submit(ew::add_(s01, &s23))?);
+    let rows = all.reshape([n / 1024, 1024])?;
+    let sm = push("softmax rows".into(), rt.submit(softmax::softmax(&rows))?);
+    let total = push("sum".into(), rt.submit(reduce::sum(&sm))?);
+    let submitted = start.elapsed();
+    let v = block_on(rt.to_vec::<f32>(&total)?)?;
+    println!(
+        "\n{:<18} {:>7} {:>13} {:>13}",
+        "op", "stream", "submitted at", "done by"
+    );
+    for r in ran {
+        let stream = r.sub.stream();
+        block_on(r.sub)?;
+        let done = start.elapsed();
+        println!(
+            "{:<18} {:>7} {:>10.3} ms {:>10.3} ms",
+            r.what,
+            stream.0,
+            ms(r.at.duration_since(start)),
+            ms(done)
+        );
+    }
+    println!(
+        "\nsubmitted {} ops in {:.3} ms; result sum(softmax) = {:.1} (expected {}); total {:.3} ms",
+        16,
+        ms(submitted),
+        v[0],
+        n / 1024,
+        ms(start.elapsed())
+    );
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

@@ -1,0 +1,127 @@
+//! A sticky CUDA error poisons that device's runtime: the faulting op, every pending op
+//! and every later op fail with the error; nothing hangs; the CPU backend goes on.
+//! Runs only where a CUDA device is present (required under `RTX_REQUIRE_CUDA=1`).
+
+use std::time::{Duration, Instant};
+
+use cudarc::driver::LaunchConfig;
+use rtx::kernels::{Arch, KernelCache, Options};
+use rtx::ops::elementwise as ew;
+use rtx::{
+    Backend, BackendCx, Cost, Error, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor, TensorSpec,
+};
+
+/// Launches `fault_trap` (kernels/cuda/fault.cu), which executes `__trap()`.
+struct Fault(Tensor);
+
+impl Op for Fault {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "fault"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.0]
+    }
+    fn plan(&self, _: &PlanCx) -> Result<Plan> {
+        Ok(Plan {
+            outputs: vec![TensorSpec::new(self.0.shape().clone(), self.0.dtype())],
+            cost: Cost::default(),
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let n = self.0.numel();
+        let BackendCx::Cuda(scx) = cx.backend() else {
+            return Err(Error::invalid("fault", "CUDA only"));
+        };
+        let f = scx.function("fault", "fault_trap", |(major, minor)| {
+            KernelCache::global()
+                .cubin(
+                    "fault",
+                    Arch {
+                        major: major as u32,
+                        minor: minor as u32,
+                    },
+                    &Options::default(),
+                )
+                .map_err(|e| Error::KernelCompile {
+                    kernel: "fault".into(),
+                    arch: format!("sm_{major}{minor}"),
+                    log: e.to_string(),
+                })
+        })?;
+        let out = scx.alloc::<f32>(n)?;
+        let mut b = scx.stream().launch_builder(&f);
+        // SAFETY: `fault_trap` takes no arguments; it traps by design (that is the test).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(|e| Error::KernelExecution {
+            op: "fault".into(),
+            message: e.to_string(),
+        })?;
+        cx.set_output(0, rtx::Buffer::from_cuda(out))
+    }
+}
+
+fn cuda_or_skip() -> bool {
+    match rtx::cuda::probe() {
+        Ok(n) if n > 0 => true,
+        other => {
+            if std::env::var("RTX_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("RTX_REQUIRE_CUDA=1 but CUDA is unavailable: {other:?}");
+            }
+            eprintln!("cuda: skipped (no device)");
+            false
+        }
+    }
+}
+
+#[test]
+fn a_faulting_kernel_poisons_the_device_and_nothing_hangs() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let t0 = Instant::now();
+    let rt = Runtime::builder()
+        .backend(Backend::Cuda(vec![]))
+        .streams(2)
+        .build()
+        .unwrap();
+    let x = rt.upload(&vec![1.0f32; 1 << 20], [1 << 20]).unwrap();
+    let fine = rt.submit(ew::exp(&x)).unwrap().wait().unwrap();
+    let fault = rt.submit(Fault(x.clone())).unwrap();
+    // Queue more work behind and beside it, some depending on the faulting output.
+    let bad_out = fault.outputs().unwrap().clone();
+    let dependent: Vec<_> = (0..8)
+        .map(|_| rt.submit(ew::add(&bad_out, &x)).unwrap())
+        .collect();
+    let independent: Vec<_> = (0..8)
+        .map(|_| rt.submit(ew::add(&fine, &x)).unwrap())
+        .collect();
+    let e = fault.wait().unwrap_err();
+    eprintln!("fault: {e}");
+    for s in dependent {
+        assert!(s.wait().is_err(), "an op after the fault must fail");
+    }
+    // Ops on the other stream either finished before the fault struck or fail; none hangs.
+    for s in independent {
+        let _ = s.wait();
+    }
+    // Later submissions fail with the poisoning error.
+    let later = rt.submit(ew::exp(&x)).unwrap().wait().unwrap_err();
+    assert!(
+        matches!(later, Error::DevicePoisoned { .. }),
+        "later op: {later}"
+    );
+    drop(rt);
+    // The CPU backend goes on.
+    let cpu = Runtime::cpu(1);
+    let a = cpu.upload(&[1.0f32], [1]).unwrap();
+    let y = cpu.submit(ew::add(&a, &a)).unwrap().wait().unwrap();
+    assert_eq!(cpu.to_vec::<f32>(&y).unwrap().wait().unwrap(), [2.0]);
+    assert!(t0.elapsed() < Duration::from_secs(120));
+}
