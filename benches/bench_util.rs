@@ -1,7 +1,7 @@
 //! Shared helpers of the bench programs: random inputs, marker timing, JSON lines.
 #![allow(dead_code)]
 
-use rtx::{bf16, f16, DType, Op, Runtime, Tensor};
+use rtx::{bf16, f16, DType, Op, Runtime, StreamId, Tensor};
 
 /// Deterministic uniform values in [-1, 1) (xorshift), never all zeros.
 pub fn random_f32(n: usize, seed: u64) -> Vec<f32> {
@@ -40,22 +40,21 @@ pub fn median(v: &mut [f64]) -> f64 {
 
 /// Median over `samples` of the per-op device time (ms) of `batch` back-to-back ops made
 /// by `make`, on one stream, between two markers; after a warm-up batch.
-pub fn time_op<O: Op>(
-    rt: &Runtime,
-    batch: usize,
-    samples: usize,
-    mut make: impl FnMut() -> O,
-) -> f64 {
+pub fn time_op<O: Op>(rt: &Runtime, batch: usize, samples: usize, mut make: impl FnMut() -> O) -> f64 {
+    time_with(rt, batch, samples, |rt, s| {
+        // The output handle is dropped at once: the op still runs and its memory is
+        // released after completion.
+        let _ = rt.submit_on(s, make()).map_err(|e| e.error).expect("submit");
+    })
+}
+
+/// Like [`time_op`] for a body that submits several ops itself on stream `s`.
+pub fn time_with(rt: &Runtime, batch: usize, samples: usize, mut body: impl FnMut(&Runtime, StreamId)) -> f64 {
     let s = rt.compute_streams(rt.device())[0];
     let mut one = |n: usize| {
         let m0 = rt.mark(s).expect("mark");
         for _ in 0..n {
-            // The output handle is dropped at once: the op still runs and its memory is
-            // released after completion.
-            let _ = rt
-                .submit_on(s, make())
-                .map_err(|e| e.error)
-                .expect("submit");
+            body(rt, s);
         }
         let m1 = rt.mark(s).expect("mark");
         let (m0, m1) = (m0.wait().expect("marker"), m1.wait().expect("marker"));

@@ -80,7 +80,12 @@ fn suite_reduce(rt: &Runtime) {
 
 /// A chain of 1,000 tiny dependent adds on one stream through `submit`: end-to-end µs
 /// per op (first submit to last completion) and the submitting thread's µs per submit.
-fn suite_chain(rt: &Runtime) {
+fn suite_chain(_rt: &Runtime) {
+    // A runtime whose policy records the actors' own time in `op.run` (enqueue on CUDA:
+    // allocation and launch), to split the per-op cost.
+    let rec = std::sync::Arc::new(RunTime::default());
+    let rt = Runtime::builder().streams(4).policy(RecordRun(rec.clone())).build().expect("runtime");
+    let rt = &rt;
     let s = rt.compute_streams(rt.device())[0];
     let a = upload(rt, &random_f32(16, 4), &[16], DType::F32);
     let run = || {
@@ -91,15 +96,9 @@ fn suite_chain(rt: &Runtime) {
             x = sub.outputs().expect("one output").clone();
         }
         let t1 = Instant::now();
-        rt.to_vec::<f32>(&x)
-            .expect("download")
-            .wait()
-            .expect("chain completes");
+        rt.to_vec::<f32>(&x).expect("download").wait().expect("chain completes");
         let t2 = Instant::now();
-        (
-            (t2 - t0).as_secs_f64() * 1e3,
-            (t1 - t0).as_secs_f64() * 1e6 / 1000.0,
-        )
+        ((t2 - t0).as_secs_f64() * 1e3, (t1 - t0).as_secs_f64() * 1e6 / 1000.0)
     };
     run();
     let mut e2e = Vec::new();
@@ -111,13 +110,41 @@ fn suite_chain(rt: &Runtime) {
     }
     let e = median(&mut e2e);
     let s = median(&mut sub);
-    emit(
-        "chain_1000_tiny_adds",
-        e,
-        0.0,
-        0.0,
-        &[("us_per_op", e), ("submit_us", s)],
-    );
+    let run_us = rec.mean_us();
+    emit("chain_1000_tiny_adds", e, 0.0, 0.0, &[("us_per_op", e), ("submit_us", s), ("op_run_us", run_us)]);
+}
+
+/// Mean time of `op.run` over the ops observed (CUDA: the enqueue, i.e. allocation and
+/// launch; the rest of an actor's per-op time is events, waits and bookkeeping).
+#[derive(Default)]
+struct RunTime {
+    ns: std::sync::atomic::AtomicU64,
+    n: std::sync::atomic::AtomicU64,
+}
+
+impl RunTime {
+    fn mean_us(&self) -> f64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.ns.load(Relaxed) as f64 / self.n.load(Relaxed).max(1) as f64 / 1e3
+    }
+}
+
+struct RecordRun(std::sync::Arc<RunTime>);
+
+impl rtx::placement::Policy for RecordRun {
+    fn name(&self) -> &'static str {
+        "affinity+record"
+    }
+    fn place(&self, op: &rtx::placement::OpInfo<'_>, streams: &[rtx::placement::StreamLoad]) -> usize {
+        rtx::placement::Affinity.place(op, streams)
+    }
+    fn observe(&self, name: &str, _cost: rtx::Cost, _stream: rtx::StreamId, took: std::time::Duration) {
+        if name == "add" {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.0.ns.fetch_add(took.as_nanos() as u64, Relaxed);
+            self.0.n.fetch_add(1, Relaxed);
+        }
+    }
 }
 
 fn suite_gemm(rt: &Runtime) {
@@ -297,6 +324,34 @@ fn suite_speedup(rt: &Runtime) {
     }
 }
 
+/// bf16 attention, B·L = 16384, H·D = 2048: forward, and forward + backward.
+fn suite_attention(rt: &Runtime) {
+    use rtx::ops::attention::{attention, attention_backward};
+    let host = random_f32(16384 * 2048, 11);
+    for d in [64usize, 128] {
+        for l in [1024usize, 4096, 16384] {
+            for causal in [false, true] {
+                let (b, h) = (16384 / l, 2048 / d);
+                let shape = [b, h, l, d];
+                let q = upload(rt, &host, &shape, DType::BF16);
+                let k = upload(rt, &host[7..].iter().chain(&host[..7]).copied().collect::<Vec<_>>(), &shape, DType::BF16);
+                let v = upload(rt, &host[13..].iter().chain(&host[..13]).copied().collect::<Vec<_>>(), &shape, DType::BF16);
+                let dout = k.clone();
+                let fwd = 4.0 * (b * h * l * l * d) as f64 / if causal { 2.0 } else { 1.0 };
+                let name = format!("attn_d{d}_l{l}_c{}", causal as u8);
+                let reps = if l >= 16384 { 3 } else { 8 };
+                let ms = time_op(rt, reps, 7, || attention(&q, &k, &v).causal(causal));
+                emit(&format!("{name}_fwd"), ms, 0.0, fwd, &[]);
+                let ms = time_with(rt, reps, 7, |rt, s| {
+                    let (o, lse) = rt.submit_on(s, attention(&q, &k, &v).causal(causal)).expect("fwd").outputs().cloned().expect("out");
+                    let _ = rt.submit_on(s, attention_backward(&q, &k, &v, &o, &lse, &dout).causal(causal)).expect("bwd");
+                });
+                emit(&format!("{name}_fwdbwd"), ms, 0.0, 3.5 * fwd, &[]);
+            }
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -321,6 +376,7 @@ fn main() {
             "conv" => suite_conv(&rt),
             "streams" => suite_streams(&rt),
             "speedup" => suite_speedup(&rt),
+            "attention" => suite_attention(&rt),
             other => eprintln!("unknown suite {other}"),
         }
     }

@@ -148,7 +148,7 @@ fn finish(
     policy: &dyn crate::placement::Policy,
     sid: crate::device::StreamId,
 ) {
-    match w.event.event().synchronize() {
+    match wait_event(w.event.event()) {
         Ok(()) => {
             policy.observe(w.env.name(), w.env.cost, sid, w.took);
             let payload = w.finisher.take().map(|f| f()).transpose();
@@ -166,4 +166,16 @@ fn finish(
     }
     // Dropping `w` drops the op (its inputs) and the event: memory and events are
     // released only after the device has finished with them.
+}
+
+/// Waits for an event: one non-blocking query first (when the GPU is ahead of the
+/// watcher, which is the common case under load, this skips a sleep and a wake-up per
+/// op), then a blocking sync in the driver, without spinning: a spinning watcher would
+/// contend with its actor for the driver's locks.
+fn wait_event(e: &super::event::RawEvent) -> Result<(), cudarc::driver::DriverError> {
+    match e.query() {
+        Ok(true) => Ok(()),
+        Ok(false) => e.synchronize(),
+        Err(err) => Err(err),
+    }
 }

@@ -53,25 +53,25 @@ impl StreamCx {
     /// Allocates `n` elements stream-ordered. The memory is uninitialized: the op must
     /// write every element it publishes. Out-of-memory is [`Error::OutOfMemory`].
     pub fn alloc<T: Element>(&self, n: usize) -> Result<CudaSlice<T>> {
-        // SAFETY: the slice is only published as an op output, and ops write every
-        // element of their outputs before publishing (the parity tests poison outputs to
-        // catch unwritten elements).
-        unsafe { self.stream.alloc::<T>(n.max(1)) }
-            .map_err(|e| {
-                driver_error(
-                    "cuMemAllocAsync",
-                    e,
-                    &self.dev.ctx,
-                    n * std::mem::size_of::<T>(),
-                )
-            })
-            .and_then(|s| {
-                if n == 0 {
-                    Err(Error::invalid("alloc", "zero-size allocation"))
-                } else {
-                    Ok(s)
-                }
-            })
+        if n == 0 {
+            return Err(Error::invalid("alloc", "zero-size allocation"));
+        }
+        let bytes = n * std::mem::size_of::<T>();
+        // SAFETY (both calls): the slice is only published as an op output, and ops write
+        // every element of their outputs before publishing (the parity tests poison
+        // outputs to catch unwritten elements).
+        match unsafe { self.stream.alloc::<T>(n) } {
+            Ok(s) => Ok(s),
+            Err(e) if e.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
+                // The pool keeps freed memory (see pool.rs): give it back and retry once.
+                let _ = self.stream.synchronize();
+                let _ = self.dev.pool.trim();
+                // SAFETY: as above.
+                unsafe { self.stream.alloc::<T>(n) }
+                    .map_err(|e| driver_error("cuMemAllocAsync", e, &self.dev.ctx, bytes))
+            }
+            Err(e) => Err(driver_error("cuMemAllocAsync", e, &self.dev.ctx, bytes)),
+        }
     }
 
     /// A kernel function, loading its module once per device from the CUBIN `cubin`

@@ -23,6 +23,7 @@ pub(crate) mod actor;
 mod context;
 pub mod event;
 pub(crate) mod io;
+mod pool;
 
 use std::panic::catch_unwind;
 use std::sync::Arc as StdArc;
@@ -65,6 +66,7 @@ pub(crate) struct DeviceShared {
     pub(crate) sm_count: u32,
     poison: StdMutex<Option<String>>,
     pub(crate) modules: DashMap<String, StdArc<CudaModule>>,
+    pub(crate) pool: pool::MemPool,
 }
 
 impl DeviceShared {
@@ -106,6 +108,7 @@ fn open_device(ordinal: usize) -> Result<StdArc<DeviceShared>> {
     let arch = ctx
         .compute_capability()
         .map_err(|e| cuda("cuDeviceGetAttribute", e))?;
+    let pool = pool::MemPool::keep_memory(&ctx).map_err(|e| cuda("cuMemPoolSetAttribute", e))?;
     let sm = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(|e| cuda("cuDeviceGetAttribute", e))?;
@@ -116,6 +119,7 @@ fn open_device(ordinal: usize) -> Result<StdArc<DeviceShared>> {
         sm_count: sm.max(1) as u32,
         poison: StdMutex::new(None),
         modules: DashMap::new(),
+        pool,
     }))
 }
 
