@@ -152,7 +152,33 @@ def suite_streams():
         emit(f"streams_8x200_gemm256_relu_{k}", ms, 0, 8 * 200 * 2.0 * n ** 3)
 
 
-SUITES = {"ew": suite_ew, "reduce": suite_reduce, "chain": suite_chain, "gemm": suite_gemm,
+def suite_attention():
+    import torch.nn.functional as F
+    for d in (64, 128):
+        for l in (1024, 4096, 16384):
+            for causal in (False, True):
+                b, h = 16384 // l, 2048 // d
+                q = torch.randn(b, h, l, d, device=DEV, dtype=torch.bfloat16)
+                k = torch.randn(b, h, l, d, device=DEV, dtype=torch.bfloat16)
+                v = torch.randn(b, h, l, d, device=DEV, dtype=torch.bfloat16)
+                dout = torch.randn_like(q)
+                fwd = 4.0 * b * h * l * l * d / (2 if causal else 1)
+                name = f"attn_d{d}_l{l}_c{int(causal)}"
+                reps = 3 if l >= 16384 else 8
+                emit(f"{name}_fwd", time_cuda(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                              batch=reps, reps=7), 0, fwd)
+                qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+                def fb():
+                    o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                    o.backward(dout)
+
+                emit(f"{name}_fwdbwd", time_cuda(fb, batch=reps, reps=7), 0, 3.5 * fwd)
+                del q, k, v, dout, qg, kg, vg
+                torch.cuda.empty_cache()
+
+
+SUITES = {"attention": suite_attention, "ew": suite_ew, "reduce": suite_reduce, "chain": suite_chain, "gemm": suite_gemm,
           "conv": suite_conv, "streams": suite_streams}
 
 if __name__ == "__main__":
