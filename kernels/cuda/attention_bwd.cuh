@@ -1,8 +1,8 @@
 // attention_bwd.cuh — FlashAttention-2 backward.
 //
 //   1. preprocess: dsum[row] = sum_d dO[row][d] * O[row][d] (f32), dq_accum[row][:] = 0
-//   2. main:       one block per (KV block of BC = 64 keys, kv head, batch), 4 warps, warp w
-//                  owns keys 16w..16w+15 of the block: its dK, dV accumulators (16 x D each,
+//   2. main:       one block per (KV block of BC = 16*NWARPS keys, kv head, batch), NWARPS
+//                  (4 or 8) warps, warp w owns keys 16w..16w+15 of the block: its dK, dV accumulators (16 x D each,
 //                  f32) stay in registers while the block walks over every query block of
 //                  every query head of its GQA group (heads hk*G .. hk*G+G-1, G = H/Hkv), so
 //                  dK/dV need no atomics and no workspace and are written once, as T.
@@ -17,12 +17,16 @@
 
 #include "attention_common.cuh"
 
-template <int D_, int BR_, int STAGES_>
+// RED_V4: dQ partial sums go out as red.global.add.v4.f32 (pairs of lanes swap halves
+// with one shuffle per 4 values: half the reduction instructions) instead of .v2.
+template <int D_, int BR_, int STAGES_, int NWARPS_ = 4, bool RED_V4_ = false>
 struct BwdCfg {
     static constexpr int D = D_;
-    static constexpr int NWARPS = 4;
-    static constexpr int NTHREADS = 128;
-    static constexpr int BC = 64;        // keys per block (16 per warp)
+    static constexpr int NWARPS = NWARPS_;
+    static constexpr int NTHREADS = 32 * NWARPS;
+    static constexpr int MINB = NWARPS == 4 ? 2 : 1;  // blocks per SM (__launch_bounds__)
+    static constexpr bool RED_V4 = RED_V4_;
+    static constexpr int BC = 16 * NWARPS;  // keys per block (16 per warp)
     static constexpr int BR = BR_;       // query rows per step (32 or 64)
     static constexpr int STAGES = STAGES_;
     static constexpr int K_BYTES = BC * D * 2;
@@ -38,6 +42,11 @@ struct BwdCfg {
     static_assert(D == 64 || D == 128, "head dim");
     static_assert(BR == 32 || BR == 64, "query block");
     static_assert(STAGES >= 2, "stages");
+    static_assert(NWARPS == 4 || NWARPS == 8, "warps");
+    static_assert(2 * BR <= NTHREADS, "lse/dsum loaders");
+    static_assert((BR * D / 8) % NTHREADS == 0 && (BC * D / 8) % NTHREADS == 0, "tile loaders");
+    // dQ split: warp w -> m-tile w % (BR/16), D/(NWARPS/(BR/16)) columns (a multiple of 32)
+    static_assert(NWARPS % (BR / 16) == 0 && (D / (NWARPS / (BR / 16))) % 32 == 0, "dQ split");
 };
 
 template <typename Tr, typename Cfg>
@@ -300,7 +309,7 @@ __device__ __forceinline__ void flash_bwd_body(const FlashParams& p, unsigned ch
         // Work split: warp w -> query m-tile (w % MT) and a D/DSPLIT column range.
         {
             constexpr int MT = BR / 16;
-            constexpr int DSPLIT = 4 / MT;
+            constexpr int DSPLIT = Cfg::NWARPS / MT;
             constexpr int DW = D / DSPLIT;  // columns per warp (32 or 64 or 128)
             const int mt = warp % MT;
             const int dbase = (warp / MT) * DW;
@@ -341,13 +350,36 @@ __device__ __forceinline__ void flash_bwd_body(const FlashParams& p, unsigned ch
                         Tr::mma(acc[2 * dp + 1], af[kk], b2, b3);
                     }
                 }
+                if (Cfg::RED_V4) {
+                    // lanes t, t^1 swap: even t keeps row g and gets the partner's row-g pair
+                    // (columns 2t..2t+3, 16-byte aligned), odd t keeps row g+8 and gets the
+                    // partner's row-(g+8) pair (columns 2t-2..2t+1).
+                    const int odd = t & 1;
+                    const int ql = mt * 16 + g + 8 * odd;  // query row within the step
+                    float* dst = dq_accum + (row_base + g + 8 * odd) * D + d0 + 2 * (t & 2);
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int ql = mt * 16 + g + 8 * r;  // query row within the step
-                    if (mm0 + ql < Lq) {
-                        float* dst = dq_accum + (row_base + g + 8 * r) * D + d0 + 2 * t;
+                    for (int nt = 0; nt < 4; ++nt) {
+                        // send the pair the partner keeps: even t sends row g+8, odd t row g
+                        const float s0 = odd ? acc[nt][0] : acc[nt][2];
+                        const float s1 = odd ? acc[nt][1] : acc[nt][3];
+                        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+                        const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+                        const float k0 = odd ? acc[nt][2] : acc[nt][0];
+                        const float k1 = odd ? acc[nt][3] : acc[nt][1];
+                        if (mm0 + ql < Lq) {
+                            if (odd) red_add_f32x4(dst + nt * 8, r0, r1, k0, k1);
+                            else red_add_f32x4(dst + nt * 8, k0, k1, r0, r1);
+                        }
+                    }
+                } else {
 #pragma unroll
-                        for (int nt = 0; nt < 4; ++nt) red_add_f32x2(dst + nt * 8, acc[nt][2 * r], acc[nt][2 * r + 1]);
+                    for (int r = 0; r < 2; ++r) {
+                        const int ql = mt * 16 + g + 8 * r;  // query row within the step
+                        if (mm0 + ql < Lq) {
+                            float* dst = dq_accum + (row_base + g + 8 * r) * D + d0 + 2 * t;
+#pragma unroll
+                            for (int nt = 0; nt < 4; ++nt) red_add_f32x2(dst + nt * 8, acc[nt][2 * r], acc[nt][2 * r + 1]);
+                        }
                     }
                 }
             }

@@ -145,6 +145,13 @@ __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
                  : "memory");
 }
 
+// dst[0..3] += a, b, c, d (one 16-byte vector reduction; dst 16-byte aligned, sm_90).
+__device__ __forceinline__ void red_add_f32x4(float* dst, float a, float b, float c, float d) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b),
+                 "f"(c), "f"(d)
+                 : "memory");
+}
+
 __device__ __forceinline__ void mma_16816_f16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
                                               unsigned b1) {
     asm volatile(

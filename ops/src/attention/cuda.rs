@@ -128,10 +128,10 @@ impl Kernel {
         (self as u16) << 8 | d as u16
     }
 
-    /// Threads per block.
-    fn threads(self) -> u32 {
-        match self {
-            Kernel::DqDkDv => 128,
+    /// Threads per block (the D=64 forward is preset 1: 4 warps, 2 blocks per SM).
+    fn threads(self, d: usize) -> u32 {
+        match (self, d) {
+            (Kernel::DqDkDv, _) | (Kernel::Forward, 64) => 128,
             _ => 256,
         }
     }
@@ -150,7 +150,7 @@ impl Kernel {
     fn config(self, d: usize, grid: (u32, u32, u32)) -> LaunchConfig {
         LaunchConfig {
             grid_dim: grid,
-            block_dim: (self.threads(), 1, 1),
+            block_dim: (self.threads(d), 1, 1),
             shared_mem_bytes: self.smem(d),
         }
     }
@@ -201,13 +201,13 @@ fn configure(
     let max_threads = f
         .max_threads_per_block()
         .map_err(|e| cuda_err("cuFuncGetAttribute", e))?;
-    if max_threads < kernel.threads() as i32 {
+    if max_threads < kernel.threads(d) as i32 {
         return Err(Error::invalid(
             kernel.op(),
             format!(
                 "{name} allows {max_threads} threads per block but is launched with {}: \
                  attention.cu and ops/src/attention/cuda.rs disagree on the launch",
-                kernel.threads()
+                kernel.threads(d)
             ),
         ));
     }
