@@ -12,7 +12,7 @@
 //! - `device.rs`: what GEMM and convolution share (pointers, workspaces, library
 //!   status codes to errors).
 pub mod cpu;
-mod cuda;
+pub(crate) mod cuda;
 pub(crate) mod device;
 pub(crate) mod epilogue;
 mod lt;
