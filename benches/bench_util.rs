@@ -40,16 +40,29 @@ pub fn median(v: &mut [f64]) -> f64 {
 
 /// Median over `samples` of the per-op device time (ms) of `batch` back-to-back ops made
 /// by `make`, on one stream, between two markers; after a warm-up batch.
-pub fn time_op<O: Op>(rt: &Runtime, batch: usize, samples: usize, mut make: impl FnMut() -> O) -> f64 {
+pub fn time_op<O: Op>(
+    rt: &Runtime,
+    batch: usize,
+    samples: usize,
+    mut make: impl FnMut() -> O,
+) -> f64 {
     time_with(rt, batch, samples, |rt, s| {
         // The output handle is dropped at once: the op still runs and its memory is
         // released after completion.
-        let _ = rt.submit_on(s, make()).map_err(|e| e.error).expect("submit");
+        let _ = rt
+            .submit_on(s, make())
+            .map_err(|e| e.error)
+            .expect("submit");
     })
 }
 
 /// Like [`time_op`] for a body that submits several ops itself on stream `s`.
-pub fn time_with(rt: &Runtime, batch: usize, samples: usize, mut body: impl FnMut(&Runtime, StreamId)) -> f64 {
+pub fn time_with(
+    rt: &Runtime,
+    batch: usize,
+    samples: usize,
+    mut body: impl FnMut(&Runtime, StreamId),
+) -> f64 {
     let s = rt.compute_streams(rt.device())[0];
     let mut one = |n: usize| {
         let m0 = rt.mark(s).expect("mark");

@@ -84,7 +84,11 @@ fn suite_chain(_rt: &Runtime) {
     // A runtime whose policy records the actors' own time in `op.run` (enqueue on CUDA:
     // allocation and launch), to split the per-op cost.
     let rec = std::sync::Arc::new(RunTime::default());
-    let rt = Runtime::builder().streams(4).policy(RecordRun(rec.clone())).build().expect("runtime");
+    let rt = Runtime::builder()
+        .streams(4)
+        .policy(RecordRun(rec.clone()))
+        .build()
+        .expect("runtime");
     let rt = &rt;
     let s = rt.compute_streams(rt.device())[0];
     let a = upload(rt, &random_f32(16, 4), &[16], DType::F32);
@@ -96,9 +100,15 @@ fn suite_chain(_rt: &Runtime) {
             x = sub.outputs().expect("one output").clone();
         }
         let t1 = Instant::now();
-        rt.to_vec::<f32>(&x).expect("download").wait().expect("chain completes");
+        rt.to_vec::<f32>(&x)
+            .expect("download")
+            .wait()
+            .expect("chain completes");
         let t2 = Instant::now();
-        ((t2 - t0).as_secs_f64() * 1e3, (t1 - t0).as_secs_f64() * 1e6 / 1000.0)
+        (
+            (t2 - t0).as_secs_f64() * 1e3,
+            (t1 - t0).as_secs_f64() * 1e6 / 1000.0,
+        )
     };
     run();
     let mut e2e = Vec::new();
@@ -111,7 +121,13 @@ fn suite_chain(_rt: &Runtime) {
     let e = median(&mut e2e);
     let s = median(&mut sub);
     let run_us = rec.mean_us();
-    emit("chain_1000_tiny_adds", e, 0.0, 0.0, &[("us_per_op", e), ("submit_us", s), ("op_run_us", run_us)]);
+    emit(
+        "chain_1000_tiny_adds",
+        e,
+        0.0,
+        0.0,
+        &[("us_per_op", e), ("submit_us", s), ("op_run_us", run_us)],
+    );
 }
 
 /// Mean time of `op.run` over the ops observed (CUDA: the enqueue, i.e. allocation and
@@ -135,10 +151,20 @@ impl rtx::placement::Policy for RecordRun {
     fn name(&self) -> &'static str {
         "affinity+record"
     }
-    fn place(&self, op: &rtx::placement::OpInfo<'_>, streams: &[rtx::placement::StreamLoad]) -> usize {
+    fn place(
+        &self,
+        op: &rtx::placement::OpInfo<'_>,
+        streams: &[rtx::placement::StreamLoad],
+    ) -> usize {
         rtx::placement::Affinity.place(op, streams)
     }
-    fn observe(&self, name: &str, _cost: rtx::Cost, _stream: rtx::StreamId, took: std::time::Duration) {
+    fn observe(
+        &self,
+        name: &str,
+        _cost: rtx::Cost,
+        _stream: rtx::StreamId,
+        took: std::time::Duration,
+    ) {
         if name == "add" {
             use std::sync::atomic::Ordering::Relaxed;
             self.0.ns.fetch_add(took.as_nanos() as u64, Relaxed);
@@ -334,8 +360,26 @@ fn suite_attention(rt: &Runtime) {
                 let (b, h) = (16384 / l, 2048 / d);
                 let shape = [b, h, l, d];
                 let q = upload(rt, &host, &shape, DType::BF16);
-                let k = upload(rt, &host[7..].iter().chain(&host[..7]).copied().collect::<Vec<_>>(), &shape, DType::BF16);
-                let v = upload(rt, &host[13..].iter().chain(&host[..13]).copied().collect::<Vec<_>>(), &shape, DType::BF16);
+                let k = upload(
+                    rt,
+                    &host[7..]
+                        .iter()
+                        .chain(&host[..7])
+                        .copied()
+                        .collect::<Vec<_>>(),
+                    &shape,
+                    DType::BF16,
+                );
+                let v = upload(
+                    rt,
+                    &host[13..]
+                        .iter()
+                        .chain(&host[..13])
+                        .copied()
+                        .collect::<Vec<_>>(),
+                    &shape,
+                    DType::BF16,
+                );
                 let dout = k.clone();
                 let fwd = 4.0 * (b * h * l * l * d) as f64 / if causal { 2.0 } else { 1.0 };
                 let name = format!("attn_d{d}_l{l}_c{}", causal as u8);
@@ -343,12 +387,83 @@ fn suite_attention(rt: &Runtime) {
                 let ms = time_op(rt, reps, 7, || attention(&q, &k, &v).causal(causal));
                 emit(&format!("{name}_fwd"), ms, 0.0, fwd, &[]);
                 let ms = time_with(rt, reps, 7, |rt, s| {
-                    let (o, lse) = rt.submit_on(s, attention(&q, &k, &v).causal(causal)).expect("fwd").outputs().cloned().expect("out");
-                    let _ = rt.submit_on(s, attention_backward(&q, &k, &v, &o, &lse, &dout).causal(causal)).expect("bwd");
+                    let (o, lse) = rt
+                        .submit_on(s, attention(&q, &k, &v).causal(causal))
+                        .expect("fwd")
+                        .outputs()
+                        .cloned()
+                        .expect("out");
+                    let _ = rt
+                        .submit_on(
+                            s,
+                            attention_backward(&q, &k, &v, &o, &lse, &dout).causal(causal),
+                        )
+                        .expect("bwd");
                 });
                 emit(&format!("{name}_fwdbwd"), ms, 0.0, 3.5 * fwd, &[]);
             }
         }
+    }
+}
+
+/// The driver's own cost on this host, without the runtime: 1,000 dependent 16-element
+/// adds on one stream through cudarc (alloc + launch + free per op, and launch only).
+fn suite_raw(_rt: &Runtime) {
+    use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
+    use rtx::kernels::{Arch, KernelCache, Options};
+    let ctx = CudaContext::new(0).expect("context");
+    // SAFETY: no slice exists yet; this loop orders everything on one stream.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().expect("stream");
+    let cubin = KernelCache::global()
+        .cubin("elementwise", Arch::SM_90, &Options::default())
+        .expect("cubin");
+    let m = ctx
+        .load_module(cudarc::nvrtc::Ptx::from_binary((*cubin).clone()))
+        .expect("module");
+    let f = m.load_function("ew_add_f32").expect("function");
+    let a = stream.clone_htod(&random_f32(16, 4)).expect("upload");
+    let n = 16usize;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    for mode in ["alloc_launch_free", "launch_only"] {
+        let mut x = stream.clone_dtod(&a).expect("copy");
+        let mut y = stream.alloc_zeros::<f32>(n).expect("alloc");
+        let mut times = Vec::new();
+        for _ in 0..7 {
+            stream.synchronize().expect("sync");
+            let t = Instant::now();
+            for _ in 0..1000 {
+                if mode == "alloc_launch_free" {
+                    // SAFETY: the kernel writes all n elements before anything reads them.
+                    let mut out = unsafe { stream.alloc::<f32>(n) }.expect("alloc");
+                    let mut lb = stream.launch_builder(&f);
+                    lb.arg(&x).arg(&a).arg(&mut out).arg(&n);
+                    // SAFETY: ew_add_f32(const float*, const float*, float*, size_t n), buffers of n.
+                    unsafe { lb.launch(cfg) }.expect("launch");
+                    x = out;
+                } else {
+                    let mut lb = stream.launch_builder(&f);
+                    lb.arg(&x).arg(&a).arg(&mut y).arg(&n);
+                    // SAFETY: as above.
+                    unsafe { lb.launch(cfg) }.expect("launch");
+                    std::mem::swap(&mut x, &mut y);
+                }
+            }
+            stream.synchronize().expect("sync");
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let ms = median(&mut times);
+        emit(
+            &format!("raw_cudarc_1000_tiny_adds_{mode}"),
+            ms,
+            0.0,
+            0.0,
+            &[("us_per_op", ms)],
+        );
     }
 }
 
@@ -377,6 +492,7 @@ fn main() {
             "streams" => suite_streams(&rt),
             "speedup" => suite_speedup(&rt),
             "attention" => suite_attention(&rt),
+            "raw" => suite_raw(&rt),
             other => eprintln!("unknown suite {other}"),
         }
     }
