@@ -19,7 +19,7 @@
 //! Ownership rules are enforced by the types. An op that writes in place takes its input
 //! by value, so the caller's handle is gone:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0382
 //! use rtx::{ops, Runtime};
 //! let rt = Runtime::cpu(1);
 //! let x = rt.upload(&[1.0f32, -2.0], [2]).unwrap();
@@ -29,17 +29,28 @@
 //!
 //! A tensor's memory cannot be reached, let alone written, from outside an op:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0599
 //! use rtx::Runtime;
 //! let rt = Runtime::cpu(1);
 //! let x = rt.upload(&[1.0f32], [1]).unwrap();
 //! let buf: &mut rtx::Buffer = x.buffer_mut();  // error: no such method
 //! ```
 //!
+//! Inside an op, inputs are read-only: only outputs (fresh memory) and donated inputs
+//! (the last handle, taken by value) can be written:
+//!
+//! ```compile_fail,E0596
+//! fn write_input(cx: &mut rtx::ExecCx<'_>, t: &rtx::Tensor) -> rtx::Result<()> {
+//!     let buf = cx.input(t)?;
+//!     buf.cpu_mut::<f32>()?[0] = 1.0; // error: `BufferRef` only derefs to `&Buffer`
+//!     Ok(())
+//! }
+//! ```
+//!
 //! An op's execution context (the only place memory is handed out) cannot be built by
 //! users:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0451
 //! let cx = rtx::ExecCx { name: "x" };          // error: private fields
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -1,4 +1,13 @@
-//! rtx-ops
+//! rtx-ops: the op library of rtx.
+//!
+//! One module per family — [`elementwise`], [`reduce`], [`softmax`], [`gemm`], [`conv`],
+//! [`attention`] — each with its validation (at submit time), its CPU implementation
+//! (`cpu.rs`, also the reference) and its CUDA implementation. The common constructors are
+//! re-exported here: `rtx_ops::add(&a, &b)`, `rtx_ops::matmul(&a, &b)`, ...
+//!
+//! Ops that take an input by value (the `*_` forms, e.g. [`add_`], [`relu_`]) may write
+//! into that input's memory when the handle they were given is the last one; otherwise
+//! they allocate. The result is the same either way.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod attention;
@@ -9,6 +18,19 @@ pub mod gemm;
 mod kernels;
 pub mod reduce;
 pub mod softmax;
+
+pub use attention::{attention, attention_backward};
+pub use conv::{conv2d, conv2d_backward_data, conv2d_backward_filter, Conv2dOpts, Layout};
+pub use elementwise::{
+    abs, abs_, add, add_, cos, cos_, div, div_, exp, exp_, log, log_, maximum, maximum_, minimum,
+    minimum_, mul, mul_, neg, neg_, relu, relu_, sin, sin_, sqrt, sqrt_, sub, sub_,
+};
+pub use gemm::{linear, matmul, Activation};
+pub use reduce::{
+    argmax, argmax_dim, argmin, argmin_dim, max, max_dim, mean, mean_dim, min, min_dim, prod,
+    prod_dim, sum, sum_dim,
+};
+pub use softmax::softmax;
 
 #[doc(hidden)]
 pub use kernels::{donations, set_poison_outputs};
