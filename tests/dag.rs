@@ -121,7 +121,7 @@ fn random_dags_on_4_streams_equal_1_stream() {
     let seed: u64 = rand::random();
     let mut rng = StdRng::seed_from_u64(seed);
     for (label, one, four) in backends() {
-        let mut cross = 0usize;
+        let mut ops = 0usize;
         for d in 0..1000 {
             let n = rng.gen_range(1..200);
             let leaves: Vec<Vec<f32>> = (0..3)
@@ -131,7 +131,7 @@ fn random_dags_on_4_streams_equal_1_stream() {
             let dag = random_dag(&mut rng, 3, len);
             let r1 = run(&one, &leaves, n, &dag);
             let r4 = run(&four, &leaves, n, &dag);
-            cross += dag.len();
+            ops += dag.len();
             for (i, (x, y)) in r1.iter().zip(&r4).enumerate() {
                 assert!(
                     same(x, y),
@@ -204,6 +204,6 @@ fn random_dags_on_4_streams_equal_1_stream() {
                 "{label}: DAG {d}: relative error {rel} vs the host (seed {seed})"
             );
         }
-        eprintln!("{label}: 1000 DAGs, {cross} ops, 4 streams == 1 stream");
+        eprintln!("{label}: 1000 DAGs, {ops} ops, 4 streams == 1 stream");
     }
 }

@@ -323,20 +323,7 @@ backend_test!(bad_input_is_rejected_and_given_back, |rt, label| {
     );
     assert!(e.into_op().into_input().same_storage(&u));
 
-    if let Ok(z) = rt.upload::<f32>(&[], [0, 3]) {
-        let e = rt
-            .submit(ew::add(&z, &upload(rt, &[1.0f32], &[1])))
-            .unwrap_err();
-        assert!(
-            matches!(e.error, Error::InvalidOp { .. }),
-            "{label}: {}",
-            e.error
-        );
-        let e = rt.submit(ew::exp(&z)).unwrap_err();
-        assert!(
-            matches!(e.error, Error::InvalidOp { .. }),
-            "{label}: {}",
-            e.error
-        );
-    }
+    // Zero-size tensors are rejected where they would be made, on every backend.
+    let e = rt.upload::<f32>(&[], [0, 3]).unwrap_err();
+    assert!(matches!(e, Error::InvalidOp { .. }), "{label}: {e}");
 });

@@ -42,6 +42,11 @@ pub(crate) fn execute(
         .job
         .as_mut()
         .expect("envelope holds its job until executed");
+    let declared = job
+        .inputs()
+        .iter()
+        .map(|t| crate::sync::Arc::as_ptr(t.storage()) as usize)
+        .collect();
     let mut cx = ExecCx {
         name,
         stream: actor.stream,
@@ -50,6 +55,7 @@ pub(crate) fn execute(
         specs: &env.specs,
         outputs: (0..env.specs.len()).map(|_| None).collect(),
         finisher: None,
+        declared,
     };
     let start = Instant::now();
     let ran = catch_unwind(AssertUnwindSafe(|| job.run(&mut cx)));
@@ -139,16 +145,14 @@ fn run_cpu(mut env: Envelope, actor: &ActorCx) {
     match result {
         Ok(ex) => {
             span.record("run_us", ex.took.as_micros() as u64);
-            actor
-                .policy
-                .observe(env.name(), env.cost, actor.stream, ex.took);
+            observe(&*actor.policy, env.name(), env.cost, actor.stream, ex.took);
             for (s, b) in env.outputs.iter().zip(ex.outputs) {
                 s.publish(Ready {
                     buf: Arc::new(b),
                     mark: Mark::Host,
                 });
             }
-            let payload = ex.finisher.map(|f| f()).transpose();
+            let payload = ex.finisher.map(|f| run_finisher(env.name(), f)).transpose();
             if let Some(c) = env.completion.take() {
                 c.finish(payload);
             }
@@ -159,4 +163,34 @@ fn run_cpu(mut env: Envelope, actor: &ActorCx) {
         }
     }
     // Dropping the envelope releases the op's keep-alive (its inputs) and the load.
+}
+
+/// Calls the policy's `observe`, containing a panic in user code (the actor lives on).
+pub(crate) fn observe(
+    policy: &dyn Policy,
+    name: &str,
+    cost: crate::op::Cost,
+    stream: StreamId,
+    took: Duration,
+) {
+    if catch_unwind(AssertUnwindSafe(|| {
+        policy.observe(name, cost, stream, took)
+    }))
+    .is_err()
+    {
+        tracing::warn!(op = name, "the placement policy panicked in observe");
+    }
+}
+
+/// Runs an op's completion-time finisher, turning a panic into the op's error.
+pub(crate) fn run_finisher(
+    name: &str,
+    f: Box<dyn FnOnce() -> Result<Payload> + Send>,
+) -> Result<Payload> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(Error::OpPanicked {
+            op: name.to_string(),
+            message: panic_message(&*p),
+        })
+    })
 }

@@ -27,7 +27,11 @@ impl Runtime {
         match self.device() {
             Device::Cpu => Ok(Tensor::from_storage(
                 shape,
-                Arc::new(Storage::ready(Buffer::from_vec(data), Device::Cpu)),
+                Arc::new(Storage::ready(
+                    Buffer::from_vec(data),
+                    Device::Cpu,
+                    self.inner.id,
+                )),
             )),
             d @ Device::Cuda(_) => self.upload_to(d, &data, shape),
         }
@@ -45,7 +49,11 @@ impl Runtime {
         match (self.inner.kind, device) {
             (BackendKind::Cpu, Device::Cpu) => Ok(Tensor::from_storage(
                 shape,
-                Arc::new(Storage::ready(Buffer::from_vec(data.to_vec()), Device::Cpu)),
+                Arc::new(Storage::ready(
+                    Buffer::from_vec(data.to_vec()),
+                    Device::Cpu,
+                    self.inner.id,
+                )),
             )),
             (BackendKind::Cuda, Device::Cuda(ord)) => {
                 crate::cuda::io::upload(self, ord, data, shape)
@@ -77,13 +85,25 @@ impl Runtime {
 }
 
 fn check_len(len: usize, shape: &Shape) -> Result<()> {
-    if len != shape.numel() {
+    let Some(numel) = shape.checked_numel() else {
+        return Err(Error::invalid_dim(
+            "upload",
+            format!("the shape {shape} has more elements than fit in usize"),
+        ));
+    };
+    if len != numel {
         return Err(Error::ShapeMismatch {
             op: "upload".into(),
             lhs: Shape::new(vec![len]),
             rhs: shape.clone(),
-            detail: format!("{len} elements for a shape of {}", shape.numel()),
+            detail: format!("{len} elements for a shape of {numel}"),
         });
+    }
+    if numel == 0 {
+        return Err(Error::invalid(
+            "upload",
+            format!("zero-size tensors ({shape}) are not supported"),
+        ));
     }
     Ok(())
 }

@@ -60,6 +60,7 @@ fn pending() -> Arc<Storage> {
         1,
         Device::Cpu,
         Some(StreamId(0)),
+        0,
     ))
 }
 

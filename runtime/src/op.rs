@@ -139,6 +139,9 @@ pub struct ExecCx<'a> {
     pub(crate) specs: &'a [TensorSpec],
     pub(crate) outputs: Vec<Option<Buffer>>,
     pub(crate) finisher: Option<Box<dyn FnOnce() -> Result<Payload> + Send>>,
+    /// The storages the op declared in `inputs` (by address): only those may be read,
+    /// since only those were waited for.
+    pub(crate) declared: Vec<usize>,
 }
 
 impl<'a> ExecCx<'a> {
@@ -170,6 +173,13 @@ impl<'a> ExecCx<'a> {
     }
     /// The memory of an input (already ready, or waited on by this stream).
     pub fn input(&self, t: &Tensor) -> Result<BufferRef> {
+        let addr = crate::sync::Arc::as_ptr(t.storage()) as usize;
+        if !self.declared.contains(&addr) {
+            return Err(Error::invalid(
+                self.name,
+                "input used that the op did not declare in `inputs`",
+            ));
+        }
         match t.storage().try_ready() {
             Some(Ok(r)) => Ok(BufferRef(r.buf)),
             Some(Err(e)) => Err(e),

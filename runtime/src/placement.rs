@@ -40,8 +40,9 @@ pub trait Policy: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// The index into `streams` (never empty) of the chosen stream.
     fn place(&self, op: &OpInfo<'_>, streams: &[StreamLoad]) -> usize;
-    /// Called by the actor after each op with its measured run time (host-observed on the
-    /// CPU backend, submit-to-enqueue on CUDA), for calibration. Default: ignored.
+    /// Called after each successful op with the host time of its `run`: the computation on
+    /// the CPU backend; on CUDA only the enqueue (allocation and launches), not device
+    /// time, so a model calibrated on it learns launch costs. Default: ignored.
     fn observe(&self, _name: &str, _cost: Cost, _stream: StreamId, _took: Duration) {}
 }
 

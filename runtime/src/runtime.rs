@@ -96,6 +96,14 @@ impl Builder {
             }
         };
         match want_cuda {
+            Some(ords) if self.backend == Backend::Auto => {
+                // `Auto` falls back to the CPU when CUDA is there but cannot be started
+                // (exclusive-process mode, a broken driver...), and says why.
+                crate::cuda::start(&ords, self.streams_or(4), self.mailbox, policy.clone()).or_else(|e| {
+                    tracing::warn!(error = %e, "CUDA found but not usable; using the CPU backend");
+                    Ok(start_cpu(self.streams_or(2), self.mailbox, policy))
+                })
+            }
             Some(ords) => crate::cuda::start(&ords, self.streams_or(4), self.mailbox, policy),
             None => Ok(start_cpu(self.streams_or(2), self.mailbox, policy)),
         }
@@ -117,6 +125,8 @@ pub(crate) struct StreamEntry {
 }
 
 pub(crate) struct Inner {
+    /// This runtime's id: tensors remember it, since stream ids and events are per runtime.
+    pub(crate) id: u64,
     pub(crate) kind: BackendKind,
     pub(crate) devices: Vec<DeviceInfo>,
     pub(crate) streams: Vec<StreamEntry>,
@@ -222,6 +232,7 @@ fn start_cpu(n: usize, mailbox: usize, policy: Arc<dyn Policy>) -> Runtime {
     }];
     Runtime {
         inner: Arc::new(Inner {
+            id: next_runtime_id(),
             kind: BackendKind::Cpu,
             devices,
             streams,
@@ -245,6 +256,12 @@ fn policy_arc(p: impl Policy) -> Arc<dyn Policy> {
     {
         Arc::from_std(std::sync::Arc::new(p) as std::sync::Arc<dyn Policy>)
     }
+}
+
+/// A process-wide unique runtime id.
+pub(crate) fn next_runtime_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 pub(crate) fn spawn_named(
@@ -347,8 +364,8 @@ impl Runtime {
     /// shutdown gate (see [`Inner::gate`]). The envelope comes back if the runtime is
     /// shutting down.
     pub(crate) fn send_job(&self, stream: StreamId, env: Envelope) -> Result<(), Envelope> {
-        let open = read(&self.inner.gate);
-        if *open {
+        let closed = read(&self.inner.gate);
+        if *closed {
             return Err(env);
         }
         match self.inner.streams[stream.0].tx.send(Msg::Job(env)) {
@@ -393,6 +410,13 @@ impl Runtime {
             let mut producers: Vec<StreamId> = Vec::new();
             let mut bad = None;
             for t in &inputs {
+                if t.storage().runtime != self.inner.id {
+                    bad = Some(Error::invalid(
+                        name,
+                        format!("{t:?} belongs to another runtime (stream ids and events are per runtime; download and upload it)"),
+                    ));
+                    break;
+                }
                 let d = t.device();
                 match device {
                     None => device = Some(d),
@@ -416,7 +440,14 @@ impl Runtime {
                 drop(inputs);
                 return reject(e, op);
             }
-            (device.unwrap_or_else(|| self.device()), producers)
+            // An op without inputs runs on its pinned stream's device, else the default.
+            let pinned = pin
+                .and_then(|s| self.inner.streams.get(s.0))
+                .map(|e| e.info.device);
+            (
+                device.or(pinned).unwrap_or_else(|| self.device()),
+                producers,
+            )
         };
         if !self.inner.devices.iter().any(|d| d.device == device) {
             let own = self.device();
@@ -442,6 +473,25 @@ impl Runtime {
                 return reject(Error::invalid(name, msg), op);
             }
         }
+        for (i, o) in plan.outputs.iter().enumerate() {
+            match o.shape.checked_numel() {
+                Some(0) => {
+                    let msg = format!(
+                        "output {i} would be empty ({}); zero-size tensors are not supported",
+                        o.shape
+                    );
+                    return reject(Error::invalid(name, msg), op);
+                }
+                None => {
+                    let msg = format!(
+                        "output {i} ({}) has more elements than fit in usize",
+                        o.shape
+                    );
+                    return reject(Error::invalid_dim(name, msg), op);
+                }
+                Some(_) => {}
+            }
+        }
         // Placement.
         let stream = match pin {
             Some(s) => match self.inner.streams.get(s.0) {
@@ -464,6 +514,7 @@ impl Runtime {
                     s.shape.numel(),
                     device,
                     Some(stream),
+                    self.inner.id,
                 ))
             })
             .collect();
@@ -570,6 +621,36 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // Dropped on one of the runtime's own threads (an op or a keep-alive held the last
+        // handle): joining from here could wait on this very thread (an actor joins its
+        // watcher) or block in a full mailbox, so tear down from a detached thread.
+        #[cfg(not(loom))]
+        if thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("rtx-"))
+        {
+            self.closed.store(true, Ordering::Release);
+            let streams = std::mem::take(&mut self.streams);
+            let threads = std::mem::take(&mut *lock(&self.threads));
+            let teardown = move || {
+                for s in &streams {
+                    let _ = s.tx.send(Msg::Shutdown);
+                }
+                for h in threads {
+                    if h.thread().id() != thread::current().id() {
+                        let _ = h.join();
+                    }
+                }
+            };
+            if thread::Builder::new()
+                .name("rtx-teardown".into())
+                .spawn(teardown)
+                .is_err()
+            {
+                tracing::error!("could not spawn the runtime teardown thread");
+            }
+            return;
+        }
         self.close();
         self.join_all();
     }

@@ -27,6 +27,10 @@ impl Shape {
     pub fn numel(&self) -> usize {
         self.0.iter().product()
     }
+    /// The number of elements, or `None` if it overflows `usize`.
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.0.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+    }
     /// Dimension `i`, counting from the end when negative-style `from_end` is wanted use
     /// [`Shape::dim_from_end`].
     pub fn dim(&self, i: usize) -> Option<usize> {

@@ -76,6 +76,8 @@ pub(crate) struct Storage {
     pub(crate) device: Device,
     /// The stream whose op produces this storage (`None` for host uploads on the CPU).
     pub(crate) producer: Option<StreamId>,
+    /// The runtime this storage belongs to (stream ids and events are per runtime).
+    pub(crate) runtime: u64,
     slot: Mutex<Slot>,
     cv: Condvar,
 }
@@ -87,6 +89,7 @@ impl Storage {
         len: usize,
         device: Device,
         producer: Option<StreamId>,
+        runtime: u64,
     ) -> Self {
         Storage {
             id: next_id(),
@@ -94,14 +97,15 @@ impl Storage {
             len,
             device,
             producer,
+            runtime,
             slot: Mutex::new(Slot::Pending),
             cv: Condvar::new(),
         }
     }
 
     /// A storage that is ready at once (host data on the CPU backend).
-    pub(crate) fn ready(buf: Buffer, device: Device) -> Self {
-        let s = Storage::pending(buf.dtype(), buf.len(), device, None);
+    pub(crate) fn ready(buf: Buffer, device: Device, runtime: u64) -> Self {
+        let s = Storage::pending(buf.dtype(), buf.len(), device, None, runtime);
         *lock(&s.slot) = Slot::Ready(Ready {
             buf: Arc::new(buf),
             mark: Mark::Host,

@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use rtx_runtime::*;
 
+/// How many times `Add` wrote in place (only the donation test donates).
+static DONATED: AtomicUsize = AtomicUsize::new(0);
+
 /// y = a + b, or a in place when `a` is donated and unique.
 struct Add {
     a: Tensor,
@@ -48,6 +51,7 @@ impl Op for Add {
         let b = cx.input(&self.b)?.cpu::<f32>()?.to_vec();
         if self.donate {
             if let Some(mut buf) = cx.donate(&mut self.a) {
+                DONATED.fetch_add(1, Ordering::SeqCst);
                 for (x, y) in buf.cpu_mut::<f32>()?.iter_mut().zip(&b) {
                     *x += y;
                 }
@@ -199,6 +203,7 @@ fn donation_writes_in_place_only_when_unique() {
     // Unique: the memory is reused; the old handle is gone (moved into the op).
     let a = rt.upload(&[1.0f32, 2.0], [2]).unwrap();
     assert!(a.is_unique());
+    let before = DONATED.load(Ordering::SeqCst);
     let y = rt
         .submit(Add {
             a,
@@ -210,6 +215,11 @@ fn donation_writes_in_place_only_when_unique() {
         .wait()
         .unwrap();
     assert_eq!(vals(&rt, &y), [11.0, 22.0]);
+    assert_eq!(
+        DONATED.load(Ordering::SeqCst),
+        before + 1,
+        "the unique input was written in place"
+    );
     // Shared: another handle sees the memory, so the op must allocate, and the other
     // handle still reads the old values.
     let a = rt.upload(&[1.0f32, 2.0], [2]).unwrap();
@@ -227,6 +237,11 @@ fn donation_writes_in_place_only_when_unique() {
     assert_eq!(vals(&rt, &y), [11.0, 22.0]);
     assert_eq!(vals(&rt, &keep), [1.0, 2.0]);
     assert!(!y.same_storage(&keep));
+    assert_eq!(
+        DONATED.load(Ordering::SeqCst),
+        before + 1,
+        "a shared input is never written"
+    );
 }
 
 #[test]
@@ -436,4 +451,65 @@ fn policies_see_queued_load() {
         seen.load(Ordering::Relaxed) >= 1,
         "queued ops are visible to the policy"
     );
+}
+
+/// Reads a tensor it does not declare in `inputs`.
+struct Sneaky {
+    declared: Tensor,
+    hidden: Tensor,
+}
+impl Op for Sneaky {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "sneaky"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.declared]
+    }
+    fn plan(&self, _: &PlanCx) -> Result<Plan> {
+        Ok(Plan {
+            outputs: vec![TensorSpec::new(self.declared.shape().clone(), DType::F32)],
+            cost: Cost::default(),
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let v = cx.input(&self.hidden)?.cpu::<f32>()?.to_vec();
+        cx.set_output(0, Buffer::from_vec(v))
+    }
+}
+
+#[test]
+fn undeclared_inputs_foreign_tensors_and_empty_tensors_are_rejected() {
+    let rt = Runtime::cpu(1);
+    let a = rt.upload(&[1.0f32], [1]).unwrap();
+    let b = rt.upload(&[2.0f32], [1]).unwrap();
+    // An op may only read what it declared (only that was waited for).
+    let e = rt
+        .submit(Sneaky {
+            declared: a.clone(),
+            hidden: b,
+        })
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(e.to_string().contains("did not declare"), "{e}");
+    // Tensors of another runtime: stream ids and events are per runtime.
+    let other = Runtime::cpu(1);
+    let foreign = other.upload(&[3.0f32], [1]).unwrap();
+    let e = rt.submit(add(&a, &foreign)).unwrap_err();
+    assert!(
+        matches!(e.error, Error::InvalidOp { .. })
+            && e.error.to_string().contains("another runtime"),
+        "{}",
+        e.error
+    );
+    // Zero-size and overflowing shapes are typed errors, not panics.
+    assert!(matches!(
+        rt.upload::<f32>(&[], [0, 3]).unwrap_err(),
+        Error::InvalidOp { .. }
+    ));
+    assert!(matches!(
+        rt.upload::<f32>(&[], [1 << 62, 8]).unwrap_err(),
+        Error::InvalidDim { .. }
+    ));
 }

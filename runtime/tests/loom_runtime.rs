@@ -10,7 +10,7 @@
 //! every interleaving. Waiting uses `Submission::wait` or a poll loop with a loom-aware
 //! waker ([`drive`]), never `block_on` (which parks with std, invisible to loom).
 //!
-//! `.notes/loom_plants.md` records, for each model, a bug planted in the runtime and
+//! `docs/loom-plants.md` records, for each model, a bug planted in the runtime and
 //! what loom reported.
 #![cfg(loom)]
 
@@ -415,7 +415,7 @@ fn shutdown_races_submit() {
 /// it waits (a server thread that owns a runtime clone). Ignored: loom finds a hang in
 /// the committed runtime — the op is sent after the actor's post-shutdown drain saw an
 /// empty mailbox but before the actor dropped its receiver, so it stays queued until the
-/// last runtime handle goes, and that handle is the waiter's. See `.notes/loom_plants.md`.
+/// last runtime handle goes, and that handle is the waiter's. See `docs/loom-plants.md`.
 #[test]
 fn shutdown_races_submitter_holding_runtime() {
     loom::model(|| {

@@ -110,12 +110,12 @@ fn run_cuda(
     drop(readies);
     let ex = match execute(&mut env, actor, BackendCx::Cuda(scx)) {
         Ok(x) => x,
-        Err(e) => return env.fail(e),
+        Err(e) => return fail_after_enqueue(env, e, scx),
     };
     span.record("run_us", ex.took.as_micros() as u64);
     let event = match pool.record(&scx.stream) {
         Ok(e) => Arc::new(e),
-        Err(e) => return env.fail(cuda_err("cuEventRecord", e)),
+        Err(e) => return fail_after_enqueue(env, cuda_err("cuEventRecord", e), scx),
     };
     for (s, b) in env.outputs.iter().zip(ex.outputs) {
         s.publish(Ready {
@@ -133,13 +133,28 @@ fn run_cuda(
         took: ex.took,
     };
     if let Err(crossbeam_channel::SendError(w)) = wtx.send(w) {
-        // The watcher is gone (it never exits before the actor): fail rather than hang.
-        let mut w = w;
-        w.env.fail(Error::Shutdown);
+        // The watcher is gone (it never exits before the actor): fail rather than hang,
+        // once the stream has passed this op.
+        fail_after_enqueue(
+            w.env,
+            Error::Synchronization("the completion watcher is gone".into()),
+            scx,
+        );
     }
 }
 
 /// Waits for one op's event, then completes it and releases its keep-alive.
+/// Fails an op that may already have enqueued work (a later launch of a multi-kernel op
+/// failed, or recording its event did): the stream is drained first, so the op's
+/// keep-alives (its inputs, a donated buffer) are released only after every kernel it
+/// enqueued has finished with them.
+fn fail_after_enqueue(mut env: Envelope, e: Error, scx: &StreamCx) {
+    if let Err(sync) = scx.stream.synchronize() {
+        tracing::error!(error = %sync, "stream synchronize failed while failing an op");
+    }
+    env.fail(e);
+}
+
 /// Ops completed per synchronization at most (bounds how long the oldest op of a batch
 /// waits for the newest).
 const WATCH_BATCH: usize = 32;
@@ -183,8 +198,13 @@ fn finish(
 ) {
     match r {
         Ok(()) => {
-            policy.observe(w.env.name(), w.env.cost, sid, w.took);
-            let payload = w.finisher.take().map(|f| f()).transpose();
+            crate::actor::observe(policy, w.env.name(), w.env.cost, sid, w.took);
+            let name = w.env.name();
+            let payload = w
+                .finisher
+                .take()
+                .map(|f| crate::actor::run_finisher(name, f))
+                .transpose();
             if let Some(c) = w.env.completion.take() {
                 c.finish(payload);
             }

@@ -194,6 +194,7 @@ pub(crate) fn start(
     }
     Ok(Runtime {
         inner: Arc::new(Inner {
+            id: crate::runtime::next_runtime_id(),
             kind: BackendKind::Cuda,
             devices,
             streams,
