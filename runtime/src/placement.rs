@@ -20,6 +20,10 @@ pub struct OpInfo<'a> {
     pub cost: Cost,
     /// The streams producing its inputs (deduplicated, in input order).
     pub input_streams: &'a [StreamId],
+    /// Those of `input_streams` whose output was not yet published when the op was
+    /// submitted (its producer still queued): the op cannot start anywhere before that
+    /// producer has run, so moving it off the producer's stream only adds an event wait.
+    pub pending_input_streams: &'a [StreamId],
 }
 
 /// One candidate stream and its queued work.

@@ -404,10 +404,11 @@ impl Runtime {
         }
         let name = op.name();
         // The device: that of the inputs, which must agree and belong to this runtime.
-        let (device, input_streams) = {
+        let (device, input_streams, pending_inputs) = {
             let inputs = op.inputs();
             let mut device = None;
             let mut producers: Vec<StreamId> = Vec::new();
+            let mut pending: Vec<StreamId> = Vec::new();
             let mut bad = None;
             for t in &inputs {
                 if t.storage().runtime != self.inner.id {
@@ -434,6 +435,9 @@ impl Runtime {
                     if !producers.contains(&p) {
                         producers.push(p);
                     }
+                    if !t.is_published() && !pending.contains(&p) {
+                        pending.push(p);
+                    }
                 }
             }
             if let Some(e) = bad {
@@ -447,6 +451,7 @@ impl Runtime {
             (
                 device.or(pinned).unwrap_or_else(|| self.device()),
                 producers,
+                pending,
             )
         };
         if !self.inner.devices.iter().any(|d| d.device == device) {
@@ -502,7 +507,7 @@ impl Runtime {
                 }
                 None => return reject(Error::invalid(name, format!("no {s} in this runtime")), op),
             },
-            None => self.place(name, plan.cost, device, &input_streams),
+            None => self.place(name, plan.cost, device, &input_streams, &pending_inputs),
         };
         let entry = &self.inner.streams[stream.0];
         let outputs: Vec<Arc<Storage>> = plan
@@ -550,6 +555,7 @@ impl Runtime {
         cost: crate::op::Cost,
         device: Device,
         inputs: &[StreamId],
+        pending_inputs: &[StreamId],
     ) -> StreamId {
         let loads: Vec<StreamLoad> = self
             .inner
@@ -567,6 +573,7 @@ impl Runtime {
                 name,
                 cost,
                 input_streams: inputs,
+                pending_input_streams: pending_inputs,
             },
             &loads,
         );

@@ -33,10 +33,11 @@ const WAIT_PENALTY: Duration = Duration::from_micros(2);
 
 /// Places each op on the stream where it is estimated to finish first.
 ///
-/// For each candidate stream: its queued work (this policy's own calibrated estimate,
-/// see [`EarliestFinish::queued`]) + the op's predicted time ([`CostModel::predict`]) +
-/// a penalty for each of the op's inputs produced on *another* stream (a cross-stream
-/// event wait; default 2 µs). The minimum wins; ties go to the lowest index. With equal
+/// For each candidate stream: the op's start — the later of the stream's queued work
+/// (this policy's own calibrated estimate, see [`EarliestFinish::queued`]) and the time
+/// its still-queued inputs are ready (their producers' queues) — + the op's predicted time
+/// ([`CostModel::predict`]) + a penalty for each of the op's inputs produced on *another*
+/// stream (a cross-stream event wait; default 2 µs). The minimum wins; ties go to the lowest index. With equal
 /// loads a dependent op therefore stays on its producer's stream, and it moves to
 /// another stream once the producer's is busier by more than the penalty.
 ///
@@ -119,9 +120,19 @@ impl EarliestFinish {
     }
 
     /// The estimated finish of `op` on each candidate, in ns, given the queues.
-    fn finish_ns(&self, q: &Queue, load: &StreamLoad, op: &OpInfo<'_>, run_ns: f64) -> f64 {
+    /// Estimated finish on a stream whose queue is `q`: the op starts when the stream is
+    /// free and its pending inputs are ready (`ready_ns`), runs, and pays a penalty per
+    /// input it must wait for from another stream.
+    fn finish_ns(
+        &self,
+        q: &Queue,
+        load: &StreamLoad,
+        op: &OpInfo<'_>,
+        run_ns: f64,
+        ready_ns: f64,
+    ) -> f64 {
         let waits = op.input_streams.iter().filter(|s| **s != load.id).count();
-        q.ns + run_ns + waits as f64 * self.wait_penalty.as_nanos() as f64
+        q.ns.max(ready_ns) + run_ns + waits as f64 * self.wait_penalty.as_nanos() as f64
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<StreamId, Queue>> {
@@ -139,13 +150,20 @@ impl Policy for EarliestFinish {
     fn place(&self, op: &OpInfo<'_>, streams: &[StreamLoad]) -> usize {
         let run_ns = self.model.predict_ns(op.name, op.cost);
         let mut queues = self.lock();
+        // Inputs whose producers are still queued are ready, at the earliest, when their
+        // streams' queued work is done (the producer may be last in its queue).
+        let ready_ns = op
+            .pending_input_streams
+            .iter()
+            .map(|s| queues.get(s).map_or(0.0, |q| q.ns))
+            .fold(0.0, f64::max);
         let mut best = (0, f64::INFINITY);
         for (i, load) in streams.iter().enumerate() {
             let q = queues.entry(load.id).or_default();
             if load.queued_ops == 0 {
                 q.clear();
             }
-            let t = self.finish_ns(q, load, op, run_ns);
+            let t = self.finish_ns(q, load, op, run_ns, ready_ns);
             if t < best.1 {
                 best = (i, t);
             }
@@ -249,6 +267,7 @@ mod tests {
             name: "x",
             cost: Cost::default(),
             input_streams: &[],
+            pending_input_streams: &[],
         };
         let busy = [StreamLoad {
             id: StreamId(0),

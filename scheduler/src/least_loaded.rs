@@ -59,6 +59,7 @@ mod tests {
             name: "x",
             cost: Cost::default(),
             input_streams: &[StreamId(0)],
+            pending_input_streams: &[],
         };
         LeastLoaded.place(&op, loads)
     }

@@ -65,6 +65,7 @@ mod tests {
             name: "x",
             cost: Cost::default(),
             input_streams: &[],
+            pending_input_streams: &[],
         };
         let got: Vec<usize> = (0..7).map(|_| p.place(&op, &loads)).collect();
         assert_eq!(got, [0, 1, 2, 0, 1, 2, 0]);

@@ -61,6 +61,7 @@ fn op<'a>(name: &'a str, bytes: f64, inputs: &'a [StreamId]) -> OpInfo<'a> {
         name,
         cost: Cost { bytes, flops: 0.0 },
         input_streams: inputs,
+        pending_input_streams: &[],
     }
 }
 
@@ -114,6 +115,24 @@ fn earliest_finish_leaves_a_far_busier_producer_stream() {
     }
     assert_eq!(p.queued(StreamId(0)), Duration::from_micros(110));
     assert_eq!(p.place(&op("y", 0.0, &[StreamId(0)]), &l), 1);
+}
+
+#[test]
+fn earliest_finish_keeps_an_op_whose_input_is_still_queued_on_its_producer() {
+    let p = EarliestFinish::new().with_wait_penalty(Duration::from_micros(20));
+    let l = loads(2);
+    for _ in 0..21 {
+        p.place(&op("x", 0.0, &[]), &l[..1]);
+    }
+    // Stream 0 is 105 µs busier, but the input is not produced yet: the op cannot start
+    // before stream 0's queue has run anyway, so leaving only adds the event wait (the
+    // same op with a computed input moves: the test above).
+    let pending = [StreamId(0)];
+    let dependent = OpInfo {
+        pending_input_streams: &pending,
+        ..op("y", 0.0, &pending)
+    };
+    assert_eq!(p.place(&dependent, &l), 0);
 }
 
 #[test]
