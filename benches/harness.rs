@@ -111,6 +111,7 @@ fn suite_chain(_rt: &Runtime) {
         )
     };
     run();
+    rtx::profile::reset();
     let mut e2e = Vec::new();
     let mut sub = Vec::new();
     for _ in 0..7 {
@@ -121,13 +122,11 @@ fn suite_chain(_rt: &Runtime) {
     let e = median(&mut e2e);
     let s = median(&mut sub);
     let run_us = rec.mean_us();
-    emit(
-        "chain_1000_tiny_adds",
-        e,
-        0.0,
-        0.0,
-        &[("us_per_op", e), ("submit_us", s), ("op_run_us", run_us)],
-    );
+    let mut extra = vec![("us_per_op", e), ("submit_us", s), ("op_run_us", run_us)];
+    // With RTX_PROFILE=1: mean µs per sample of each actor / watcher phase.
+    let phases = rtx::profile::report();
+    extra.extend(phases.iter().map(|(name, us, _)| (*name, *us)));
+    emit("chain_1000_tiny_adds", e, 0.0, 0.0, &extra);
 }
 
 /// Mean time of `op.run` over the ops observed (CUDA: the enqueue, i.e. allocation and

@@ -117,6 +117,7 @@ pub(crate) fn cpu_actor(rx: Receiver<Msg>, actor: ActorCx) {
     while let Some(msg) = rx.recv() {
         match msg {
             Msg::Job(env) => run_cpu(env, &actor),
+            Msg::Release(done) => drop(done),
             Msg::Shutdown => break,
         }
     }

@@ -96,4 +96,8 @@ pub(crate) enum Msg {
     Job(Envelope),
     /// Finish: every message before this one has been handled.
     Shutdown,
+    /// Completed ops whose keep-alives (inputs, temporaries) the actor drops on its own
+    /// thread: on CUDA this keeps every driver call of a stream (frees included) on one
+    /// thread instead of two contending for the driver.
+    Release(Vec<Envelope>),
 }

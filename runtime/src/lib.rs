@@ -27,6 +27,8 @@ mod mailbox;
 mod marker;
 mod op;
 pub mod placement;
+#[doc(hidden)]
+pub mod profile;
 mod runtime;
 mod shape;
 mod storage;

@@ -371,7 +371,7 @@ impl Runtime {
         match self.inner.streams[stream.0].tx.send(Msg::Job(env)) {
             Ok(()) => Ok(()),
             Err(Msg::Job(env)) => Err(env),
-            Err(Msg::Shutdown) => unreachable!("only jobs are sent here"),
+            Err(Msg::Shutdown | Msg::Release(_)) => unreachable!("only jobs are sent here"),
         }
     }
 

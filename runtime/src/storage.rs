@@ -164,6 +164,14 @@ impl Storage {
         }
     }
 
+    /// Records that the producer's event has completed: later consumers on other streams
+    /// need not wait on it (saves a `cuStreamWaitEvent` per use of long-lived tensors).
+    pub(crate) fn mark_done(&self) {
+        if let Slot::Ready(r) = &mut *lock(&self.slot) {
+            r.mark = Mark::Host;
+        }
+    }
+
     /// Takes the buffer out for in-place use (rule 3). The caller guarantees it holds the
     /// only handle to this storage; the buffer is returned only if no transient reader
     /// holds it either.

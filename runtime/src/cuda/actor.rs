@@ -10,8 +10,9 @@ use crate::actor::{execute, wait_inputs, ActorCx};
 use crate::completion::Payload;
 use crate::error::{Error, Result};
 use crate::job::{Envelope, Msg};
-use crate::mailbox::Receiver;
+use crate::mailbox::{Receiver, Sender, TrySendError};
 use crate::op::BackendCx;
+use crate::profile::{self, Phase};
 use crate::storage::{Mark, Ready};
 use crate::sync::Arc;
 
@@ -33,6 +34,7 @@ fn cuda_err(call: &str, e: impl std::fmt::Display) -> Error {
 /// The actor thread of one CUDA stream.
 pub(crate) fn cuda_actor(
     rx: Receiver<Msg>,
+    release: Sender<Msg>,
     actor: ActorCx,
     dev: StdArc<DeviceShared>,
     ready: mpsc::Sender<Result<()>>,
@@ -57,12 +59,13 @@ pub(crate) fn cuda_actor(
         .name(format!("rtx-watch-{}", sid.0))
         .spawn(move || {
             let _ = wdev.ctx.bind_to_thread();
-            watch(&wrx, &wdev, &*policy, sid);
+            watch(&wrx, &release, &wdev, &*policy, sid);
         })
         .expect("spawning a completion watcher thread");
     while let Some(msg) = rx.recv() {
         match msg {
             Msg::Job(env) => run_cuda(env, &actor, &mut scx, &pool, &wtx, &dev),
+            Msg::Release(done) => drop(done),
             Msg::Shutdown => break,
         }
     }
@@ -90,6 +93,7 @@ fn run_cuda(
         run_us = tracing::field::Empty
     );
     let _enter = span.enter();
+    let mut t = profile::clock();
     if let Some(e) = dev.poisoned() {
         env.fail(e);
         return;
@@ -108,15 +112,18 @@ fn run_cuda(
         }
     }
     drop(readies);
+    profile::lap(Phase::Inputs, &mut t);
     let ex = match execute(&mut env, actor, BackendCx::Cuda(scx)) {
         Ok(x) => x,
         Err(e) => return fail_after_enqueue(env, e, scx),
     };
     span.record("run_us", ex.took.as_micros() as u64);
+    profile::lap(Phase::Execute, &mut t);
     let event = match pool.record(&scx.stream) {
         Ok(e) => Arc::new(e),
         Err(e) => return fail_after_enqueue(env, cuda_err("cuEventRecord", e), scx),
     };
+    profile::lap(Phase::Record, &mut t);
     for (s, b) in env.outputs.iter().zip(ex.outputs) {
         s.publish(Ready {
             buf: Arc::new(b),
@@ -126,6 +133,7 @@ fn run_cuda(
             },
         });
     }
+    profile::lap(Phase::Publish, &mut t);
     let w = Watch {
         env,
         event,
@@ -141,6 +149,7 @@ fn run_cuda(
             scx,
         );
     }
+    profile::lap(Phase::Send, &mut t);
 }
 
 /// Waits for one op's event, then completes it and releases its keep-alive.
@@ -166,6 +175,7 @@ const WATCH_BATCH: usize = 32;
 /// with this thread, so fewer calls here make its launches cheaper.
 fn watch(
     wrx: &crossbeam_channel::Receiver<Watch>,
+    release: &Sender<Msg>,
     dev: &DeviceShared,
     policy: &dyn crate::placement::Policy,
     sid: crate::device::StreamId,
@@ -180,9 +190,19 @@ fn watch(
             }
         }
         let newest = batch.last().expect("one watch at least");
+        let mut t = profile::clock();
         let r = wait_event(newest.event.event());
+        profile::lap(Phase::WatchWait, &mut t);
+        let mut done = Vec::with_capacity(batch.len());
         for w in batch.drain(..) {
-            finish(w, r, dev, policy, sid);
+            done.push(finish(w, r, dev, policy, sid));
+            profile::lap(Phase::WatchFinish, &mut t);
+        }
+        // The keep-alives go back to the actor, which frees them between its own driver
+        // calls; if its mailbox is full or gone, they are dropped here.
+        match release.try_send(Msg::Release(done)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(m) | TrySendError::Closed(m)) => drop(m),
         }
     }
 }
@@ -195,7 +215,7 @@ fn finish(
     dev: &DeviceShared,
     policy: &dyn crate::placement::Policy,
     sid: crate::device::StreamId,
-) {
+) -> Envelope {
     match r {
         Ok(()) => {
             crate::actor::observe(policy, w.env.name(), w.env.cost, sid, w.took);
@@ -205,6 +225,9 @@ fn finish(
                 .take()
                 .map(|f| crate::actor::run_finisher(name, f))
                 .transpose();
+            for s in &w.env.outputs {
+                s.mark_done();
+            }
             if let Some(c) = w.env.completion.take() {
                 c.finish(payload);
             }
@@ -217,8 +240,9 @@ fn finish(
             w.env.fail(err);
         }
     }
-    // Dropping `w` drops the op (its inputs) and the event: memory and events are
-    // released only after the device has finished with them.
+    // The envelope (the op and its inputs) is released by the caller — after the device
+    // has finished with them; the event goes back to its pool here.
+    w.env
 }
 
 /// Waits for an event: one non-blocking query first (when the GPU is ahead of the

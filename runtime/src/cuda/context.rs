@@ -57,10 +57,15 @@ impl StreamCx {
             return Err(Error::invalid("alloc", "zero-size allocation"));
         }
         let bytes = n * std::mem::size_of::<T>();
+        let t = crate::profile::clock();
         // SAFETY (both calls): the slice is only published as an op output, and ops write
         // every element of their outputs before publishing (the parity tests poison
         // outputs to catch unwritten elements).
-        match unsafe { self.stream.alloc::<T>(n) } {
+        let first = unsafe { self.stream.alloc::<T>(n) };
+        if let Some(t) = t {
+            crate::profile::add(crate::profile::Phase::Alloc, t.elapsed());
+        }
+        match first {
             Ok(s) => Ok(s),
             Err(e) if e.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
                 // The pool keeps freed memory (see pool.rs): give it back and retry once.

@@ -171,8 +171,9 @@ pub(crate) fn start(
                 },
                 k
             );
+            let release = tx.clone();
             threads.push(spawn_named(name, move || {
-                actor::cuda_actor(rx, actor, dev, ready_tx)
+                actor::cuda_actor(rx, release, actor, dev, ready_tx)
             }));
             ready_rx.recv().map_err(|_| Error::Cuda {
                 call: "stream actor start".into(),

@@ -1,0 +1,84 @@
+//! Opt-in timing of the stream actors' phases (`RTX_PROFILE=1`), to see where an op's
+//! host time goes. Off by default; when off each phase costs one load of a cached flag.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+/// A phase of an op's life on a CUDA actor or watcher.
+#[derive(Clone, Copy, Debug)]
+pub enum Phase {
+    /// Waiting for inputs to be published, and the cross-stream event waits.
+    Inputs,
+    /// The op's `run` (allocation and launches), bookkeeping included.
+    Execute,
+    /// Device allocations inside `run`.
+    Alloc,
+    /// Recording the op's event.
+    Record,
+    /// Publishing the outputs.
+    Publish,
+    /// Handing the op to the watcher.
+    Send,
+    /// The watcher's wait for a batch's newest event (per batch).
+    WatchWait,
+    /// The watcher's completion of one op, its keep-alive release included.
+    WatchFinish,
+}
+
+const NAMES: [&str; 8] = [
+    "inputs",
+    "execute",
+    "alloc",
+    "record",
+    "publish",
+    "send",
+    "watch_wait",
+    "watch_finish",
+];
+static NS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+static COUNT: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+static ON: LazyLock<bool> = LazyLock::new(|| std::env::var("RTX_PROFILE").is_ok_and(|v| v == "1"));
+
+/// Whether profiling is on (`RTX_PROFILE=1`).
+pub fn enabled() -> bool {
+    *ON
+}
+
+/// Adds one sample of `d` to `phase`.
+pub fn add(phase: Phase, d: Duration) {
+    NS[phase as usize].fetch_add(d.as_nanos() as u64, Relaxed);
+    COUNT[phase as usize].fetch_add(1, Relaxed);
+}
+
+/// Adds the time since `*t` to `phase` and restarts `*t`, if profiling is on.
+pub(crate) fn lap(phase: Phase, t: &mut Option<Instant>) {
+    if let Some(start) = t {
+        let now = Instant::now();
+        add(phase, now - *start);
+        *t = Some(now);
+    }
+}
+
+/// A clock for [`lap`]: `Some(now)` when profiling is on.
+pub(crate) fn clock() -> Option<Instant> {
+    enabled().then(Instant::now)
+}
+
+/// (phase, mean µs per sample, samples) for every phase sampled so far.
+pub fn report() -> Vec<(&'static str, f64, u64)> {
+    (0..NAMES.len())
+        .filter_map(|i| {
+            let n = COUNT[i].load(Relaxed);
+            (n > 0).then(|| (NAMES[i], NS[i].load(Relaxed) as f64 / n as f64 / 1e3, n))
+        })
+        .collect()
+}
+
+/// Clears every phase.
+pub fn reset() {
+    for i in 0..NAMES.len() {
+        NS[i].store(0, Relaxed);
+        COUNT[i].store(0, Relaxed);
+    }
+}
