@@ -24,7 +24,7 @@ use crate::buffer::Buffer;
 use crate::device::{Device, StreamId};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::sync::{lock, wait, Arc, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{lock, wait, Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 
 #[cfg(not(loom))]
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -80,6 +80,9 @@ pub(crate) struct Storage {
     pub(crate) runtime: u64,
     slot: Mutex<Slot>,
     cv: Condvar,
+    /// Set (after the slot) once the slot has left `Pending`: a lock-free answer for
+    /// `Tensor::is_published`, which submitters ask about every input.
+    settled: AtomicBool,
 }
 
 impl Storage {
@@ -99,6 +102,7 @@ impl Storage {
             producer,
             runtime,
             slot: Mutex::new(Slot::Pending),
+            settled: AtomicBool::new(false),
             cv: Condvar::new(),
         }
     }
@@ -110,6 +114,7 @@ impl Storage {
             buf: Arc::new(buf),
             mark: Mark::Host,
         });
+        s.settled.store(true, Ordering::Release);
         s
     }
 
@@ -118,6 +123,7 @@ impl Storage {
         let mut g = lock(&self.slot);
         if matches!(*g, Slot::Pending) {
             *g = Slot::Ready(ready);
+            self.settled.store(true, Ordering::Release);
             drop(g);
             self.cv.notify_all();
         }
@@ -128,9 +134,15 @@ impl Storage {
         let mut g = lock(&self.slot);
         if matches!(*g, Slot::Pending) {
             *g = Slot::Failed(err);
+            self.settled.store(true, Ordering::Release);
             drop(g);
             self.cv.notify_all();
         }
+    }
+
+    /// Whether the producer has published or failed, without taking the lock.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
     }
 
     /// Blocks until the producer has published or failed (rule 2).

@@ -68,7 +68,7 @@ impl Tensor {
     }
     /// Whether the producing op has been enqueued (CUDA) or computed (CPU), or failed.
     pub fn is_published(&self) -> bool {
-        self.storage.try_ready().is_some()
+        self.storage.is_settled()
     }
     /// The same storage under another shape with the same number of elements.
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
