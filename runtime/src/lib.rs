@@ -32,6 +32,7 @@ pub mod profile;
 mod runtime;
 mod shape;
 mod storage;
+mod submit_async;
 mod sync;
 mod tensor;
 

@@ -10,10 +10,11 @@ use crate::completion::{Completion, CompletionGuard, Submission};
 use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
 use crate::error::{Error, Result, SubmitError};
 use crate::job::{Envelope, Msg, OpJob};
-use crate::mailbox::{channel, Sender, TrySendError};
+use crate::mailbox::{channel, Sender};
 use crate::op::{Op, Outputs, PlanCx};
 use crate::placement::{rough_ns, Affinity, LoadCounters, OpInfo, Policy, StreamLoad};
 use crate::storage::Storage;
+pub use crate::submit_async::SubmitAsync;
 use crate::sync::{lock, read, replace, thread, Arc, AtomicBool, Mutex, Ordering, RwLock};
 use crate::tensor::Tensor;
 
@@ -377,18 +378,12 @@ impl Runtime {
 
     /// Like [`Runtime::submit`], but waits for mailbox room asynchronously.
     pub fn submit_async<O: Op>(&self, op: O) -> SubmitAsync<O> {
-        SubmitAsync {
-            rt: self.clone(),
-            state: AsyncState::Start(Some(op), None),
-        }
+        SubmitAsync::new(self.clone(), op, None)
     }
 
     /// Like [`Runtime::submit_on`], but waits for mailbox room asynchronously.
     pub fn submit_async_on<O: Op>(&self, stream: StreamId, op: O) -> SubmitAsync<O> {
-        SubmitAsync {
-            rt: self.clone(),
-            state: AsyncState::Start(Some(op), Some(stream)),
-        }
+        SubmitAsync::new(self.clone(), op, Some(stream))
     }
 
     /// Validates, places and packages an op; nothing is enqueued yet.
@@ -670,87 +665,5 @@ impl Future for Shutdown {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         self.0.poll_result(cx).map(|_| ())
-    }
-}
-
-enum AsyncState<O: Op> {
-    Start(Option<O>, Option<StreamId>),
-    Sending(Option<Msg>, Option<Submission<O::Output>>, StreamId),
-    Done,
-}
-
-/// The future of [`Runtime::submit_async`].
-pub struct SubmitAsync<O: Op> {
-    rt: Runtime,
-    state: AsyncState<O>,
-}
-
-// The op is never pinned structurally: it is moved into the envelope on the first poll.
-impl<O: Op> Unpin for SubmitAsync<O> {}
-
-impl<O: Op> Future for SubmitAsync<O> {
-    type Output = Result<Submission<O::Output>, SubmitError<O>>;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        loop {
-            match &mut this.state {
-                AsyncState::Start(op, pin) => {
-                    let op = op.take().expect("polled after completion");
-                    match this.rt.prepare(*pin, op) {
-                        Ok((env, sub, s)) => {
-                            this.state = AsyncState::Sending(Some(Msg::Job(env)), Some(sub), s)
-                        }
-                        Err(e) => {
-                            this.state = AsyncState::Done;
-                            return Poll::Ready(Err(e));
-                        }
-                    }
-                }
-                AsyncState::Sending(msg, sub, s) => {
-                    let entry = &this.rt.inner.streams[s.0];
-                    let m = msg.take().expect("message present while sending");
-                    // Held across the sends: see `Inner::gate`.
-                    let closed = read(&this.rt.inner.gate);
-                    let m = if *closed {
-                        m
-                    } else {
-                        match entry.tx.try_send(m) {
-                            Ok(()) => {
-                                let sub = sub.take().expect("submission present");
-                                this.state = AsyncState::Done;
-                                return Poll::Ready(Ok(sub));
-                            }
-                            Err(TrySendError::Closed(m)) => m,
-                            Err(TrySendError::Full(m)) => {
-                                // Register, then retry once (see mailbox.rs for why).
-                                entry.tx.room.register(cx.waker());
-                                match entry.tx.try_send(m) {
-                                    Ok(()) => {
-                                        let sub = sub.take().expect("submission present");
-                                        this.state = AsyncState::Done;
-                                        return Poll::Ready(Ok(sub));
-                                    }
-                                    Err(TrySendError::Full(m)) => {
-                                        *msg = Some(m);
-                                        return Poll::Pending;
-                                    }
-                                    Err(TrySendError::Closed(m)) => m,
-                                }
-                            }
-                        }
-                    };
-                    drop(closed);
-                    this.state = AsyncState::Done;
-                    let Msg::Job(env) = m else {
-                        unreachable!("only jobs are sent here")
-                    };
-                    return Poll::Ready(Err(SubmitError {
-                        error: Error::Shutdown,
-                        op: env.recover(),
-                    }));
-                }
-                AsyncState::Done => panic!("SubmitAsync polled after completion"),
-            }
-        }
     }
 }
