@@ -18,7 +18,7 @@ use half::{bf16, f16};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
-use super::op::{Geometry, MaskLayout};
+use super::geometry::{Geometry, MaskLayout};
 use crate::kernels::{self, launch_error};
 
 const MODULE: &str = "attention";

@@ -1,5 +1,7 @@
 //! Scaled dot-product attention (causal, masks, grouped KV heads): forward and backward.
 //!
+//! - `geometry.rs`: validation at submit shared by both directions (shapes, dtypes,
+//!   mask layout, what CUDA supports);
 //! - `op.rs`: the public ops [`attention`] and [`attention_backward`] — validation at
 //!   submit (shapes, dtypes, mask layout, what CUDA supports), one `match` on the
 //!   backend in `run`;
@@ -9,6 +11,7 @@
 //!   the backward's workspace.
 pub mod cpu;
 mod cuda;
+mod geometry;
 mod op;
 
 pub use op::{
