@@ -90,7 +90,6 @@ struct Planned {
 /// A stream's cuDNN handle, algorithm cache and workspace.
 pub(crate) struct ConvState {
     stream: Arc<CudaStream>,
-    ordinal: usize,
     handle: Handle,
     plans: HashMap<AlgoKey, Planned>,
     workspace: Option<CudaSlice<u8>>,
@@ -109,7 +108,6 @@ impl ConvState {
         })?;
         Ok(ConvState {
             stream: scx.stream().clone(),
-            ordinal: scx.ordinal(),
             handle: Handle::new(scx.stream())?,
             plans: HashMap::new(),
             workspace: None,
@@ -158,7 +156,7 @@ impl ConvState {
         };
         let want = descs.max_workspace(&self.handle, key.dir, SEARCH_CAP);
         // Without room for the search workspace, search among the algorithms that need none.
-        let tmp = scratch(&self.stream, self.ordinal, want).ok();
+        let tmp = scratch(&self.stream, want).ok();
         let ws = match &tmp {
             Some(t) => (dptr(t, &self.stream).0, want),
             None => (0, 0),
@@ -194,7 +192,7 @@ impl ConvState {
         if self.workspace.as_ref().map_or(0, |w| w.len()) < bytes {
             // Dropping the old workspace frees it stream-ordered, after its users.
             self.workspace = None;
-            self.workspace = Some(scratch(&self.stream, self.ordinal, bytes)?);
+            self.workspace = Some(scratch(&self.stream, bytes)?);
         }
         let w = self.workspace.as_ref().expect("allocated above");
         Ok((dptr(w, &self.stream).0, w.len()))

@@ -6,33 +6,15 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
-use rtx_runtime::{Device, Error, Result};
+use rtx_runtime::{Error, Result};
 
 /// Uninitialized device scratch memory (a library workspace) of `bytes` bytes,
-/// stream-ordered on `stream` (device `ordinal`). Out of memory is
-/// [`Error::OutOfMemory`].
-pub(crate) fn scratch(
-    stream: &Arc<CudaStream>,
-    ordinal: usize,
-    bytes: usize,
-) -> Result<CudaSlice<u8>> {
+/// stream-ordered on `stream`, through the runtime's allocator (out of memory trims the
+/// pool and retries, then is [`Error::OutOfMemory`]).
+pub(crate) fn scratch(stream: &Arc<CudaStream>, bytes: usize) -> Result<CudaSlice<u8>> {
     // SAFETY: the memory is only handed to library calls as a workspace, and those
     // never read workspace bytes they have not written in the same call.
-    unsafe { stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| {
-        use cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY;
-        if e.0 == CUDA_ERROR_OUT_OF_MEMORY {
-            Error::OutOfMemory {
-                device: Device::Cuda(ordinal),
-                requested: bytes,
-                available: cudarc::driver::result::mem_get_info().map_or(0, |(free, _)| free),
-            }
-        } else {
-            Error::Cuda {
-                call: "cuMemAllocAsync".into(),
-                message: e.to_string(),
-            }
-        }
-    })
+    unsafe { rtx_runtime::cuda::alloc_uninit::<u8>(stream, bytes.max(1)) }
 }
 
 /// The raw address of a device slice, for library calls enqueued on `stream`. Keep the

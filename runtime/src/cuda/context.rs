@@ -6,7 +6,7 @@ use std::sync::Arc as StdArc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
 
-use super::{driver_error, DeviceShared};
+use super::DeviceShared;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 
@@ -53,30 +53,15 @@ impl StreamCx {
     /// Allocates `n` elements stream-ordered. The memory is uninitialized: the op must
     /// write every element it publishes. Out-of-memory is [`Error::OutOfMemory`].
     pub fn alloc<T: Element>(&self, n: usize) -> Result<CudaSlice<T>> {
-        if n == 0 {
-            return Err(Error::invalid("alloc", "zero-size allocation"));
-        }
-        let bytes = n * std::mem::size_of::<T>();
         let t = crate::profile::clock();
-        // SAFETY (both calls): the slice is only published as an op output, and ops write
-        // every element of their outputs before publishing (the parity tests poison
-        // outputs to catch unwritten elements).
-        let first = unsafe { self.stream.alloc::<T>(n) };
+        // SAFETY: the slice is only published as an op output, and ops write every
+        // element of their outputs before publishing (the parity tests poison outputs to
+        // catch unwritten elements).
+        let r = unsafe { super::alloc_uninit::<T>(&self.stream, n) };
         if let Some(t) = t {
             crate::profile::add(crate::profile::Phase::Alloc, t.elapsed());
         }
-        match first {
-            Ok(s) => Ok(s),
-            Err(e) if e.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
-                // The pool keeps freed memory (see pool.rs): give it back and retry once.
-                let _ = self.stream.synchronize();
-                let _ = self.dev.pool.trim();
-                // SAFETY: as above.
-                unsafe { self.stream.alloc::<T>(n) }
-                    .map_err(|e| driver_error("cuMemAllocAsync", e, &self.dev.ctx, bytes))
-            }
-            Err(e) => Err(driver_error("cuMemAllocAsync", e, &self.dev.ctx, bytes)),
-        }
+        r
     }
 
     /// A kernel function, loading its module once per device from the CUBIN `cubin`

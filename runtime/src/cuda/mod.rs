@@ -66,7 +66,6 @@ pub(crate) struct DeviceShared {
     pub(crate) sm_count: u32,
     poison: StdMutex<Option<String>>,
     pub(crate) modules: DashMap<String, StdArc<CudaModule>>,
-    pub(crate) pool: pool::MemPool,
 }
 
 impl DeviceShared {
@@ -108,7 +107,7 @@ fn open_device(ordinal: usize) -> Result<StdArc<DeviceShared>> {
     let arch = ctx
         .compute_capability()
         .map_err(|e| cuda("cuDeviceGetAttribute", e))?;
-    let pool = pool::MemPool::keep_memory(&ctx).map_err(|e| cuda("cuMemPoolSetAttribute", e))?;
+    pool::MemPool::keep_memory(&ctx).map_err(|e| cuda("cuMemPoolSetAttribute", e))?;
     let sm = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(|e| cuda("cuDeviceGetAttribute", e))?;
@@ -119,7 +118,6 @@ fn open_device(ordinal: usize) -> Result<StdArc<DeviceShared>> {
         sm_count: sm.max(1) as u32,
         poison: StdMutex::new(None),
         modules: DashMap::new(),
-        pool,
     }))
 }
 
@@ -209,6 +207,41 @@ pub(crate) fn start(
             }),
         }),
     })
+}
+
+/// Allocates `n` elements on `stream` from the device's pool. When the device is out of
+/// memory, the pool (which keeps freed memory, see `pool.rs`) is trimmed and the
+/// allocation retried once; then out-of-memory is [`Error::OutOfMemory`] with the
+/// requested and available bytes. Zero elements are an error.
+///
+/// # Safety
+///
+/// The memory is uninitialized: the caller must write every element before any read of
+/// it (by a kernel, a copy or the host).
+pub unsafe fn alloc_uninit<T: cudarc::driver::DeviceRepr>(
+    stream: &StdArc<cudarc::driver::CudaStream>,
+    n: usize,
+) -> Result<cudarc::driver::CudaSlice<T>> {
+    if n == 0 {
+        return Err(Error::invalid("alloc", "zero-size allocation"));
+    }
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    let ctx = stream.context();
+    // SAFETY (both calls): the caller's contract: every element is written before it is
+    // read.
+    match unsafe { stream.alloc::<T>(n) } {
+        Ok(s) => Ok(s),
+        Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
+            let _ = stream.synchronize();
+            if let Ok(pool) = pool::MemPool::default_of(ctx) {
+                let _ = pool.trim();
+            }
+            // SAFETY: as above.
+            unsafe { stream.alloc::<T>(n) }
+                .map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))
+        }
+        Err(e) => Err(driver_error("cuMemAllocAsync", e, ctx, bytes)),
+    }
 }
 
 /// Maps a driver error, turning out-of-memory into [`Error::OutOfMemory`].

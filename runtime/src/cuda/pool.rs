@@ -40,6 +40,16 @@ impl MemPool {
         Ok(MemPool(pool))
     }
 
+    /// The device's default pool as it is (for trimming).
+    pub(crate) fn default_of(ctx: &CudaContext) -> Result<Self, DriverError> {
+        ctx.bind_to_thread()?;
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: `pool` is a valid out-pointer and the device handle comes from a live
+        // context.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }.result()?;
+        Ok(MemPool(pool))
+    }
+
     /// Returns every unused byte of the pool to the OS (before retrying an allocation
     /// that ran out of memory).
     pub(crate) fn trim(&self) -> Result<(), DriverError> {
