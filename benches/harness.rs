@@ -8,6 +8,8 @@
 //! Device cases are timed with the runtime's markers (CUDA events on the op's stream)
 //! after warm-up: each sample is a batch of back-to-back ops between two markers, the
 //! reported time is the median over samples of the per-op mean. Inputs are random.
+//! `RTX_LOG=rtx_ops=debug` prints the library's tracing events (e.g. why a cuDNN engine
+//! was skipped) on stderr; `RTX_PROFILE=1` adds the actors' phase timers to some cases.
 
 mod bench_util;
 
@@ -15,7 +17,7 @@ use std::time::Instant;
 
 use bench_util::*;
 use rtx::ops::conv::{conv2d, Conv2dOpts, Layout};
-use rtx::ops::gemm::{gemm_plan_cache_stats, matmul};
+use rtx::ops::gemm::{gemm_plan_cache_stats, linear, matmul, Activation};
 use rtx::ops::{conv, elementwise as ew, reduce, softmax};
 use rtx::{Backend, DType, Runtime, Tensor};
 
@@ -258,17 +260,27 @@ fn suite_conv(rt: &Runtime) {
         emit(name, ms, 0.0, flops, &[]);
     }
     let (hits, misses) = conv::conv_algo_cache_stats();
+    let (graph, legacy) = conv::conv_engine_stats();
     emit(
         "conv_algo_cache",
         0.0,
         0.0,
         0.0,
-        &[("hits", hits as f64), ("misses", misses as f64)],
+        &[
+            ("hits", hits as f64),
+            ("misses", misses as f64),
+            ("graph_api_chosen", graph as f64),
+            ("legacy_chosen", legacy as f64),
+        ],
     );
 }
 
 /// 8 independent chains of 200 steps of (GEMM 256³ bf16 + relu), chain c pinned to
 /// stream c % k, submitted step by step from one thread; wall time to the last result.
+/// Two forms: `matmul` then an in-place `relu_` (two ops per step, as PyTorch eager
+/// runs it), and `linear` with the fused relu epilogue (one op per step, as an rtx
+/// user would write it). Extra fields: the submitting loop's own time (`submit_ms`)
+/// and, with `RTX_PROFILE=1`, the actors' mean µs per phase.
 fn suite_streams(_rt: &Runtime) {
     let n = 256usize;
     // He-style scale (uniform, variance 2/n) keeps the chain's values O(1) through relu.
@@ -276,53 +288,70 @@ fn suite_streams(_rt: &Runtime) {
         .iter()
         .map(|v| v * (6.0f32 / n as f32).sqrt())
         .collect();
-    for k in [1usize, 2, 4, 8] {
-        let rt = Runtime::builder().streams(k).build().expect("runtime");
-        let streams = rt.compute_streams(rt.device());
-        let ws: Vec<Tensor> = (0..8)
-            .map(|_| upload(&rt, &scale, &[n, n], DType::BF16))
-            .collect();
-        let x0: Vec<Tensor> = (0..8)
-            .map(|c| upload(&rt, &random_f32(n * n, 10 + c), &[n, n], DType::BF16))
-            .collect();
-        let run = || {
-            let t = Instant::now();
-            let mut xs = x0.clone();
-            for _ in 0..200 {
-                for c in 0..8 {
-                    let s = streams[c % k];
-                    let y = rt
-                        .submit_on(s, matmul(&xs[c], &ws[c]))
-                        .expect("submit")
-                        .outputs()
-                        .cloned()
-                        .expect("out");
-                    xs[c] = rt
-                        .submit_on(s, ew::relu_(y))
+    for fused in [false, true] {
+        for k in [1usize, 2, 4, 8] {
+            let rt = Runtime::builder().streams(k).build().expect("runtime");
+            let streams = rt.compute_streams(rt.device());
+            let ws: Vec<Tensor> = (0..8)
+                .map(|_| upload(&rt, &scale, &[n, n], DType::BF16))
+                .collect();
+            let x0: Vec<Tensor> = (0..8)
+                .map(|c| upload(&rt, &random_f32(n * n, 10 + c), &[n, n], DType::BF16))
+                .collect();
+            let step = |x: &Tensor, w: &Tensor, s: rtx::StreamId| -> Tensor {
+                if fused {
+                    return rt
+                        .submit_on(s, linear(x, w, None, Activation::Relu))
                         .expect("submit")
                         .outputs()
                         .cloned()
                         .expect("out");
                 }
-            }
-            for x in &xs {
-                rt.to_vec::<rtx::bf16>(x)
-                    .expect("download")
-                    .wait()
-                    .expect("chain");
-            }
-            t.elapsed().as_secs_f64() * 1e3
-        };
-        run();
-        let mut t: Vec<f64> = (0..5).map(|_| run()).collect();
-        let ms = median(&mut t);
-        emit(
-            &format!("streams_8x200_gemm256_relu_{k}"),
-            ms,
-            0.0,
-            8.0 * 200.0 * 2.0 * (n * n * n) as f64,
-            &[],
-        );
+                let y = rt
+                    .submit_on(s, matmul(x, w))
+                    .expect("submit")
+                    .outputs()
+                    .cloned()
+                    .expect("out");
+                rt.submit_on(s, ew::relu_(y))
+                    .expect("submit")
+                    .outputs()
+                    .cloned()
+                    .expect("out")
+            };
+            let run = || {
+                let t = Instant::now();
+                let mut xs = x0.clone();
+                for _ in 0..200 {
+                    for c in 0..8 {
+                        xs[c] = step(&xs[c], &ws[c], streams[c % k]);
+                    }
+                }
+                let submitted = t.elapsed().as_secs_f64() * 1e3;
+                for x in &xs {
+                    rt.to_vec::<rtx::bf16>(x)
+                        .expect("download")
+                        .wait()
+                        .expect("chain");
+                }
+                (t.elapsed().as_secs_f64() * 1e3, submitted)
+            };
+            run();
+            rtx::profile::reset();
+            let (mut t, mut sub): (Vec<f64>, Vec<f64>) = (0..5).map(|_| run()).unzip();
+            let ms = median(&mut t);
+            let mut extra = vec![("submit_ms", median(&mut sub))];
+            let phases = rtx::profile::report();
+            extra.extend(phases.iter().map(|(name, us, _)| (*name, *us)));
+            let form = if fused { "linear_relu" } else { "gemm256_relu" };
+            emit(
+                &format!("streams_8x200_{form}_{k}"),
+                ms,
+                0.0,
+                8.0 * 200.0 * 2.0 * (n * n * n) as f64,
+                &extra,
+            );
+        }
     }
 }
 
@@ -466,7 +495,24 @@ fn suite_raw(_rt: &Runtime) {
     }
 }
 
+/// `RTX_LOG=target=level,...` (e.g. `rtx_ops=debug`): the runtime's and ops' tracing
+/// events on stderr.
+fn init_log() {
+    use tracing_subscriber::prelude::*;
+    let Ok(spec) = std::env::var("RTX_LOG") else {
+        return;
+    };
+    match spec.parse::<tracing_subscriber::filter::Targets>() {
+        Ok(filter) => tracing_subscriber::registry()
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(filter)
+            .init(),
+        Err(e) => eprintln!("RTX_LOG={spec}: {e}"),
+    }
+}
+
 fn main() {
+    init_log();
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))

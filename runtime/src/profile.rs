@@ -8,8 +8,13 @@ use std::time::{Duration, Instant};
 /// A phase of an op's life on a CUDA actor or watcher.
 #[derive(Clone, Copy, Debug)]
 pub enum Phase {
-    /// Waiting for inputs to be published, and the cross-stream event waits.
+    /// The poison check and taking the inputs, when all were published already.
     Inputs,
+    /// The same when some input was not published yet: the wait for its producer (e.g.
+    /// a download submitted right behind a long chain) is counted here, not above.
+    Blocked,
+    /// The cross-stream event waits (`cuStreamWaitEvent`) and dropping the input views.
+    StreamWait,
     /// The op's `run` (allocation and launches), bookkeeping included.
     Execute,
     /// Device allocations inside `run`.
@@ -26,8 +31,10 @@ pub enum Phase {
     WatchFinish,
 }
 
-const NAMES: [&str; 8] = [
+const NAMES: [&str; 10] = [
     "inputs",
+    "blocked",
+    "stream_wait",
     "execute",
     "alloc",
     "record",
@@ -36,8 +43,8 @@ const NAMES: [&str; 8] = [
     "watch_wait",
     "watch_finish",
 ];
-static NS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
-static COUNT: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+static NS: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
+static COUNT: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
 static ON: LazyLock<bool> = LazyLock::new(|| std::env::var("RTX_PROFILE").is_ok_and(|v| v == "1"));
 
 /// Whether profiling is on (`RTX_PROFILE=1`).

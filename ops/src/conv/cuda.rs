@@ -44,6 +44,7 @@ use rtx_runtime::{DType, Element, Error, Result};
 
 use super::cpu::Conv2dParams;
 use super::dnn::{Choice, ConvDescs, Dir, Filter, Handle, Io};
+use super::graph::{self, GraphPlan, Numerics};
 use crate::gemm::device::{dptr, dptr_mut, require_library, scratch};
 use crate::kernels::alloc_out;
 
@@ -56,6 +57,36 @@ pub const SEARCH_CAP: usize = 1 << 30;
 static ALGO_HITS: AtomicU64 = AtomicU64::new(0);
 static ALGO_MISSES: AtomicU64 = AtomicU64::new(0);
 static SEARCH_FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+static GRAPH_CHOSEN: AtomicU64 = AtomicU64::new(0);
+static LEGACY_CHOSEN: AtomicU64 = AtomicU64::new(0);
+
+/// Launches timed per candidate when choosing between the legacy algorithm and the
+/// graph API's plans.
+const TIMED_REPS: usize = 3;
+
+/// `(graph, legacy)`: how many algorithm searches (process-wide) chose a plan of cuDNN's
+/// graph API and how many a legacy-API algorithm.
+pub fn conv_engine_stats() -> (u64, u64) {
+    (
+        GRAPH_CHOSEN.load(Ordering::Relaxed),
+        LEGACY_CHOSEN.load(Ordering::Relaxed),
+    )
+}
+
+/// Mean milliseconds per call of `launch` on `stream`: one warm-up call, then
+/// [`TIMED_REPS`] between two timing events. `None` if a call or the timing fails.
+fn time_ms(stream: &Arc<CudaStream>, mut launch: impl FnMut() -> Result<()>) -> Option<f32> {
+    use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    launch().ok()?;
+    let start = stream.record_event(Some(CU_EVENT_DEFAULT)).ok()?;
+    for _ in 0..TIMED_REPS {
+        launch().ok()?;
+    }
+    let end = stream.record_event(Some(CU_EVENT_DEFAULT)).ok()?;
+    end.synchronize().ok()?;
+    start.elapsed_ms(&end).ok().map(|ms| ms / TIMED_REPS as f32)
+}
 
 /// `(hits, misses)` of the per-stream convolution algorithm caches, summed over every
 /// stream of every runtime in this process. A miss runs the algorithm search.
@@ -79,12 +110,38 @@ struct AlgoKey {
     dtype: DType,
     p: Conv2dParams,
     tf32: bool,
+    /// The byte alignment (≤ 16) of every buffer: graph plans are built for it.
+    align: i64,
 }
 
-/// A cached plan: descriptors and the chosen algorithm.
-struct Planned {
-    descs: ConvDescs,
-    choice: Choice,
+/// A cached plan: what the search chose for one key.
+enum Planned {
+    /// A legacy-API algorithm with its descriptors.
+    Legacy { descs: ConvDescs, choice: Choice },
+    /// A graph-API execution plan.
+    Graph(GraphPlan),
+}
+
+impl Planned {
+    fn workspace(&self) -> usize {
+        match self {
+            Planned::Legacy { choice, .. } => choice.workspace,
+            Planned::Graph(g) => g.workspace,
+        }
+    }
+
+    /// Enqueues the planned convolution.
+    ///
+    /// # Safety
+    /// As [`GraphPlan::launch`] / [`ConvDescs::launch`].
+    unsafe fn launch(&self, h: &Handle, io: Io, ws: (u64, usize)) -> Result<()> {
+        match self {
+            // SAFETY: forwarded from this function's contract.
+            Planned::Legacy { descs, choice } => unsafe { descs.launch(h, choice, io, ws) },
+            // SAFETY: as above.
+            Planned::Graph(g) => unsafe { g.launch(h, io, ws) },
+        }
+    }
 }
 
 /// A stream's cuDNN handle, algorithm cache and workspace.
@@ -129,13 +186,13 @@ impl ConvState {
             let planned = unsafe { self.plan(&key, io) }?;
             self.plans.insert(key, planned);
         }
-        let need = self.plans[&key].choice.workspace;
+        let need = self.plans[&key].workspace();
         let ws = self.grow_workspace(need)?;
         let planned = &self.plans[&key];
-        // SAFETY: buffers as guaranteed by the caller; `ws` addresses at least `need`
-        // bytes of this stream's workspace, which lives until replaced, and is then
-        // freed stream-ordered after this work.
-        unsafe { planned.descs.launch(&self.handle, &planned.choice, io, ws) }
+        // SAFETY: buffers as guaranteed by the caller (aligned as the key records);
+        // `ws` addresses at least `need` bytes of this stream's workspace, which lives
+        // until replaced, and is then freed stream-ordered after this work.
+        unsafe { planned.launch(&self.handle, io, ws) }
     }
 
     /// Builds the descriptors and searches the algorithm for `key`.
@@ -181,7 +238,93 @@ impl ConvState {
             }
         };
         descs.set_math(choice.math)?;
-        Ok(Planned { descs, choice })
+        let legacy = Planned::Legacy { descs, choice };
+        let numerics = Numerics {
+            exact_f32: exact,
+            no_fft: filter.no_fft,
+        };
+        let graph = match graph::candidates(
+            &self.handle,
+            &key.p,
+            key.dir,
+            key.dtype,
+            numerics,
+            key.align,
+            SEARCH_CAP,
+        ) {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::debug!(error = %e, "cuDNN graph API unavailable for this convolution");
+                Vec::new()
+            }
+        };
+        if graph.is_empty() {
+            LEGACY_CHOSEN.fetch_add(1, Ordering::Relaxed);
+            return Ok(legacy);
+        }
+        // SAFETY: forwarded from this function's contract.
+        let best = unsafe { self.fastest(legacy, graph, io) }?;
+        match &best {
+            Planned::Legacy { .. } => LEGACY_CHOSEN.fetch_add(1, Ordering::Relaxed),
+            Planned::Graph(g) => {
+                tracing::debug!(engine = g.engine, ?key, "cuDNN graph engine chosen");
+                GRAPH_CHOSEN.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+        Ok(best)
+    }
+
+    /// Times the legacy choice and every graph plan on the real buffers (CUDA events,
+    /// [`TIMED_REPS`] launches after one warm-up each; blocks this actor) and returns
+    /// the fastest; a candidate whose launch fails is skipped, and the legacy choice
+    /// is kept when nothing could be timed.
+    ///
+    /// # Safety
+    /// As [`ConvState::run`] (every candidate writes the output buffer).
+    unsafe fn fastest(
+        &mut self,
+        legacy: Planned,
+        graph: Vec<GraphPlan>,
+        io: Io,
+    ) -> Result<Planned> {
+        let mut all: Vec<Planned> = vec![legacy];
+        all.extend(graph.into_iter().map(Planned::Graph));
+        let most = all.iter().map(Planned::workspace).max().unwrap_or(0);
+        let tmp = if most > 0 {
+            match scratch(&self.stream, most) {
+                Ok(t) => Some(t),
+                // Without room to time them all, keep the legacy choice (the search
+                // already fitted it to the memory there was).
+                Err(_) => return Ok(all.swap_remove(0)),
+            }
+        } else {
+            None
+        };
+        let ws = match &tmp {
+            Some(t) => (dptr(t, &self.stream).0, most),
+            None => (0, 0),
+        };
+        let mut best: Option<(f32, usize)> = None;
+        for (i, cand) in all.iter().enumerate() {
+            // SAFETY: buffers as guaranteed by the caller; `ws` addresses `most` bytes,
+            // at least what this candidate needs, alive until after the timing syncs.
+            let ms = time_ms(&self.stream, || unsafe {
+                cand.launch(&self.handle, io, ws)
+            });
+            let engine = match cand {
+                Planned::Legacy { choice, .. } => format!("legacy {:?}", choice.algo),
+                Planned::Graph(g) => format!("graph engine {}", g.engine),
+            };
+            tracing::debug!(engine, ms, "convolution candidate timed");
+            if let Some(ms) = ms {
+                if best.is_none_or(|(b, _)| ms < b) {
+                    best = Some((ms, i));
+                }
+            }
+        }
+        drop(tmp);
+        let i = best.map_or(0, |(_, i)| i);
+        Ok(all.swap_remove(i))
     }
 
     /// This stream's workspace, grown to at least `bytes`: (address, size).
@@ -241,6 +384,7 @@ pub(crate) fn conv<T: Element>(
         dtype: T::DTYPE,
         p: *p,
         tf32: tf32 && T::DTYPE == DType::F32,
+        align: graph::alignment(io),
     };
     let state = scx.ext::<ConvState>(ConvState::new)?;
     // SAFETY: `a` and `b` are the op's inputs, validated at submit to have the shapes

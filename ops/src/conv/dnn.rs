@@ -86,6 +86,11 @@ impl Handle {
         })?;
         Ok(h)
     }
+
+    /// The raw handle, for calls made while `self` is borrowed.
+    pub fn raw(&self) -> sys::cudnnHandle_t {
+        self.0
+    }
 }
 
 impl Drop for Handle {
@@ -142,7 +147,7 @@ pub(crate) struct ConvDescs {
     conv: ConvDesc,
 }
 
-fn data_type(dt: DType) -> sys::cudnnDataType_t {
+pub(crate) fn data_type(dt: DType) -> sys::cudnnDataType_t {
     match dt {
         DType::F16 => sys::cudnnDataType_t::CUDNN_DATA_HALF,
         DType::BF16 => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,

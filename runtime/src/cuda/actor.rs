@@ -49,9 +49,15 @@ pub(crate) fn cuda_actor(
             return;
         }
     };
+    // The actor's own memory pool (see `pool.rs`); without one, allocations on this
+    // stream use the device's default pool.
+    match super::pool::StreamPool::create(&dev.ctx) {
+        Ok(p) => super::register_stream_pool(&stream, p),
+        Err(e) => tracing::warn!(error = %e, "no memory pool of its own for a stream actor"),
+    }
     let pool = EventPool::new(dev.ctx.clone());
     let mut scx = StreamCx::new(stream, dev.clone());
-    let (wtx, wrx) = crossbeam_channel::unbounded::<Watch>();
+    let (wtx, wrx) = crossbeam_channel::unbounded::<Vec<Watch>>();
     let wdev = dev.clone();
     let policy = actor.policy.clone();
     let sid = actor.stream;
@@ -62,19 +68,61 @@ pub(crate) fn cuda_actor(
             watch(&wrx, &release, &wdev, &*policy, sid);
         })
         .expect("spawning a completion watcher thread");
-    while let Some(msg) = rx.recv() {
+    // Enqueued ops not yet handed to the watcher: handed over in one message when the
+    // mailbox runs empty or `WATCH_FLUSH` are pending, so a busy actor wakes its
+    // watcher once per burst instead of once per op.
+    let mut pending: Vec<Watch> = Vec::with_capacity(WATCH_FLUSH);
+    loop {
+        let msg = match rx.try_recv() {
+            Some(m) => m,
+            None => {
+                flush(&wtx, &mut pending, &scx);
+                match rx.recv() {
+                    Some(m) => m,
+                    None => break,
+                }
+            }
+        };
         match msg {
-            Msg::Job(env) => run_cuda(env, &actor, &mut scx, &pool, &wtx, &dev),
+            Msg::Job(env) => {
+                run_cuda(env, &actor, &mut scx, &pool, &mut pending, &dev);
+                if pending.len() >= WATCH_FLUSH {
+                    flush(&wtx, &mut pending, &scx);
+                }
+            }
             Msg::Release(done) => drop(done),
             Msg::Shutdown => break,
         }
     }
+    flush(&wtx, &mut pending, &scx);
     while let Some(m) = rx.try_recv() {
         drop(m);
     }
     drop(wtx);
     let _ = watcher.join();
+    super::unregister_stream_pool(&scx.stream);
     // `scx` (with its library handles) drops here, on the thread that created them.
+}
+
+/// Ops handed to the watcher at once at most (see the actor loop).
+const WATCH_FLUSH: usize = 16;
+
+/// Hands the pending watches to the watcher. If the watcher is gone (it never exits
+/// before the actor), the ops fail rather than hang, once the stream has passed them.
+fn flush(wtx: &crossbeam_channel::Sender<Vec<Watch>>, pending: &mut Vec<Watch>, scx: &StreamCx) {
+    if pending.is_empty() {
+        return;
+    }
+    let batch = std::mem::replace(pending, Vec::with_capacity(WATCH_FLUSH));
+    if let Err(crossbeam_channel::SendError(batch)) = wtx.send(batch) {
+        for w in batch {
+            fail_after_enqueue(
+                w.env,
+                Error::Synchronization("the completion watcher is gone".into()),
+                scx,
+            );
+        }
+    }
 }
 
 fn run_cuda(
@@ -82,7 +130,7 @@ fn run_cuda(
     actor: &ActorCx,
     scx: &mut StreamCx,
     pool: &StdArc<EventPool>,
-    wtx: &crossbeam_channel::Sender<Watch>,
+    pending: &mut Vec<Watch>,
     dev: &DeviceShared,
 ) {
     let span = tracing::debug_span!(
@@ -98,10 +146,24 @@ fn run_cuda(
         env.fail(e);
         return;
     }
+    // (Profiling only: whether some input is still pending, i.e. this op will wait.)
+    let blocked = t.is_some()
+        && env
+            .job
+            .as_ref()
+            .is_some_and(|j| j.inputs().iter().any(|i| !i.storage().is_settled()));
     let readies = match wait_inputs(&env) {
         Ok(r) => r,
         Err(e) => return env.fail(e),
     };
+    profile::lap(
+        if blocked {
+            Phase::Blocked
+        } else {
+            Phase::Inputs
+        },
+        &mut t,
+    );
     for r in &readies {
         if let Mark::Cuda { event, stream } = &r.mark {
             if *stream != actor.stream {
@@ -112,7 +174,7 @@ fn run_cuda(
         }
     }
     drop(readies);
-    profile::lap(Phase::Inputs, &mut t);
+    profile::lap(Phase::StreamWait, &mut t);
     let ex = match execute(&mut env, actor, BackendCx::Cuda(scx)) {
         Ok(x) => x,
         Err(e) => return fail_after_enqueue(env, e, scx),
@@ -134,21 +196,12 @@ fn run_cuda(
         });
     }
     profile::lap(Phase::Publish, &mut t);
-    let w = Watch {
+    pending.push(Watch {
         env,
         event,
         finisher: ex.finisher,
         took: ex.took,
-    };
-    if let Err(crossbeam_channel::SendError(w)) = wtx.send(w) {
-        // The watcher is gone (it never exits before the actor): fail rather than hang,
-        // once the stream has passed this op.
-        fail_after_enqueue(
-            w.env,
-            Error::Synchronization("the completion watcher is gone".into()),
-            scx,
-        );
-    }
+    });
     profile::lap(Phase::Send, &mut t);
 }
 
@@ -174,18 +227,16 @@ const WATCH_BATCH: usize = 32;
 /// one driver call per batch instead of two per op; the actor shares the driver's locks
 /// with this thread, so fewer calls here make its launches cheaper.
 fn watch(
-    wrx: &crossbeam_channel::Receiver<Watch>,
+    wrx: &crossbeam_channel::Receiver<Vec<Watch>>,
     release: &Sender<Msg>,
     dev: &DeviceShared,
     policy: &dyn crate::placement::Policy,
     sid: crate::device::StreamId,
 ) {
-    let mut batch: Vec<Watch> = Vec::with_capacity(WATCH_BATCH);
-    while let Ok(w) = wrx.recv() {
-        batch.push(w);
+    while let Ok(mut batch) = wrx.recv() {
         while batch.len() < WATCH_BATCH {
             match wrx.try_recv() {
-                Ok(w) => batch.push(w),
+                Ok(more) => batch.extend(more),
                 Err(_) => break,
             }
         }

@@ -10,12 +10,14 @@
 //!    *published* (enqueued, with a ready event). An input produced on another stream is
 //!    waited on by the device (`cuStreamWaitEvent`); one from this stream needs nothing.
 //! 2. It runs the op, which enqueues kernels and sets its outputs, records a pooled event,
-//!    publishes every output with that event as ready mark, and passes (event, envelope)
-//!    to the stream's watcher.
+//!    publishes every output with that event as ready mark, and queues (event, envelope)
+//!    for the stream's watcher; the queue goes to the watcher in one message when the
+//!    actor's mailbox runs empty or 16 ops are queued.
 //! 3. The watcher synchronizes events in FIFO order (blocking sync, no spinning), then
-//!    completes the submission and drops the envelope: the op and its inputs (the
-//!    keep-alive) are released only now, so memory is never freed under a kernel. Freed
-//!    device memory goes back stream-ordered (`cuMemFreeAsync` on its allocating stream).
+//!    completes the submission and hands the envelope back to the actor, which drops it:
+//!    the op and its inputs (the keep-alive) are released only now, so memory is never
+//!    freed under a kernel. Freed device memory goes back stream-ordered
+//!    (`cuMemFreeAsync` on its allocating stream, to that stream actor's own pool).
 //! 4. A failed synchronization is a sticky device error: the device is poisoned, every
 //!    pending and later op on it fails with the error, nothing hangs.
 
@@ -209,10 +211,25 @@ pub(crate) fn start(
     })
 }
 
-/// Allocates `n` elements on `stream` from the device's pool. When the device is out of
-/// memory, the pool (which keeps freed memory, see `pool.rs`) is trimmed and the
-/// allocation retried once; then out-of-memory is [`Error::OutOfMemory`] with the
-/// requested and available bytes. Zero elements are an error.
+/// The stream actors' own memory pools, by stream handle (see `pool.rs`). An actor
+/// registers its pool when it starts and removes it when it exits.
+static STREAM_POOLS: std::sync::LazyLock<DashMap<usize, StdArc<pool::StreamPool>>> =
+    std::sync::LazyLock::new(DashMap::new);
+
+pub(crate) fn register_stream_pool(stream: &cudarc::driver::CudaStream, p: pool::StreamPool) {
+    STREAM_POOLS.insert(stream.cu_stream() as usize, StdArc::new(p));
+}
+
+pub(crate) fn unregister_stream_pool(stream: &cudarc::driver::CudaStream) {
+    STREAM_POOLS.remove(&(stream.cu_stream() as usize));
+}
+
+/// Allocates `n` elements stream-ordered on `stream`: from the stream actor's own pool
+/// when `stream` is an actor's, else from the device's default pool. When the device is
+/// out of memory, the pools (which keep freed memory, see `pool.rs`) are trimmed and the
+/// allocation retried: first after this stream's work, then after the whole device's.
+/// Then out-of-memory is [`Error::OutOfMemory`] with the requested and available bytes.
+/// Zero elements are an error.
 ///
 /// # Safety
 ///
@@ -225,22 +242,59 @@ pub unsafe fn alloc_uninit<T: cudarc::driver::DeviceRepr>(
     if n == 0 {
         return Err(Error::invalid("alloc", "zero-size allocation"));
     }
-    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    let bytes = n
+        .checked_mul(std::mem::size_of::<T>())
+        .ok_or_else(|| Error::invalid("alloc", format!("{n} elements overflow usize bytes")))?;
     let ctx = stream.context();
-    // SAFETY (both calls): the caller's contract: every element is written before it is
-    // read.
-    match unsafe { stream.alloc::<T>(n) } {
-        Ok(s) => Ok(s),
-        Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
-            let _ = stream.synchronize();
-            if let Ok(pool) = pool::MemPool::default_of(ctx) {
-                let _ = pool.trim();
-            }
-            // SAFETY: as above.
-            unsafe { stream.alloc::<T>(n) }
-                .map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))
+    let own = STREAM_POOLS
+        .get(&(stream.cu_stream() as usize))
+        .map(|p| p.value().clone());
+    let attempt = || match &own {
+        Some(p) => {
+            ctx.bind_to_thread()?;
+            // SAFETY: the pool is this stream's (registered by its actor for this
+            // stream) and the stream is live (borrowed).
+            let ptr = unsafe { p.alloc(bytes, stream.cu_stream()) }?;
+            // SAFETY: `ptr` is a fresh allocation of `bytes` = `n` elements, owned by
+            // nothing else; the slice frees it stream-ordered on this stream, back to
+            // the pool it came from. The caller's contract covers initialization.
+            Ok(unsafe { stream.upgrade_device_ptr::<T>(ptr, n) })
         }
-        Err(e) => Err(driver_error("cuMemAllocAsync", e, ctx, bytes)),
+        // SAFETY: the caller's contract: every element is written before it is read.
+        None => unsafe { stream.alloc::<T>(n) },
+    };
+    let oom =
+        |e: &cudarc::driver::DriverError| e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY;
+    match attempt() {
+        Ok(s) => return Ok(s),
+        Err(e) if !oom(&e) => return Err(driver_error("cuMemAllocAsync", e, ctx, bytes)),
+        Err(_) => {}
+    }
+    // Out of memory: give back what this stream's finished work freed, then retry.
+    let _ = stream.synchronize();
+    trim_pools(ctx, own.as_deref());
+    match attempt() {
+        Ok(s) => return Ok(s),
+        Err(e) if !oom(&e) => return Err(driver_error("cuMemAllocAsync", e, ctx, bytes)),
+        Err(_) => {}
+    }
+    // Still out: memory may sit in other streams' pools; wait for the whole device and
+    // give back every pool's unused memory.
+    let _ = ctx.synchronize();
+    for p in STREAM_POOLS.iter() {
+        let _ = p.value().trim();
+    }
+    trim_pools(ctx, None);
+    attempt().map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))
+}
+
+/// Trims the device's default pool and `own`.
+fn trim_pools(ctx: &CudaContext, own: Option<&pool::StreamPool>) {
+    if let Ok(pool) = pool::MemPool::default_of(ctx) {
+        let _ = pool.trim();
+    }
+    if let Some(p) = own {
+        let _ = p.trim();
     }
 }
 

@@ -6,6 +6,14 @@
 //! pay for new mappings (measured on the H200: element-wise ops at half bandwidth). Like
 //! PyTorch's caching allocator, rtx keeps freed memory in the pool (threshold: max) and
 //! trims it only when an allocation fails for lack of memory.
+//!
+//! Each stream actor also owns a pool of its own ([`StreamPool`]): with every stream
+//! allocating from the device's one default pool, the driver's pool lock serialized the
+//! actors (measured on the H200 with 8 chains of small GEMMs: 3.6 µs per allocation on
+//! one stream, 16 µs on 4, 50 µs on 8). Allocations on an actor's stream come from its
+//! pool and return to it when freed (stream-ordered, on the slice's own stream), so the
+//! actors share no pool lock. Memory kept by one stream's pool is not reused by another
+//! until it is trimmed, which the out-of-memory path does for every pool.
 
 use cudarc::driver::{sys, CudaContext, DriverError};
 
@@ -55,5 +63,82 @@ impl MemPool {
     pub(crate) fn trim(&self) -> Result<(), DriverError> {
         // SAFETY: the pool handle is the device's default pool, valid while the context is.
         unsafe { sys::cuMemPoolTrimTo(self.0, 0) }.result()
+    }
+}
+
+/// A memory pool created for one stream actor (see the module docs), keeping freed
+/// memory like the default pool. Destroyed when dropped: the driver releases its
+/// memory once the allocations still outstanding are freed.
+pub(crate) struct StreamPool(sys::CUmemoryPool);
+
+// SAFETY: as for `MemPool`: an opaque driver handle, used through thread-safe calls.
+unsafe impl Send for StreamPool {}
+// SAFETY: as above.
+unsafe impl Sync for StreamPool {}
+
+impl StreamPool {
+    /// A new device-memory pool on the context's device.
+    pub(crate) fn create(ctx: &CudaContext) -> Result<Self, DriverError> {
+        ctx.bind_to_thread()?;
+        let props = sys::CUmemPoolProps {
+            allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            handleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ctx.ordinal() as i32,
+            },
+            win32SecurityAttributes: std::ptr::null_mut(),
+            maxSize: 0,
+            usage: 0,
+            reserved: [0; 54],
+        };
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: `pool` is a valid out-pointer; `props` is fully initialized and alive
+        // for the call.
+        unsafe { sys::cuMemPoolCreate(&mut pool, &props) }.result()?;
+        let pool = StreamPool(pool);
+        let mut threshold: u64 = u64::MAX;
+        // SAFETY: the pool was just created; the attribute takes a pointer to a
+        // cuuint64_t, which `threshold` is, alive for the call.
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool.0,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast(),
+            )
+        }
+        .result()?;
+        Ok(pool)
+    }
+
+    /// Allocates `bytes` stream-ordered on `stream` from this pool.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this pool's device; the memory is
+    /// uninitialized.
+    pub(crate) unsafe fn alloc(
+        &self,
+        bytes: usize,
+        stream: sys::CUstream,
+    ) -> Result<sys::CUdeviceptr, DriverError> {
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; the pool is live; the caller guarantees
+        // the stream.
+        unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.0, stream) }.result()?;
+        Ok(ptr)
+    }
+
+    /// Returns every unused byte of this pool to the OS.
+    pub(crate) fn trim(&self) -> Result<(), DriverError> {
+        // SAFETY: the pool is live until dropped.
+        unsafe { sys::cuMemPoolTrimTo(self.0, 0) }.result()
+    }
+}
+
+impl Drop for StreamPool {
+    fn drop(&mut self) {
+        // SAFETY: created by `cuMemPoolCreate`, destroyed only here; outstanding
+        // allocations stay valid until freed (the driver defers the release).
+        let _ = unsafe { sys::cuMemPoolDestroy(self.0) };
     }
 }
