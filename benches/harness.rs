@@ -340,7 +340,12 @@ fn suite_streams(_rt: &Runtime) {
             rtx::profile::reset();
             let (mut t, mut sub): (Vec<f64>, Vec<f64>) = (0..5).map(|_| run()).unzip();
             let ms = median(&mut t);
-            let mut extra = vec![("submit_ms", median(&mut sub))];
+            let (hits, misses) = rtx::cuda::block_cache_stats();
+            let mut extra = vec![
+                ("submit_ms", median(&mut sub)),
+                ("block_cache_hits", hits as f64),
+                ("block_cache_misses", misses as f64),
+            ];
             let phases = rtx::profile::report();
             extra.extend(phases.iter().map(|(name, us, _)| (*name, *us)));
             let form = if fused { "linear_relu" } else { "gemm256_relu" };

@@ -60,23 +60,35 @@ pub(crate) fn execute(
     let start = Instant::now();
     let ran = catch_unwind(AssertUnwindSafe(|| job.run(&mut cx)));
     let took = start.elapsed();
-    match ran {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(e),
-        Err(panic) => {
-            return Err(Error::OpPanicked {
-                op: name.to_string(),
-                message: panic_message(&*panic),
-            })
+    let err = match ran {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(panic) => Some(Error::OpPanicked {
+            op: name.to_string(),
+            message: panic_message(&*panic),
+        }),
+    };
+    let err = err.or_else(|| {
+        let unset = cx.outputs.iter().position(Option::is_none)?;
+        Some(Error::invalid(
+            name,
+            format!("op did not set output {unset}"),
+        ))
+    });
+    if let Some(e) = err {
+        // Outputs already set may still be written by kernels the op enqueued: drain
+        // the stream before dropping them (dropped device memory is reused at once on
+        // its stream's next allocation).
+        if let BackendCx::Cuda(scx) = &cx.backend {
+            if cx.outputs.iter().any(Option::is_some) {
+                if let Err(sync) = scx.stream().synchronize() {
+                    tracing::error!(error = %sync, "stream synchronize failed after a failed op");
+                }
+            }
         }
+        return Err(e);
     }
-    let mut outputs = Vec::with_capacity(cx.outputs.len());
-    for (i, o) in cx.outputs.into_iter().enumerate() {
-        match o {
-            Some(b) => outputs.push(b),
-            None => return Err(Error::invalid(name, format!("op did not set output {i}"))),
-        }
-    }
+    let outputs: Vec<Buffer> = cx.outputs.into_iter().flatten().collect();
     Ok(Executed {
         outputs,
         finisher: cx.finisher,

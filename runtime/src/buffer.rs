@@ -4,6 +4,8 @@
 //! without `unsafe`. Buffers are created by ops (outputs) and by uploads, and are owned by
 //! a tensor's storage once published (see `storage.rs` for the protocol).
 
+use std::mem::ManuallyDrop;
+
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 
@@ -21,15 +23,32 @@ pub enum CpuData {
     U32(Vec<u32>),
 }
 
-/// Device memory of one dtype (freed stream-ordered when dropped).
+/// Device memory of one dtype. Dropped, it goes back to the block cache of the stream
+/// actor that allocated it (or is freed stream-ordered; see the CUDA backend's
+/// allocator). The slices are wrapped in `ManuallyDrop` only so that the drop can hand
+/// them on; reach them through [`Element::cuda`](crate::Element) and friends.
 #[allow(missing_docs)]
 #[derive(Debug)]
 pub enum CudaData {
-    F32(CudaSlice<f32>),
-    F16(CudaSlice<f16>),
-    BF16(CudaSlice<bf16>),
-    I32(CudaSlice<i32>),
-    U32(CudaSlice<u32>),
+    F32(ManuallyDrop<CudaSlice<f32>>),
+    F16(ManuallyDrop<CudaSlice<f16>>),
+    BF16(ManuallyDrop<CudaSlice<bf16>>),
+    I32(ManuallyDrop<CudaSlice<i32>>),
+    U32(ManuallyDrop<CudaSlice<u32>>),
+}
+
+impl CudaData {
+    /// Moves the slice out without recycling it (for `Element::from_cuda`).
+    pub(crate) fn into_slice<T: crate::dtype::Element>(self) -> Result<CudaSlice<T>, Self> {
+        if T::cuda(&self).is_none() {
+            return Err(self);
+        }
+        let mut this = ManuallyDrop::new(self);
+        let slice = T::cuda_mut(&mut this).expect("dtype checked above");
+        // SAFETY: `this` is never dropped (ManuallyDrop) nor used after this read, so
+        // the slice is moved out exactly once and its memory has one owner again.
+        Ok(unsafe { std::ptr::read(slice) })
+    }
 }
 
 macro_rules! each {
@@ -42,6 +61,14 @@ macro_rules! each {
             Self::U32($v) => $body,
         }
     };
+}
+
+impl Drop for CudaData {
+    fn drop(&mut self) {
+        // SAFETY: each slice is taken exactly once, here, and the enum is never used
+        // again (it is being dropped); `ManuallyDrop` keeps it from being dropped twice.
+        each!(self, v => crate::cuda::recycle(unsafe { ManuallyDrop::take(v) }))
+    }
 }
 
 impl CpuData {

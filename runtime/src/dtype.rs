@@ -131,13 +131,10 @@ macro_rules! element {
                 }
             }
             fn into_cuda(s: CudaSlice<Self>) -> CudaData {
-                CudaData::$variant(s)
+                CudaData::$variant(std::mem::ManuallyDrop::new(s))
             }
             fn from_cuda(d: CudaData) -> Result<CudaSlice<Self>, CudaData> {
-                match d {
-                    CudaData::$variant(v) => Ok(v),
-                    other => Err(other),
-                }
+                d.into_slice::<Self>()
             }
             fn to_f64(self) -> f64 {
                 let f: fn($t) -> f64 = $to;

@@ -361,23 +361,47 @@ pub(crate) fn candidates(
     graph.set_descs(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &[&op])?;
     graph.finalize()?;
 
-    let heur = Desc::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
-    heur.set_descs(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph])?;
-    heur.set(
-        Attr::CUDNN_ATTR_ENGINEHEUR_MODE,
-        &[sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
-    )?;
-    heur.finalize()?;
-    let mut none: [sys::cudnnBackendDescriptor_t; 0] = [];
-    let count = heur
-        .get(Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS, &mut none)?
-        .min(MAX_CONFIGS);
-    let configs = (0..count)
-        .map(|_| Desc::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
-        .collect::<Result<Vec<_>>>()?;
-    let filled = heur.get_descs(Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS, &configs)?;
+    // The heuristic's proposals (mode A, else the fallback mode); if it proposes
+    // nothing, every engine the graph has, in index order.
+    let mut keep = vec![x, w, y, conv, op];
+    let mut configs = Vec::new();
+    for mode in [
+        sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
+        sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
+    ] {
+        match heuristic(&graph, mode) {
+            Ok((heur, found)) => {
+                tracing::debug!(?mode, proposed = found.len(), "cuDNN graph heuristic");
+                keep.push(heur);
+                if !found.is_empty() {
+                    configs = found;
+                    break;
+                }
+            }
+            Err(e) => tracing::debug!(?mode, error = %e, "cuDNN graph heuristic failed"),
+        }
+    }
+    if configs.is_empty() {
+        let mut count = [0i64];
+        graph.get(
+            Attr::CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
+            &mut count,
+        )?;
+        tracing::debug!(engines = count[0], "cuDNN graph: enumerating engines");
+        for i in 0..count[0].clamp(0, MAX_CONFIGS as i64) {
+            match engine_config(&graph, i) {
+                Ok((engine, cfg)) => {
+                    keep.push(engine);
+                    configs.push(cfg);
+                }
+                Err(e) => tracing::debug!(engine = i, error = %e, "cuDNN engine unavailable"),
+            }
+        }
+    }
+    let filled = configs.len();
+    keep.push(graph);
 
-    let keep = std::rc::Rc::new(vec![x, w, y, conv, op, graph, heur]);
+    let keep = std::rc::Rc::new(keep);
     let mut plans = Vec::new();
     for cfg in configs.into_iter().take(filled) {
         match plan_of(h, cfg, numerics, cap, &keep) {
@@ -389,11 +413,39 @@ pub(crate) fn candidates(
     tracing::debug!(
         ?dir,
         ?dtype,
-        proposed = filled,
+        candidates = filled,
         usable = plans.len(),
-        "cuDNN graph heuristic"
+        "cuDNN graph plans"
     );
     Ok(plans)
+}
+
+/// The engine configurations cuDNN's heuristic proposes for `graph` in `mode` (at most
+/// [`MAX_CONFIGS`]), with the heuristic descriptor they came from.
+fn heuristic(graph: &Desc, mode: sys::cudnnBackendHeurMode_t) -> Result<(Desc, Vec<Desc>)> {
+    let heur = Desc::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
+    heur.set_descs(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?;
+    heur.set(Attr::CUDNN_ATTR_ENGINEHEUR_MODE, &[mode])?;
+    heur.finalize()?;
+    let configs = (0..MAX_CONFIGS)
+        .map(|_| Desc::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
+        .collect::<Result<Vec<_>>>()?;
+    let filled = heur.get_descs(Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS, &configs)?;
+    let mut configs = configs;
+    configs.truncate(filled);
+    Ok((heur, configs))
+}
+
+/// Engine `index` of `graph` with its default knobs: (engine, configuration).
+fn engine_config(graph: &Desc, index: i64) -> Result<(Desc, Desc)> {
+    let engine = Desc::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
+    engine.set_descs(Attr::CUDNN_ATTR_ENGINE_OPERATION_GRAPH, &[graph])?;
+    engine.set(Attr::CUDNN_ATTR_ENGINE_GLOBAL_INDEX, &[index])?;
+    engine.finalize()?;
+    let cfg = Desc::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)?;
+    cfg.set_descs(Attr::CUDNN_ATTR_ENGINECFG_ENGINE, &[&engine])?;
+    cfg.finalize()?;
+    Ok((engine, cfg))
 }
 
 /// The execution plan of one engine configuration, or why it is left out (its

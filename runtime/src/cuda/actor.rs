@@ -49,12 +49,8 @@ pub(crate) fn cuda_actor(
             return;
         }
     };
-    // The actor's own memory pool (see `pool.rs`); without one, allocations on this
-    // stream use the device's default pool.
-    match super::pool::StreamPool::create(&dev.ctx) {
-        Ok(p) => super::register_stream_pool(&stream, p),
-        Err(e) => tracing::warn!(error = %e, "no memory pool of its own for a stream actor"),
-    }
+    // The actor's own memory pool and block cache (see `alloc.rs`).
+    super::alloc::register(&dev.ctx, &stream);
     let pool = EventPool::new(dev.ctx.clone());
     let mut scx = StreamCx::new(stream, dev.clone());
     let (wtx, wrx) = crossbeam_channel::unbounded::<Vec<Watch>>();
@@ -100,7 +96,8 @@ pub(crate) fn cuda_actor(
     }
     drop(wtx);
     let _ = watcher.join();
-    super::unregister_stream_pool(&scx.stream);
+    // The stream has finished its work: the watcher has waited for all of it.
+    super::alloc::unregister(&scx.stream);
     // `scx` (with its library handles) drops here, on the thread that created them.
 }
 

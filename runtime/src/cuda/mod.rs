@@ -22,6 +22,7 @@
 //!    pending and later op on it fails with the error, nothing hangs.
 
 pub(crate) mod actor;
+mod alloc;
 mod context;
 pub mod event;
 pub(crate) mod io;
@@ -34,6 +35,8 @@ use std::sync::Mutex as StdMutex;
 use cudarc::driver::{sys, CudaContext, CudaModule};
 use dashmap::DashMap;
 
+pub(crate) use alloc::recycle;
+pub use alloc::{alloc_uninit, block_cache_stats, CACHE_MAX_BLOCK, CACHE_MAX_BYTES};
 pub use context::StreamCx;
 
 use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
@@ -209,112 +212,4 @@ pub(crate) fn start(
             }),
         }),
     })
-}
-
-/// The stream actors' own memory pools, by stream handle (see `pool.rs`). An actor
-/// registers its pool when it starts and removes it when it exits.
-static STREAM_POOLS: std::sync::LazyLock<DashMap<usize, StdArc<pool::StreamPool>>> =
-    std::sync::LazyLock::new(DashMap::new);
-
-pub(crate) fn register_stream_pool(stream: &cudarc::driver::CudaStream, p: pool::StreamPool) {
-    STREAM_POOLS.insert(stream.cu_stream() as usize, StdArc::new(p));
-}
-
-pub(crate) fn unregister_stream_pool(stream: &cudarc::driver::CudaStream) {
-    STREAM_POOLS.remove(&(stream.cu_stream() as usize));
-}
-
-/// Allocates `n` elements stream-ordered on `stream`: from the stream actor's own pool
-/// when `stream` is an actor's, else from the device's default pool. When the device is
-/// out of memory, the pools (which keep freed memory, see `pool.rs`) are trimmed and the
-/// allocation retried: first after this stream's work, then after the whole device's.
-/// Then out-of-memory is [`Error::OutOfMemory`] with the requested and available bytes.
-/// Zero elements are an error.
-///
-/// # Safety
-///
-/// The memory is uninitialized: the caller must write every element before any read of
-/// it (by a kernel, a copy or the host).
-pub unsafe fn alloc_uninit<T: cudarc::driver::DeviceRepr>(
-    stream: &StdArc<cudarc::driver::CudaStream>,
-    n: usize,
-) -> Result<cudarc::driver::CudaSlice<T>> {
-    if n == 0 {
-        return Err(Error::invalid("alloc", "zero-size allocation"));
-    }
-    let bytes = n
-        .checked_mul(std::mem::size_of::<T>())
-        .ok_or_else(|| Error::invalid("alloc", format!("{n} elements overflow usize bytes")))?;
-    let ctx = stream.context();
-    let own = STREAM_POOLS
-        .get(&(stream.cu_stream() as usize))
-        .map(|p| p.value().clone());
-    let attempt = || match &own {
-        Some(p) => {
-            ctx.bind_to_thread()?;
-            // SAFETY: the pool is this stream's (registered by its actor for this
-            // stream) and the stream is live (borrowed).
-            let ptr = unsafe { p.alloc(bytes, stream.cu_stream()) }?;
-            // SAFETY: `ptr` is a fresh allocation of `bytes` = `n` elements, owned by
-            // nothing else; the slice frees it stream-ordered on this stream, back to
-            // the pool it came from. The caller's contract covers initialization.
-            Ok(unsafe { stream.upgrade_device_ptr::<T>(ptr, n) })
-        }
-        // SAFETY: the caller's contract: every element is written before it is read.
-        None => unsafe { stream.alloc::<T>(n) },
-    };
-    let oom =
-        |e: &cudarc::driver::DriverError| e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY;
-    match attempt() {
-        Ok(s) => return Ok(s),
-        Err(e) if !oom(&e) => return Err(driver_error("cuMemAllocAsync", e, ctx, bytes)),
-        Err(_) => {}
-    }
-    // Out of memory: give back what this stream's finished work freed, then retry.
-    let _ = stream.synchronize();
-    trim_pools(ctx, own.as_deref());
-    match attempt() {
-        Ok(s) => return Ok(s),
-        Err(e) if !oom(&e) => return Err(driver_error("cuMemAllocAsync", e, ctx, bytes)),
-        Err(_) => {}
-    }
-    // Still out: memory may sit in other streams' pools; wait for the whole device and
-    // give back every pool's unused memory.
-    let _ = ctx.synchronize();
-    for p in STREAM_POOLS.iter() {
-        let _ = p.value().trim();
-    }
-    trim_pools(ctx, None);
-    attempt().map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))
-}
-
-/// Trims the device's default pool and `own`.
-fn trim_pools(ctx: &CudaContext, own: Option<&pool::StreamPool>) {
-    if let Ok(pool) = pool::MemPool::default_of(ctx) {
-        let _ = pool.trim();
-    }
-    if let Some(p) = own {
-        let _ = p.trim();
-    }
-}
-
-/// Maps a driver error, turning out-of-memory into [`Error::OutOfMemory`].
-pub(crate) fn driver_error(
-    call: &str,
-    e: cudarc::driver::DriverError,
-    ctx: &CudaContext,
-    requested: usize,
-) -> Error {
-    if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
-        let available = ctx.mem_get_info().map(|(free, _)| free).unwrap_or(0);
-        return Error::OutOfMemory {
-            device: Device::Cuda(ctx.ordinal()),
-            requested,
-            available,
-        };
-    }
-    Error::Cuda {
-        call: call.into(),
-        message: e.to_string(),
-    }
 }

@@ -7,12 +7,8 @@
 //! PyTorch's caching allocator, rtx keeps freed memory in the pool (threshold: max) and
 //! trims it only when an allocation fails for lack of memory.
 //!
-//! Each stream actor also owns a pool of its own ([`StreamPool`]): with every stream
-//! allocating from the device's one default pool, the driver's pool lock serialized the
-//! actors (measured on the H200 with 8 chains of small GEMMs: 3.6 µs per allocation on
-//! one stream, 16 µs on 4, 50 µs on 8). Allocations on an actor's stream come from its
-//! pool and return to it when freed (stream-ordered, on the slice's own stream), so the
-//! actors share no pool lock. Memory kept by one stream's pool is not reused by another
+//! Each stream actor also owns a pool of its own ([`StreamPool`], see `alloc.rs` for
+//! why and how it is used). Memory kept by one stream's pool is not reused by another
 //! until it is trimmed, which the out-of-memory path does for every pool.
 
 use cudarc::driver::{sys, CudaContext, DriverError};
