@@ -14,6 +14,7 @@
 
 mod actor;
 mod buffer;
+mod burst;
 mod completion;
 pub mod cuda;
 mod device;

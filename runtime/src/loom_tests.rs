@@ -277,3 +277,50 @@ fn mailbox_room_wakes_async_sender() {
         assert_eq!(actor.join().unwrap(), [1, 2]);
     });
 }
+
+/// A burst's event, set by the actor while a consumer on another stream waits for it:
+/// the waiter wakes with the value (a lost wake-up shows as a deadlock).
+#[test]
+fn burst_set_wakes_waiter() {
+    use crate::burst::Burst;
+    loom::model(|| {
+        let b = Arc::new(Burst::<u32>::new());
+        let b2 = b.clone();
+        let t = thread::spawn(move || b2.set(Ok(7)));
+        assert_eq!(b.wait().ok(), Some(7));
+        t.join().unwrap();
+    });
+}
+
+/// An actor that stops with a burst still open fails it: the waiter gets an error
+/// instead of hanging, and a later set does not overwrite it.
+#[test]
+fn burst_dropped_open_fails_waiter() {
+    use crate::burst::{Burst, OpenBurst};
+    loom::model(|| {
+        let b = Arc::new(Burst::<u32>::new());
+        let guard = OpenBurst(b.clone());
+        let t = thread::spawn(move || drop(guard));
+        assert!(b.wait().is_err());
+        t.join().unwrap();
+        b.set(Ok(1));
+        assert!(matches!(b.get(), Some(Err(_))));
+    });
+}
+
+/// Two settings race (the actor's record and its guard's failure): every waiter and every
+/// later read see the same one.
+#[test]
+fn burst_first_set_wins() {
+    use crate::burst::Burst;
+    loom::model(|| {
+        let b = Arc::new(Burst::<u32>::new());
+        let (b1, b2) = (b.clone(), b.clone());
+        let t1 = thread::spawn(move || b1.set(Ok(1)));
+        let t2 = thread::spawn(move || b2.set(Err(Error::Synchronization("stopped".into()))));
+        let seen = b.wait().ok();
+        t1.join().unwrap();
+        t2.join().unwrap();
+        assert_eq!(b.get().and_then(|r| r.ok()), seen);
+    });
+}

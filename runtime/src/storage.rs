@@ -47,9 +47,10 @@ fn next_id() -> u64 {
 pub(crate) enum Mark {
     /// The data is computed (CPU backend, uploads from host).
     Host,
-    /// The data is ready once this event, recorded on `stream`, has completed.
+    /// The data is ready once this event, recorded on `stream`, has completed. The
+    /// event may not be recorded yet: its burst is still open (see `burst.rs`).
     Cuda {
-        event: Arc<crate::cuda::event::PooledEvent>,
+        event: Arc<crate::cuda::actor::EventBurst>,
         stream: StreamId,
     },
 }

@@ -63,7 +63,7 @@ static LEGACY_CHOSEN: AtomicU64 = AtomicU64::new(0);
 
 /// Launches timed per candidate when choosing between the legacy algorithm and the
 /// graph API's plans.
-const TIMED_REPS: usize = 3;
+const TIMED_REPS: usize = 5;
 
 /// `(graph, legacy)`: how many algorithm searches (process-wide) chose a plan of cuDNN's
 /// graph API and how many a legacy-API algorithm.

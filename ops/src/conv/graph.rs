@@ -31,8 +31,13 @@ const UID_X: i64 = 1;
 const UID_W: i64 = 2;
 const UID_Y: i64 = 3;
 
-/// The heuristic's engine configurations considered per graph at most.
-const MAX_CONFIGS: usize = 24;
+/// The heuristic's engine configurations considered per graph at most (mode A proposes
+/// a few dozen for common convolutions, most of them knob variants of one engine).
+const MAX_CONFIGS: usize = 64;
+
+/// Variant packs kept per plan: the block caches make a stream's buffers recur, so the
+/// same (x, w, y, workspace) addresses come back and their pack is reused.
+const PACKS_KEPT: usize = 8;
 
 fn check(call: &str, s: sys::cudnnStatus_t) -> Result<()> {
     match s {
@@ -187,6 +192,8 @@ pub(crate) struct GraphPlan {
     // cuDNN's plan refers to them after finalizing is not documented, so they live
     // as long as it does).
     plan: Desc,
+    /// Recently used variant packs by (x, w, y, workspace) address, newest last.
+    packs: std::cell::RefCell<Vec<([u64; 4], Desc)>>,
     _config: [Desc; 2],
     _graph: std::rc::Rc<Vec<Desc>>,
     /// Workspace bytes the plan needs.
@@ -214,24 +221,42 @@ impl GraphPlan {
     /// `ws` must address at least `self.workspace` bytes (or be `(0, 0)` when that is
     /// 0); everything must stay alive until the enqueued work completes.
     pub unsafe fn launch(&self, h: &Handle, io: Io, ws: (u64, usize)) -> Result<()> {
-        let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-        let ptrs = [io.x, io.w, io.y].map(|a| DevPtr(a as *mut c_void));
-        pack.set(
-            Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-            &[UID_X, UID_W, UID_Y],
-        )?;
-        pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, &ptrs)?;
-        pack.set(
-            Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
-            &[DevPtr(ws.0 as *mut c_void)],
-        )?;
-        pack.finalize()?;
+        let key = [io.x, io.w, io.y, ws.0];
+        let mut packs = self.packs.borrow_mut();
+        let i = match packs.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                if packs.len() == PACKS_KEPT {
+                    packs.remove(0);
+                }
+                packs.push((key, variant_pack(io, ws)?));
+                packs.len() - 1
+            }
+        };
         // SAFETY: handle, plan and pack are live; the pack's pointers and workspace are
-        // what the caller guarantees; the plan was finalized for this handle.
+        // what the caller guarantees for this call (the pack was built for exactly these
+        // addresses); the plan was finalized for this handle.
         check("cudnnBackendExecute", unsafe {
-            sys::cudnnBackendExecute(h.raw(), self.plan.0, pack.0)
+            sys::cudnnBackendExecute(h.raw(), self.plan.0, packs[i].1 .0)
         })
     }
+}
+
+/// The variant pack binding the three tensors and the workspace to addresses.
+fn variant_pack(io: Io, ws: (u64, usize)) -> Result<Desc> {
+    let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
+    let ptrs = [io.x, io.w, io.y].map(|a| DevPtr(a as *mut c_void));
+    pack.set(
+        Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+        &[UID_X, UID_W, UID_Y],
+    )?;
+    pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, &ptrs)?;
+    pack.set(
+        Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+        &[DevPtr(ws.0 as *mut c_void)],
+    )?;
+    pack.finalize()?;
+    Ok(pack)
 }
 
 /// A tensor descriptor: logical dims `[n, c, h, w]` with the strides of `layout`.
@@ -489,6 +514,7 @@ fn plan_of(
     }
     Ok(Ok(GraphPlan {
         plan,
+        packs: std::cell::RefCell::new(Vec::new()),
         _config: [cfg, engine],
         _graph: graph.clone(),
         workspace,

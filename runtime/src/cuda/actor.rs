@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::event::{EventPool, PooledEvent};
 use super::{DeviceShared, StreamCx};
 use crate::actor::{execute, wait_inputs, ActorCx};
+use crate::burst::{Burst, OpenBurst};
 use crate::completion::Payload;
 use crate::error::{Error, Result};
 use crate::job::{Envelope, Msg};
@@ -16,12 +17,71 @@ use crate::profile::{self, Phase};
 use crate::storage::{Mark, Ready};
 use crate::sync::Arc;
 
-/// An enqueued op waiting for its event.
+/// The ready event of a burst of ops on one stream (see `burst.rs`).
+pub(crate) type EventBurst = Burst<Arc<PooledEvent>>;
+
+/// An enqueued op waiting for its burst's event.
 struct Watch {
     env: Envelope,
-    event: Arc<PooledEvent>,
+    burst: Arc<EventBurst>,
     finisher: Option<Box<dyn FnOnce() -> Result<Payload> + Send>>,
     took: Duration,
+}
+
+/// Enqueued ops not yet handed to the watcher, and their burst's event, recorded when
+/// they are handed over: when the mailbox runs empty, `WATCH_FLUSH` ops are pending, or
+/// before the actor blocks on another stream (see `burst.rs` for why it cannot
+/// deadlock). One event record and one wake-up of the watcher per burst, instead of per
+/// op.
+struct Outbox {
+    wtx: crossbeam_channel::Sender<Vec<Watch>>,
+    pool: StdArc<EventPool>,
+    pending: Vec<Watch>,
+    open: Option<OpenBurst<Arc<PooledEvent>>>,
+}
+
+impl Outbox {
+    /// The open burst (opened now if none is).
+    fn burst(&mut self) -> Arc<EventBurst> {
+        self.open
+            .get_or_insert_with(|| OpenBurst(Arc::new(Burst::new())))
+            .0
+            .clone()
+    }
+
+    /// Records the open burst's event and hands its ops to the watcher. If recording
+    /// fails, the burst's ops fail (after the stream has passed them) and so do the
+    /// consumers waiting on it; if the watcher is gone (it never exits before the
+    /// actor), the ops fail rather than hang.
+    fn flush(&mut self, scx: &StreamCx) {
+        let Some(open) = self.open.take() else {
+            debug_assert!(self.pending.is_empty(), "pending ops always have a burst");
+            return;
+        };
+        let mut t = profile::clock();
+        let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(WATCH_FLUSH));
+        match self.pool.record(&scx.stream) {
+            Ok(ev) => open.0.set(Ok(Arc::new(ev))),
+            Err(e) => {
+                let err = cuda_err("cuEventRecord", e);
+                open.0.set(Err(err.clone()));
+                for w in batch {
+                    fail_after_enqueue(w.env, err.clone(), scx);
+                }
+                return;
+            }
+        }
+        profile::lap(Phase::Record, &mut t);
+        if let Err(crossbeam_channel::SendError(batch)) = self.wtx.send(batch) {
+            for w in batch {
+                fail_after_enqueue(
+                    w.env,
+                    Error::Synchronization("the completion watcher is gone".into()),
+                    scx,
+                );
+            }
+        }
+    }
 }
 
 fn cuda_err(call: &str, e: impl std::fmt::Display) -> Error {
@@ -64,15 +124,17 @@ pub(crate) fn cuda_actor(
             watch(&wrx, &release, &wdev, &*policy, sid);
         })
         .expect("spawning a completion watcher thread");
-    // Enqueued ops not yet handed to the watcher: handed over in one message when the
-    // mailbox runs empty or `WATCH_FLUSH` are pending, so a busy actor wakes its
-    // watcher once per burst instead of once per op.
-    let mut pending: Vec<Watch> = Vec::with_capacity(WATCH_FLUSH);
+    let mut out = Outbox {
+        wtx,
+        pool,
+        pending: Vec::with_capacity(WATCH_FLUSH),
+        open: None,
+    };
     loop {
         let msg = match rx.try_recv() {
             Some(m) => m,
             None => {
-                flush(&wtx, &mut pending, &scx);
+                out.flush(&scx);
                 match rx.recv() {
                     Some(m) => m,
                     None => break,
@@ -81,20 +143,20 @@ pub(crate) fn cuda_actor(
         };
         match msg {
             Msg::Job(env) => {
-                run_cuda(env, &actor, &mut scx, &pool, &mut pending, &dev);
-                if pending.len() >= WATCH_FLUSH {
-                    flush(&wtx, &mut pending, &scx);
+                run_cuda(env, &actor, &mut scx, &mut out, &dev);
+                if out.pending.len() >= WATCH_FLUSH {
+                    out.flush(&scx);
                 }
             }
             Msg::Release(done) => drop(done),
             Msg::Shutdown => break,
         }
     }
-    flush(&wtx, &mut pending, &scx);
+    out.flush(&scx);
     while let Some(m) = rx.try_recv() {
         drop(m);
     }
-    drop(wtx);
+    drop(out);
     let _ = watcher.join();
     // The stream has finished its work: the watcher has waited for all of it.
     super::alloc::unregister(&scx.stream);
@@ -104,30 +166,11 @@ pub(crate) fn cuda_actor(
 /// Ops handed to the watcher at once at most (see the actor loop).
 const WATCH_FLUSH: usize = 16;
 
-/// Hands the pending watches to the watcher. If the watcher is gone (it never exits
-/// before the actor), the ops fail rather than hang, once the stream has passed them.
-fn flush(wtx: &crossbeam_channel::Sender<Vec<Watch>>, pending: &mut Vec<Watch>, scx: &StreamCx) {
-    if pending.is_empty() {
-        return;
-    }
-    let batch = std::mem::replace(pending, Vec::with_capacity(WATCH_FLUSH));
-    if let Err(crossbeam_channel::SendError(batch)) = wtx.send(batch) {
-        for w in batch {
-            fail_after_enqueue(
-                w.env,
-                Error::Synchronization("the completion watcher is gone".into()),
-                scx,
-            );
-        }
-    }
-}
-
 fn run_cuda(
     mut env: Envelope,
     actor: &ActorCx,
     scx: &mut StreamCx,
-    pool: &StdArc<EventPool>,
-    pending: &mut Vec<Watch>,
+    out: &mut Outbox,
     dev: &DeviceShared,
 ) {
     let span = tracing::debug_span!(
@@ -143,12 +186,15 @@ fn run_cuda(
         env.fail(e);
         return;
     }
-    // (Profiling only: whether some input is still pending, i.e. this op will wait.)
-    let blocked = t.is_some()
-        && env
-            .job
-            .as_ref()
-            .is_some_and(|j| j.inputs().iter().any(|i| !i.storage().is_settled()));
+    // An input still pending means waiting for another actor: record this actor's open
+    // burst first, so that the other actor never waits for this one (see `burst.rs`).
+    let blocked = env
+        .job
+        .as_ref()
+        .is_some_and(|j| j.inputs().iter().any(|i| !i.storage().is_settled()));
+    if blocked {
+        out.flush(scx);
+    }
     let readies = match wait_inputs(&env) {
         Ok(r) => r,
         Err(e) => return env.fail(e),
@@ -163,10 +209,29 @@ fn run_cuda(
     );
     for r in &readies {
         if let Mark::Cuda { event, stream } = &r.mark {
-            if *stream != actor.stream {
-                if let Err(e) = event.event().wait_on(&scx.stream) {
-                    return env.fail(cuda_err("cuStreamWaitEvent", e));
+            if *stream == actor.stream {
+                continue;
+            }
+            let recorded = match event.get() {
+                Some(r) => r,
+                None => {
+                    // Its burst is still open on the producer's actor: record ours,
+                    // then wait (briefly) for theirs.
+                    out.flush(scx);
+                    event.wait()
                 }
+            };
+            let waited = recorded.and_then(|ev| {
+                ev.event()
+                    .wait_on(&scx.stream)
+                    .map_err(|e| cuda_err("cuStreamWaitEvent", e))
+            });
+            if let Err(e) = waited {
+                let op = env.name().to_string();
+                return env.fail(Error::Upstream {
+                    op,
+                    cause: Box::new(e),
+                });
             }
         }
     }
@@ -178,24 +243,20 @@ fn run_cuda(
     };
     span.record("run_us", ex.took.as_micros() as u64);
     profile::lap(Phase::Execute, &mut t);
-    let event = match pool.record(&scx.stream) {
-        Ok(e) => Arc::new(e),
-        Err(e) => return fail_after_enqueue(env, cuda_err("cuEventRecord", e), scx),
-    };
-    profile::lap(Phase::Record, &mut t);
+    let burst = out.burst();
     for (s, b) in env.outputs.iter().zip(ex.outputs) {
         s.publish(Ready {
             buf: Arc::new(b),
             mark: Mark::Cuda {
-                event: event.clone(),
+                event: burst.clone(),
                 stream: actor.stream,
             },
         });
     }
     profile::lap(Phase::Publish, &mut t);
-    pending.push(Watch {
+    out.pending.push(Watch {
         env,
-        event,
+        burst,
         finisher: ex.finisher,
         took: ex.took,
     });
@@ -239,7 +300,13 @@ fn watch(
         }
         let newest = batch.last().expect("one watch at least");
         let mut t = profile::clock();
-        let r = wait_event(newest.event.event());
+        // The actor records a burst's event before handing its ops over.
+        let r = match newest.burst.get() {
+            Some(Ok(ev)) => wait_event(ev.event()),
+            _ => Err(cudarc::driver::DriverError(
+                cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_READY,
+            )),
+        };
         profile::lap(Phase::WatchWait, &mut t);
         let mut done = Vec::with_capacity(batch.len());
         for w in batch.drain(..) {

@@ -7,12 +7,15 @@
 //! # Protocol (per op, see also `storage.rs`)
 //!
 //! 1. The actor takes the op, and for each input blocks until its producer has
-//!    *published* (enqueued, with a ready event). An input produced on another stream is
-//!    waited on by the device (`cuStreamWaitEvent`); one from this stream needs nothing.
-//! 2. It runs the op, which enqueues kernels and sets its outputs, records a pooled event,
-//!    publishes every output with that event as ready mark, and queues (event, envelope)
-//!    for the stream's watcher; the queue goes to the watcher in one message when the
-//!    actor's mailbox runs empty or 16 ops are queued.
+//!    *published* (enqueued, with a ready mark). An input produced on another stream is
+//!    waited on by the device (`cuStreamWaitEvent` on the producer's burst event, once
+//!    that is recorded); one from this stream needs nothing.
+//! 2. It runs the op, which enqueues kernels and sets its outputs, and publishes every
+//!    output with the actor's open *burst* as ready mark. The burst's one event is
+//!    recorded when the actor hands the burst's ops to its watcher: when its mailbox
+//!    runs empty, 16 ops are pending, or before it blocks on another stream (`burst.rs`
+//!    says why that cannot deadlock). One event record and one watcher wake-up per
+//!    burst instead of per op.
 //! 3. The watcher synchronizes events in FIFO order (blocking sync, no spinning), then
 //!    completes the submission and hands the envelope back to the actor, which drops it:
 //!    the op and its inputs (the keep-alive) are released only now, so memory is never
