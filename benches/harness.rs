@@ -338,10 +338,15 @@ fn suite_streams(_rt: &Runtime) {
             };
             run();
             rtx::profile::reset();
-            let (mut t, mut sub): (Vec<f64>, Vec<f64>) = (0..5).map(|_| run()).unzip();
+            let (mut t, mut sub): (Vec<f64>, Vec<f64>) = (0..9).map(|_| run()).unzip();
             let ms = median(&mut t);
+            let (lo, hi) = t
+                .iter()
+                .fold((f64::MAX, 0f64), |(a, b), &v| (a.min(v), b.max(v)));
             let (hits, misses) = rtx::cuda::block_cache_stats();
             let mut extra = vec![
+                ("min_ms", lo),
+                ("max_ms", hi),
                 ("submit_ms", median(&mut sub)),
                 ("block_cache_hits", hits as f64),
                 ("block_cache_misses", misses as f64),

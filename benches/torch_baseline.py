@@ -153,7 +153,7 @@ def suite_streams():
             return (time.perf_counter() - t) * 1e3
 
         run()
-        ms = statistics.median(run() for _ in range(5))
+        ms = statistics.median(run() for _ in range(9))
         emit(f"streams_8x200_{form}_{k}", ms, 0, 8 * 200 * 2.0 * n ** 3)
 
 
