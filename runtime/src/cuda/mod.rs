@@ -148,6 +148,8 @@ pub(crate) fn start(
         });
         shared.push(d);
     }
+    // Every device gets n compute actors and one copy actor.
+    let spin = actor::idle_spin(shared.len() * (n + 1));
     let mut streams = Vec::new();
     let mut threads = Vec::new();
     let mut copy_streams = Vec::new();
@@ -179,7 +181,7 @@ pub(crate) fn start(
             );
             let release = tx.clone();
             threads.push(spawn_named(name, move || {
-                actor::cuda_actor(rx, release, actor, dev, ready_tx)
+                actor::cuda_actor(rx, release, actor, dev, ready_tx, spin)
             }));
             ready_rx.recv().map_err(|_| Error::Cuda {
                 call: "stream actor start".into(),
