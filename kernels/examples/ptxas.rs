@@ -1,5 +1,6 @@
-//! Compiles kernel programs for sm_90 with the ptxas report on and prints registers,
-//! spills and shared memory per kernel.
+//! Compiles kernel programs for sm_90 (sm_90a for the arch-specific ones, e.g.
+//! `attention_wgmma`) with the ptxas report on and prints registers, spills and shared
+//! memory per kernel.
 //!
 //! `cargo run -p rtx-kernels --example ptxas -- [program ...] [--log] [--out=DIR] [--flag=NVRTC_FLAG ...]`
 //! (`--out` writes each CUBIN to DIR/<program>.cubin, e.g. for `cuobjdump -sass`)
@@ -36,8 +37,9 @@ fn main() {
         match compile(program, Arch::SM_90, &opts) {
             Ok(built) => {
                 println!(
-                    "{}: {} bytes of CUBIN in {:.2?}",
+                    "{} ({}): {} bytes of CUBIN in {:.2?}",
                     program.name,
+                    Arch::SM_90.gpu_arch(program.options(&opts).arch_specific),
                     built.cubin.len(),
                     start.elapsed()
                 );

@@ -196,6 +196,8 @@ impl KernelCache {
         arch: Arch,
         opts: &Options,
     ) -> Result<Arc<Vec<u8>>, KernelError> {
+        // An arch-specific program is always built (and named on disk) for `sm_XYa`.
+        let opts = &*program.options(opts);
         let key = MemKey {
             name: program.name,
             text: (program.source.as_ptr() as usize, program.source.len()),

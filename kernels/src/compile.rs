@@ -40,7 +40,9 @@ pub fn nvrtc_version() -> Option<(i32, i32)> {
 ///
 /// The crate's headers (`kernels/cuda/*.cuh`) are available to `#include "…"`, and the
 /// CUDA headers from [`cuda_include_dir`](crate::cuda_include_dir) to `#include <…>`.
-/// This always compiles; [`KernelCache`](crate::KernelCache) avoids that.
+/// This always compiles; [`KernelCache`](crate::KernelCache) avoids that. A program with
+/// the [`ARCH_SPECIFIC_MARKER`](crate::ARCH_SPECIFIC_MARKER) line is compiled with
+/// [`Options::arch_specific`] whatever `opts` says.
 ///
 /// # Errors
 ///
@@ -61,6 +63,7 @@ pub fn nvrtc_version() -> Option<(i32, i32)> {
 /// ```
 pub fn compile(source: &KernelSource, arch: Arch, opts: &Options) -> Result<Compiled, KernelError> {
     nvrtc::probe().map_err(|detail| KernelError::NvrtcMissing { detail })?;
+    let opts = source.options(opts);
     let cuda_include = cuda_include_dir();
     let flags = opts.nvrtc_flags(arch, cuda_include);
     let gpu_arch = arch.gpu_arch(opts.arch_specific);

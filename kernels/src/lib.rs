@@ -4,7 +4,9 @@
 //!
 //! - [`sources`] / [`source`]: every `kernels/cuda/*.cu` file, found by `build.rs`, so a
 //!   new `.cu` file needs no Rust change. Headers (`*.cuh`) in that folder are given to
-//!   NVRTC as named headers: `#include "common.cuh"` works.
+//!   NVRTC as named headers: `#include "common.cuh"` works. Programs are compiled for the
+//!   portable target (`sm_90`), except those with an [`ARCH_SPECIFIC_MARKER`] line
+//!   (`attention_wgmma`, which needs `wgmma`), always compiled for `sm_90a`.
 //! - [`compile`]: one NVRTC compilation to CUBIN (with the ptxas report on request).
 //! - [`KernelCache`]: CUBINs by (program, arch, options), in memory and on disk.
 //! - [`launch`]: block size, grids, workspace sizes and entry-point names.
@@ -49,4 +51,4 @@ pub use compile::{compile, nvrtc_present, nvrtc_version, Compiled};
 pub use error::KernelError;
 pub use options::{cuda_include_dir, Arch, Options};
 pub use report::{parse_ptxas_log, KernelResources};
-pub use sources::{headers, source, sources, KernelSource};
+pub use sources::{headers, source, sources, KernelSource, ARCH_SPECIFIC_MARKER};

@@ -4,6 +4,16 @@
 //! `build.rs` generates the tables; the text is embedded with `include_str!`, so a
 //! binary carries its kernels and needs no source tree at run time.
 
+use std::borrow::Cow;
+
+use crate::options::Options;
+
+/// The line that marks a program as architecture-specific: a program whose text has a
+/// line that is exactly this (surrounding whitespace aside) is always compiled for the
+/// architecture-specific target (`sm_90a` on Hopper), which `wgmma` and `setmaxnreg`
+/// need; every other program keeps the portable target (`sm_90`).
+pub const ARCH_SPECIFIC_MARKER: &str = "// rtx-kernels: arch-specific";
+
 /// One CUDA C source: a kernel program (`*.cu`) or a header (`*.cuh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelSource {
@@ -12,6 +22,38 @@ pub struct KernelSource {
     pub name: &'static str,
     /// The CUDA C text.
     pub source: &'static str,
+}
+
+impl KernelSource {
+    /// Whether this program must be compiled for the architecture-specific target: its
+    /// text has an [`ARCH_SPECIFIC_MARKER`] line. [`compile`](crate::compile) and
+    /// [`KernelCache`](crate::KernelCache) then set [`Options::arch_specific`] themselves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let wgmma = rtx_kernels::source("attention_wgmma").unwrap();
+    /// assert!(wgmma.arch_specific());
+    /// assert!(!rtx_kernels::source("attention").unwrap().arch_specific());
+    /// ```
+    pub fn arch_specific(&self) -> bool {
+        self.source
+            .lines()
+            .any(|line| line.trim() == ARCH_SPECIFIC_MARKER)
+    }
+
+    /// `opts` as this program is compiled with them: with [`Options::arch_specific`]
+    /// set if the program is [architecture-specific](KernelSource::arch_specific).
+    pub fn options<'a>(&self, opts: &'a Options) -> Cow<'a, Options> {
+        if self.arch_specific() && !opts.arch_specific {
+            Cow::Owned(Options {
+                arch_specific: true,
+                ..opts.clone()
+            })
+        } else {
+            Cow::Borrowed(opts)
+        }
+    }
 }
 
 include!(concat!(env!("OUT_DIR"), "/sources.rs"));
@@ -86,6 +128,25 @@ mod tests {
         let text = "#include <cuda_fp16.h>\n  #  include \"a.cuh\"\n// #include \"b.cuh\" x\n";
         let names: Vec<_> = quoted_includes(text).collect();
         assert_eq!(names, ["a.cuh"]);
+    }
+
+    #[test]
+    fn only_marked_programs_are_arch_specific() {
+        let marked: Vec<_> = sources()
+            .iter()
+            .filter(|s| s.arch_specific())
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(marked, ["attention_wgmma"]);
+        let plain = Options::default();
+        let wgmma = source("attention_wgmma").unwrap();
+        assert!(wgmma.options(&plain).arch_specific);
+        assert!(!source("attention").unwrap().options(&plain).arch_specific);
+        let text = KernelSource {
+            name: "x",
+            source: "// rtx-kernels: arch-specific (not exactly the marker)\n",
+        };
+        assert!(!text.arch_specific());
     }
 
     #[test]

@@ -1,11 +1,25 @@
-//! CUDA launches of `kernels/cuda/attention.cu` (FlashAttention-2, f16/bf16, D 64/128).
+//! CUDA launches of `kernels/cuda/attention.cu` (FlashAttention-2, f16/bf16, D 64/128)
+//! and of `kernels/cuda/attention_wgmma.cu` (the Hopper forward).
 //!
 //! Every kernel takes one [`FlashParams`] by value; its layout, the grids, blocks and
-//! dynamic shared memory below are the ABI documented at the top of `attention.cu`.
-//! Per stream, [`AttnState`] remembers which functions have had their dynamic shared
-//! memory limit raised, and keeps the backward's f32 workspace (dq_accum, then dsum)
-//! for the next call: every use of it is ordered on that one stream, and the
-//! preprocess kernel rewrites all of it before the other two read it.
+//! dynamic shared memory below are the ABI documented at the top of `attention.cu` (and
+//! of `attention_wgmma.cu` for its forward). Per stream, [`AttnState`] remembers which
+//! functions have had their dynamic shared memory limit raised, and keeps the backward's
+//! f32 workspace (dq_accum, then dsum) for the next call: every use of it is ordered on
+//! that one stream, and the preprocess kernel rewrites all of it before the other two
+//! read it.
+//!
+//! # Which forward
+//!
+//! On compute capability 9.0 (H100, H200) the forward is `flash_fwd_wgmma_*`: warpgroup
+//! MMA (`wgmma.mma_async`), which exists only on the architecture-specific target
+//! `sm_90a` — rtx-kernels compiles that program for it by itself (its source is marked
+//! arch-specific) and the CUBIN loads on 9.0 devices only. Everywhere else, and on a 9.0
+//! device where that program fails to compile or load (the failure is logged once per
+//! stream, which then stays on the fallback), the forward is the `mma.sync` kernel of
+//! `attention.cu`. Both compute the same function (same ABI, masks, causal rule, lse
+//! convention); `RTX_ATTN_WGMMA=0` in the environment forces the `mma.sync` forward.
+//! The backward is always `attention.cu`'s.
 
 use std::collections::HashSet;
 
@@ -22,6 +36,8 @@ use super::geometry::{Geometry, MaskLayout};
 use crate::kernels::{self, launch_error};
 
 const MODULE: &str = "attention";
+/// The Hopper (sm_90a) forward.
+const WGMMA_MODULE: &str = "attention_wgmma";
 const FWD: &str = "attention";
 const BWD: &str = "attention_backward";
 
@@ -96,13 +112,16 @@ impl FlashParams {
     }
 }
 
-/// The kernels of `attention.cu`, each built for D 64 and 128 and f16 and bf16.
+/// The kernels of `attention.cu` and `attention_wgmma.cu`, each built for D 64 and 128
+/// and f16 and bf16.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kernel {
     Forward,
     Preprocess,
     DqDkDv,
     ConvertDq,
+    /// The sm_90a forward of `attention_wgmma.cu`.
+    ForwardWgmma,
 }
 
 impl Kernel {
@@ -112,13 +131,22 @@ impl Kernel {
             Kernel::Preprocess => "flash_bwd_preprocess",
             Kernel::DqDkDv => "flash_bwd_dq_dk_dv",
             Kernel::ConvertDq => "flash_bwd_convert_dq",
+            Kernel::ForwardWgmma => "flash_fwd_wgmma",
+        }
+    }
+
+    /// The program (`kernels/cuda/<module>.cu`) that holds it.
+    fn module(self) -> &'static str {
+        match self {
+            Kernel::ForwardWgmma => WGMMA_MODULE,
+            _ => MODULE,
         }
     }
 
     /// The op that launches it (for errors).
     fn op(self) -> &'static str {
         match self {
-            Kernel::Forward => FWD,
+            Kernel::Forward | Kernel::ForwardWgmma => FWD,
             _ => BWD,
         }
     }
@@ -128,7 +156,8 @@ impl Kernel {
         (self as u16) << 8 | d as u16
     }
 
-    /// Threads per block (the D=64 forward is preset 1: 4 warps, 2 blocks per SM).
+    /// Threads per block (the D=64 forward is preset 1: 4 warps, 2 blocks per SM; the
+    /// wgmma forward has 2 warpgroups of 128 threads).
     fn threads(self, d: usize) -> u32 {
         match (self, d) {
             (Kernel::DqDkDv, _) | (Kernel::Forward, 64) => 128,
@@ -143,8 +172,17 @@ impl Kernel {
             (Kernel::Forward, _) => 131_072,
             (Kernel::DqDkDv, 64) => 58_368,
             (Kernel::DqDkDv, _) => 70_144,
+            (Kernel::ForwardWgmma, 64) => 50_176,
+            (Kernel::ForwardWgmma, _) => 197_632,
             _ => 0,
         }
+    }
+
+    /// Query rows per block of a forward (its grid is `ceil(Lq / rows)` x H x B): 128 for
+    /// both forwards and head dims, kept separate from the kernel so that a tile change in
+    /// a `.cu` file meets the test below.
+    fn rows_per_block(self, _d: usize) -> usize {
+        128
     }
 
     fn config(self, d: usize, grid: (u32, u32, u32)) -> LaunchConfig {
@@ -163,6 +201,34 @@ struct AttnState {
     prepared: HashSet<(u16, DType)>,
     /// The backward's workspace, kept for the next call on this stream.
     workspace: Option<CudaSlice<f32>>,
+    /// The wgmma forward failed to compile, load or configure here: use `mma.sync`.
+    wgmma_failed: bool,
+}
+
+/// Whether `RTX_ATTN_WGMMA=0` turns the wgmma forward off (read once).
+fn wgmma_disabled() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("RTX_ATTN_WGMMA").is_ok_and(|v| v == "0"))
+}
+
+/// The forward for head dim `d`: the wgmma kernel on compute capability 9.0 (unless turned
+/// off or failed before on this stream), else the `mma.sync` one. A failure to get the
+/// wgmma kernel ready is logged and remembered, and the `mma.sync` one is returned.
+fn forward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch> {
+    if scx.arch() == (9, 0) && !wgmma_disabled() && !state(scx)?.wgmma_failed {
+        match function(scx, Kernel::ForwardWgmma, d, dtype) {
+            Ok(f) => return Ok(f),
+            Err(e) => {
+                tracing::warn!(
+                    "attention: the sm_90a wgmma forward is unavailable on device {}, \
+                     using the mma.sync forward on this stream: {e}",
+                    scx.ordinal()
+                );
+                state(scx)?.wgmma_failed = true;
+            }
+        }
+    }
+    function(scx, Kernel::Forward, d, dtype)
 }
 
 fn state(scx: &mut StreamCx) -> Result<&mut AttnState> {
@@ -173,7 +239,7 @@ fn state(scx: &mut StreamCx) -> Result<&mut AttnState> {
 /// the first time, checked against the launch and given its shared memory limit.
 fn function(scx: &mut StreamCx, kernel: Kernel, d: usize, dtype: DType) -> Result<Launch> {
     let code = kernel.code(d);
-    let f = kernels::function(scx, MODULE, code, dtype, || {
+    let f = kernels::function(scx, kernel.module(), code, dtype, || {
         format!("{}_d{d}_{}", kernel.prefix(), dtype.name())
     })?;
     if !state(scx)?.prepared.contains(&(code, dtype)) {
@@ -206,8 +272,9 @@ fn configure(
             kernel.op(),
             format!(
                 "{name} allows {max_threads} threads per block but is launched with {}: \
-                 attention.cu and ops/src/attention/cuda.rs disagree on the launch",
-                kernel.threads(d)
+                 {}.cu and ops/src/attention/cuda.rs disagree on the launch",
+                kernel.threads(d),
+                kernel.module()
             ),
         ));
     }
@@ -248,10 +315,10 @@ impl Launch {
         let mut lb = stream.launch_builder(&self.f);
         lb.arg(params);
         let cfg = self.kernel.config(self.d, grid);
-        // SAFETY: every kernel of attention.cu takes exactly one `FlashParams` by
-        // value; the block and shared memory are those documented for this kernel and
-        // D (the limit was raised in `configure`); the pointers are valid per this
-        // function's contract.
+        // SAFETY: every kernel of attention.cu and attention_wgmma.cu takes exactly one
+        // `FlashParams` by value; the block and shared memory are those documented for
+        // this kernel and D (the limit was raised in `configure`); the pointers are valid
+        // per this function's contract.
         unsafe { lb.launch(cfg) }.map_err(|e| launch_error(self.kernel.op(), e))?;
         Ok(())
     }
@@ -291,7 +358,7 @@ fn forward_t<T: Element>(
     mask: Option<&Buffer>,
 ) -> Result<(Buffer, Buffer)> {
     let p = &g.p;
-    let f = function(scx, Kernel::Forward, p.d, T::DTYPE)?;
+    let f = forward_function(scx, p.d, T::DTYPE)?;
     let mut o = kernels::alloc_out::<T>(scx, p.q_len())?;
     let mut lse = kernels::alloc_out::<f32>(scx, p.lse_len())?;
     let (q, k, v) = (q.cuda::<T>()?, k.cuda::<T>()?, v.cuda::<T>()?);
@@ -313,7 +380,8 @@ fn forward_t<T: Element>(
             lse: lp,
             ..FlashParams::new(g)
         };
-        let grid = (p.lq.div_ceil(128) as u32, p.h as u32, p.b as u32);
+        let rows = f.kernel.rows_per_block(p.d);
+        let grid = (p.lq.div_ceil(rows) as u32, p.h as u32, p.b as u32);
         // SAFETY: q, k, v are the op's inputs ([B,H,Lq,D], [B,Hkv,Lk,D] x2 of T, kept
         // alive by the op until its completion), the mask (if any) holds the planes
         // its strides in `params` address (validated at submit), o and lse are fresh
@@ -506,23 +574,47 @@ mod tests {
         assert_eq!(std::mem::size_of::<FlashParams>(), 152);
     }
 
+    /// The number after `{cfg}::{field} == ` in a static_assert of program `module`.
+    fn asserted(module: &str, cfg: &str, field: &str) -> u32 {
+        let cu = rtx_kernels::source(module).expect("the program is built in");
+        let key = format!("{cfg}::{field} == ");
+        let at = cu
+            .source
+            .find(&key)
+            .unwrap_or_else(|| panic!("no static_assert on {key} in {module}.cu"));
+        let rest = &cu.source[at + key.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().expect("a number")
+    }
+
     /// The documented shared memory sizes are those `attention.cu` asserts.
     #[test]
     fn smem_matches_the_kernel_asserts() {
-        let cu = rtx_kernels::source("attention").expect("attention.cu is built in");
-        let asserted = |cfg: &str| -> u32 {
-            let at = cu
-                .source
-                .find(&format!("{cfg}::SMEM_BYTES == "))
-                .unwrap_or_else(|| panic!("no static_assert on {cfg}::SMEM_BYTES"));
-            let rest = &cu.source[at + cfg.len() + "::SMEM_BYTES == ".len()..];
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse().expect("a byte count")
-        };
-        assert_eq!(Kernel::Forward.smem(64), asserted("AttnFwdCfgD64"));
-        assert_eq!(Kernel::Forward.smem(128), asserted("AttnFwdCfgD128"));
-        assert_eq!(Kernel::DqDkDv.smem(64), asserted("AttnBwdCfgD64"));
-        assert_eq!(Kernel::DqDkDv.smem(128), asserted("AttnBwdCfgD128"));
+        let a = |cfg| asserted(MODULE, cfg, "SMEM_BYTES");
+        assert_eq!(Kernel::Forward.smem(64), a("AttnFwdCfgD64"));
+        assert_eq!(Kernel::Forward.smem(128), a("AttnFwdCfgD128"));
+        assert_eq!(Kernel::DqDkDv.smem(64), a("AttnBwdCfgD64"));
+        assert_eq!(Kernel::DqDkDv.smem(128), a("AttnBwdCfgD128"));
+    }
+
+    /// The wgmma forward's launch (smem, threads, rows per block) is what
+    /// `attention_wgmma.cu` asserts for its default tiles, and that program is the one
+    /// compiled for sm_90a.
+    #[test]
+    fn wgmma_launch_matches_the_kernel_asserts() {
+        for (d, cfg) in [(64, "AttnWgCfgD64"), (128, "AttnWgCfgD128")] {
+            let k = Kernel::ForwardWgmma;
+            assert_eq!(k.smem(d), asserted(WGMMA_MODULE, cfg, "SMEM_BYTES"));
+            assert_eq!(k.threads(d), asserted(WGMMA_MODULE, cfg, "NTHREADS"));
+            assert_eq!(
+                k.rows_per_block(d),
+                asserted(WGMMA_MODULE, cfg, "BR") as usize
+            );
+        }
+        let program = rtx_kernels::source(WGMMA_MODULE).expect("attention_wgmma.cu is built in");
+        assert!(program.arch_specific());
+        assert_eq!(Kernel::ForwardWgmma.module(), WGMMA_MODULE);
+        assert_eq!(Kernel::Forward.rows_per_block(64), 128);
     }
 
     #[test]

@@ -7,8 +7,11 @@
 //!   backend in `run`;
 //! - `cpu.rs` (+ `cpu/`): the f32-accumulating CPU reference, forward and backward;
 //! - `cuda.rs`: the launches of `kernels/cuda/attention.cu` (FlashAttention-2 for
-//!   f16/bf16, D 64 and 128): the `FlashParams` mirror, per-stream function setup and
-//!   the backward's workspace.
+//!   f16/bf16, D 64 and 128) and, for the forward on compute capability 9.0, of
+//!   `kernels/cuda/attention_wgmma.cu` (Hopper `wgmma`, sm_90a; the `mma.sync` forward
+//!   is the fallback elsewhere, or if it cannot be loaded; `RTX_ATTN_WGMMA=0` forces the
+//!   fallback): the `FlashParams` mirror, per-stream function setup and the backward's
+//!   workspace.
 pub mod cpu;
 mod cuda;
 mod geometry;

@@ -1,0 +1,794 @@
+// attention_wgmma.cu — FlashAttention forward for Hopper with warpgroup MMA (wgmma.mma_async,
+// sm_90a), f16 and bf16, head dim 64 and 128. Same ABI and semantics as flash_fwd_d{D}_{T} of
+// attention.cu (one `struct FlashParams` by value, attention_common.cuh); only the launch
+// numbers differ (table below). The backward stays in attention.cu.
+//
+// rtx-kernels: arch-specific
+// (the line above makes rtx-kernels compile this program for sm_90a instead of sm_90:
+//  wgmma exists only on the architecture-specific target; such a CUBIN loads only on
+//  compute capability 9.0 devices)
+//
+// ======================================================================================
+// Launch (kernels flash_fwd_wgmma_d{D}_{T}, T = f16 | bf16)
+// ======================================================================================
+//   D = 128: grid (ceil(Lq / 128), H, B), block (256, 1, 1), dynamic smem 197632 bytes
+//            (NWG = 2 warpgroups, BR = 128 query rows, BC = 128 keys per K/V tile, PIPE and
+//             ORDER, 1 block per SM)
+//   D =  64: grid (ceil(Lq / 128), H, B), block (256, 1, 1), dynamic smem 50176 bytes
+//            (NWG = 2, BR = 128, BC = 64, no PIPE, 2 blocks per SM)
+//   (BR = 64 * NWG; smem = 1024 alignment slack + BR*D*2 Q tile + 2 K stages and 3 (PIPE) or
+//    2 V stages of BC*D*2 bytes; needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES. Other
+//    tiles: the ATTN_WG_D{D}_* tunables at the bottom; launch = block 128*NWG, grid ceil(Lq/BR).)
+//   Semantics, pointers and alignment: exactly as flash_fwd_* in attention.cu (o and the f32
+//   natural-log lse [B, H, Lq]; fully masked rows give o = 0, lse = -inf).
+//
+// ======================================================================================
+// Design
+// ======================================================================================
+// One block = NWG consumer warpgroups (128 threads each), warpgroup w owning query rows
+// m0 + 64w .. m0 + 64w + 63 end to end. All threads also load tiles (cp.async, no producer
+// warps). Per K/V tile j of BC keys, per warpgroup:
+//   S   = Q K_j^T     wgmma m64nBCk16, A = Q (smem), B = K tile (smem), both K-major
+//   masking / online softmax on the S accumulators in registers (as attention_fwd.cuh:
+//   raw score unit, base-2 exponent, running max m and sum l per row)
+//   O  += P V_j       wgmma m64nDk16, A = P (registers, S accumulators packed to T),
+//                     B = V tile (smem, N-major: transpose flag)
+// One __syncthreads per tile hands the K/V stages over (loads of tile j+1 overlap tile j).
+// Overlap of tensor-core and softmax work comes from (tunables at the bottom):
+//   PIPE   iteration j issues S_j and O += P_{j-1} V_{j-1} back to back, waits for S_j only,
+//          does the softmax of tile j while the tensor cores run P_{j-1} V_{j-1}, then waits
+//          for that and rescales O (FlashAttention-3's intra-warpgroup overlap). V tiles stay
+//          one iteration longer than K tiles, hence 3 V stages and 2 K stages.
+//   ORDER  warpgroup w issues its GEMMs of an iteration after warpgroup w-1 (named barriers),
+//          so one warpgroup's softmax runs while the next one's GEMMs do.
+//   MINB   2 blocks per SM (D=64): two independent blocks, each with its own barriers.
+// The wgmma issue/wait pairs each sit whole in one branch on warpgroup-uniform values (first
+// tile / steady state / drain); ptxas serializes all wgmmas otherwise (checked by the kernel
+// compile test).
+//
+// Shared memory tiles are the canonical 128-byte-swizzle layout of wgmma: a tile of R rows x
+// D columns (16-bit) is D/64 panels of R rows x 128 bytes (panel p = columns 64p..64p+63, at
+// tile + p * R * 128), row r at +r*128, 16-byte chunk c of a row stored at chunk c ^ (r & 7);
+// every panel 1024-byte aligned. Descriptors (PTX ISA "matrix descriptor"):
+//   K-major operand (Q as A, K as B):  start = panel + (16-col step within the panel) * 32 B,
+//                                      LBO = 16 (unused), SBO = 1024 (next 8 rows)
+//   N-major operand (V as B of P V):   start = tile + (16-key step) * 2048 B,
+//                                      LBO = R * 128 (next 64 columns = next panel),
+//                                      SBO = 1024 (next 8 keys)
+// Every cp.async'ed tile is published to the tensor cores by: cp.async.wait_group (own copies),
+// fence.proxy.async.shared::cta (generic -> async proxy), __syncthreads (everyone's copies).
+// A stage is overwritten only after a __syncthreads that follows every warpgroup's
+// wgmma.wait_group for the wgmmas reading it.
+// ======================================================================================
+
+#include "attention_common.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_wgmma.cu needs the sm_90a target (wgmma.mma_async): compile with arch_specific"
+#endif
+
+// -------------------------------------------------------------------------------------
+// wgmma plumbing
+// -------------------------------------------------------------------------------------
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// Wait until at most N of this warpgroup's committed wgmma groups are still running.
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Makes this thread's generic-proxy writes to shared memory (st.shared, cp.async) visible to
+// the async proxy (wgmma operand reads) once a barrier follows.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Named barriers 1.. (0 is __syncthreads): `count` threads, arriving or waiting.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Pins the registers of `r` here: the compiler may not move their reads or writes across this
+// point, so that no access to an accumulator or A fragment falls between a wgmma and its wait.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(unsigned (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63), base offset 0
+// (swizzle pattern anchored at 1024-byte boundaries). Addresses and offsets in bytes.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned saddr, unsigned lbo, unsigned sbo) {
+    return static_cast<unsigned long long>((saddr & 0x3FFFFu) >> 4) |
+           (static_cast<unsigned long long>((lbo & 0x3FFFFu) >> 4) << 16) |
+           (static_cast<unsigned long long>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+
+// The descriptor `d` moved `bytes` further (start address field; no carry out of it for
+// shared addresses < 256 KB).
+__device__ __forceinline__ unsigned long long wg_desc_add(unsigned long long d, unsigned bytes) {
+    return d + (bytes >> 4);
+}
+
+// wgmma.mma_async wrappers (generated; m64nNk16 with f32 accumulators).
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64], A and B K-major in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_ss_n64_f16(float (&d)[32], unsigned long long da,
+                                              unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// D[64 x 64] += A[64 x 16] B[16 x 64], A from registers (4 x f16x2 per thread), B N-major in
+// shared memory (descriptor; transpose flag set).
+__device__ __forceinline__ void wgmma_rs_n64_f16(float (&d)[32], const unsigned (&a)[4],
+                                              unsigned long long db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64], A and B K-major in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_ss_n64_bf16(float (&d)[32], unsigned long long da,
+                                              unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// D[64 x 64] += A[64 x 16] B[16 x 64], A from registers (4 x bf16x2 per thread), B N-major in
+// shared memory (descriptor; transpose flag set).
+__device__ __forceinline__ void wgmma_rs_n64_bf16(float (&d)[32], const unsigned (&a)[4],
+                                              unsigned long long db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// D[64 x 128] (+)= A[64 x 16] B[16 x 128], A and B K-major in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_ss_n128_f16(float (&d)[64], unsigned long long da,
+                                              unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// D[64 x 128] += A[64 x 16] B[16 x 128], A from registers (4 x f16x2 per thread), B N-major in
+// shared memory (descriptor; transpose flag set).
+__device__ __forceinline__ void wgmma_rs_n128_f16(float (&d)[64], const unsigned (&a)[4],
+                                              unsigned long long db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// D[64 x 128] (+)= A[64 x 16] B[16 x 128], A and B K-major in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_ss_n128_bf16(float (&d)[64], unsigned long long da,
+                                              unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// D[64 x 128] += A[64 x 16] B[16 x 128], A from registers (4 x bf16x2 per thread), B N-major in
+// shared memory (descriptor; transpose flag set).
+__device__ __forceinline__ void wgmma_rs_n128_bf16(float (&d)[64], const unsigned (&a)[4],
+                                              unsigned long long db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// Per (dtype, N) dispatch of the wrappers above.
+template <typename Tr, int N>
+struct Wgmma;
+#define ATTN_WGMMA_TRAITS(TR, N, TY)                                                          \
+    template <>                                                                               \
+    struct Wgmma<TR, N> {                                                                     \
+        static __device__ __forceinline__ void ss(float (&d)[N / 2], unsigned long long da,   \
+                                                  unsigned long long db, int accumulate) {    \
+            wgmma_ss_n##N##_##TY(d, da, db, accumulate);                                      \
+        }                                                                                     \
+        static __device__ __forceinline__ void rs(float (&d)[N / 2], const unsigned (&a)[4],  \
+                                                  unsigned long long db) {                    \
+            wgmma_rs_n##N##_##TY(d, a, db);                                                   \
+        }                                                                                     \
+    };
+ATTN_WGMMA_TRAITS(AttnF16, 64, f16)
+ATTN_WGMMA_TRAITS(AttnF16, 128, f16)
+ATTN_WGMMA_TRAITS(AttnBF16, 64, bf16)
+ATTN_WGMMA_TRAITS(AttnBF16, 128, bf16)
+#undef ATTN_WGMMA_TRAITS
+
+// -------------------------------------------------------------------------------------
+// Tiles
+// -------------------------------------------------------------------------------------
+// Async copies of [ROWS x D] tiles of 16-bit elements (global rows of D elements, contiguous)
+// into the 128-byte-swizzled panel layout (see the top of the file), by all NT threads: thread
+// tid copies 16-byte chunk (tid % CPR) of rows tid / CPR + i * RSTEP. Since RSTEP is a multiple
+// of 8, a thread's swizzle (row & 7) is the same in every pass, so its offsets are computed once.
+template <int D, int NT>
+struct WgTileLoader {
+    static constexpr int CPR = D / 8;        // 16-byte chunks per row
+    static constexpr int RSTEP = NT / CPR;   // rows per pass
+    static_assert(NT % CPR == 0 && RSTEP % 8 == 0, "tile loader geometry");
+    int row;       // first row of this thread
+    unsigned dst;  // its smem byte offset in a tile, without the panel term of ROWS
+    unsigned pan;  // its panel (0 or 1)
+    int src;       // its global byte offset in a tile
+
+    __device__ __forceinline__ explicit WgTileLoader(int tid) {
+        row = tid / CPR;
+        const int ch = tid % CPR;
+        pan = static_cast<unsigned>(ch >> 3);
+        dst = static_cast<unsigned>(row * 128 + (((ch & 7) ^ (row & 7)) << 4));
+        src = row * (D * 2) + ch * 16;
+    }
+
+    // Rows >= valid_rows are zero-filled (their source is row 0, never read; valid_rows >= 1).
+    template <int ROWS>
+    __device__ __forceinline__ void load(unsigned tile, const void* gsrc, int valid_rows) const {
+        const char* g = static_cast<const char*>(gsrc);
+        const unsigned d0 = tile + pan * (ROWS * 128) + dst;
+#pragma unroll
+        for (int i = 0; i < (ROWS + RSTEP - 1) / RSTEP; ++i) {
+            if (ROWS % RSTEP == 0 || row + i * RSTEP < ROWS) {
+                const bool ok = row + i * RSTEP < valid_rows;
+                const char* sp = ok ? g + src + i * RSTEP * (D * 2) : g;
+                cp_async_16(d0 + i * RSTEP * 128, sp, ok ? 16 : 0);
+            }
+        }
+    }
+};
+
+template <int D_, int BC_, int NWG_, bool PIPE_, bool ORDER_, int MINB_>
+struct WgFwdCfg {
+    static constexpr int D = D_;
+    static constexpr int BC = BC_;                     // keys per K/V tile
+    static constexpr int NWG = NWG_;                   // consumer warpgroups
+    static constexpr bool PIPE = PIPE_;                // S_j overlapped with P_{j-1} V_{j-1}
+    static constexpr bool ORDER = ORDER_;              // warpgroups issue their GEMMs in turn
+    static constexpr int MINB = MINB_;                 // blocks per SM (__launch_bounds__)
+    static constexpr int NTHREADS = 128 * NWG;
+    static constexpr int BR = 64 * NWG;                // query rows per block
+    static constexpr int KSTAGES = 2;
+    static constexpr int VSTAGES = PIPE ? 3 : 2;
+    static constexpr int Q_BYTES = BR * D * 2;
+    static constexpr int KV_BYTES = BC * D * 2;        // one K or V tile
+    static constexpr int SMEM_BYTES = 1024 + Q_BYTES + (KSTAGES + VSTAGES) * KV_BYTES;
+    static_assert(D == 64 || D == 128, "head dim");
+    static_assert(BC == 64 || BC == 128, "key tile");
+    static_assert(NWG >= 1 && NWG <= 3, "warpgroups");
+    static_assert(SMEM_BYTES <= 232448, "shared memory per block");
+};
+
+// -------------------------------------------------------------------------------------
+// Per-tile steps of one warpgroup
+// -------------------------------------------------------------------------------------
+// S (+)= Q K^T for one K tile: KSTEPS wgmmas m64nBCk16, both operands K-major in smem. The
+// first one overwrites S (scale-d = 0). q_desc / kd: descriptors of the warpgroup's Q rows and
+// of the K stage (panel 0, column 0).
+template <typename Tr, typename Cfg>
+__device__ __forceinline__ void wg_issue_s(float (&s)[Cfg::BC / 2], unsigned long long q_desc,
+                                           unsigned long long kd) {
+#pragma unroll
+    for (int kk = 0; kk < Cfg::D / 16; ++kk) {
+        const unsigned qoff = (kk >> 2) * (Cfg::BR * 128) + (kk & 3) * 32;
+        const unsigned koff = (kk >> 2) * (Cfg::BC * 128) + (kk & 3) * 32;
+        Wgmma<Tr, Cfg::BC>::ss(s, wg_desc_add(q_desc, qoff), wg_desc_add(kd, koff), kk > 0 ? 1 : 0);
+    }
+}
+
+// O += P V for one V tile: BC/16 wgmmas m64nDk16, A = P from registers (k-step kk = registers
+// 4 kk .. 4 kk + 3), B = V N-major in smem (16 keys = 2048 bytes per k-step).
+template <typename Tr, typename Cfg>
+__device__ __forceinline__ void wg_issue_pv(float (&o)[Cfg::D / 2], const unsigned (&pf)[Cfg::BC / 4],
+                                            unsigned long long vd) {
+#pragma unroll
+    for (int kk = 0; kk < Cfg::BC / 16; ++kk) {
+        const unsigned a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+        Wgmma<Tr, Cfg::D>::rs(o, a, wg_desc_add(vd, kk * 2048));
+    }
+}
+
+// What the softmax of a tile needs besides the scores (per thread, constant over the tiles).
+template <typename T>
+struct WgRows {
+    int qrow;            // the thread's rows: qrow (r = 0) and qrow + 8 (r = 1)
+    int row0;            // first row of the warpgroup
+    int t;               // column pair 2t, 2t+1 of each 8-column group
+    int Lq, Lk, causal;
+    float sl2;           // scale * log2(e)
+    float inv_scale;
+    const T* mask;       // nullable; + mask_base + row * mask_stride_q + col
+    long long mask_base;
+    long long mask_stride_q;
+};
+
+// Masks the scores of the tile of keys n0 .. n0+BC-1 (Lk tail, causal, additive mask), updates
+// the running max m_r and turns s into P = 2^(s*sl2 - m*sl2) in place; alpha = the factor for
+// the old O and l, rsum = this thread's part of the row sums of P. As attention_fwd.cuh.
+template <typename Tr, int BC>
+__device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], float (&alpha)[2],
+                                           float (&rsum)[2], const WgRows<typename Tr::T>& w, int n0) {
+    const bool need_mask = (n0 + BC > w.Lk) || (w.causal && n0 + BC - 1 > w.row0) || w.mask != nullptr;
+    if (need_mask) {
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = w.qrow + ((e >> 1) << 3);
+                const int col = n0 + nt * 8 + 2 * w.t + (e & 1);
+                float x = s[4 * nt + e];
+                if (col >= w.Lk || (w.causal && col > row)) {
+                    x = attn_neg_inf();
+                } else if (w.mask != nullptr && row < w.Lq) {
+                    // scores stay unscaled: add mask/scale so scale*x = scale*qk + mask
+                    x += Tr::to_float(w.mask[w.mask_base + (long long)row * w.mask_stride_q + col]) *
+                         w.inv_scale;
+                }
+                s[4 * nt + e] = x;
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = m_r[r];
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+        // the 4 threads t = 0..3 of a row group hold the row's columns
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // old max -inf: nothing accumulated yet (l = 0, O = 0), any finite alpha works
+        alpha[r] = (m_r[r] == attn_neg_inf()) ? 0.f : fast_exp2((m_r[r] - mx) * w.sl2);
+        m_r[r] = mx;
+        // whole row masked so far: use 0 as the reference so 2^(-inf - 0) = 0, not NaN
+        const float msc = (mx == attn_neg_inf()) ? 0.f : mx * w.sl2;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) {
+            const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * r], w.sl2, -msc));
+            const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * r + 1], w.sl2, -msc));
+            s[4 * nt + 2 * r] = p0;
+            s[4 * nt + 2 * r + 1] = p1;
+            sum += p0 + p1;
+        }
+        rsum[r] = sum;
+    }
+}
+
+// O *= alpha, l = l * alpha + rsum, and P (in s) packed to T pairs: accumulator pairs (2i, 2i+1)
+// are exactly the registers of the m64k16 A fragment layout (k-step kk = pf[4 kk .. 4 kk + 3]).
+template <typename Tr, int D, int BC>
+__device__ __forceinline__ void wg_rescale_pack(float (&o)[D / 2], unsigned (&pf)[BC / 4],
+                                                float (&l_r)[2], const float (&s)[BC / 2],
+                                                const float (&alpha)[2], const float (&rsum)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l_r[r] = l_r[r] * alpha[r] + rsum[r];
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn) {
+            o[4 * dn + 2 * r] *= alpha[r];
+            o[4 * dn + 2 * r + 1] *= alpha[r];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < BC / 4; ++i) pf[i] = Tr::pack(s[2 * i], s[2 * i + 1]);
+}
+
+// ORDER: in every iteration warpgroup w > 0 issues its first GEMMs only after warpgroup w - 1
+// has issued its own (named barrier w: 128 arrivals of w - 1, 128 waits of w), so that the
+// tensor cores finish one warpgroup's S while the next one's is still queued, and the
+// softmaxes of the warpgroups are staggered instead of competing for the exp units. Each
+// warpgroup calls both once per iteration, whether it computes or not.
+template <typename Cfg>
+__device__ __forceinline__ void wg_turn_wait(int wg) {
+    if (Cfg::ORDER && wg > 0) named_bar_sync(wg, 256);
+}
+template <typename Cfg>
+__device__ __forceinline__ void wg_turn_pass(int wg) {
+    if (Cfg::ORDER && wg + 1 < Cfg::NWG) named_bar_arrive(wg + 1, 256);
+}
+
+// -------------------------------------------------------------------------------------
+// The forward
+// -------------------------------------------------------------------------------------
+template <typename Tr, typename Cfg>
+__device__ __forceinline__ void flash_fwd_wgmma_body(const FlashParams& p, unsigned char* smem) {
+    typedef typename Tr::T T;
+    constexpr int D = Cfg::D;
+    constexpr int BC = Cfg::BC;
+    constexpr int BR = Cfg::BR;
+    constexpr int NT = Cfg::NTHREADS;
+    constexpr int KV_BYTES = Cfg::KV_BYTES;
+    constexpr int VSTAGES = Cfg::VSTAGES;
+    constexpr int SR = BC / 2;      // S accumulators per thread
+    constexpr int OR = D / 2;       // O accumulators per thread
+    constexpr int PR = BC / 4;      // P registers (two T each) per thread
+
+    const int tid = threadIdx.x;
+    // warpgroup: query rows 64 wg .. 64 wg + 63 of the block. Broadcast from lane 0 so that the
+    // compiler knows it is warp-uniform: the wgmmas below sit in branches on values derived from
+    // it, and a branch it must treat as divergent makes ptxas serialize every wgmma (C7520).
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    const int warp = (tid >> 5) & 3;   // warp within the warpgroup: rows 16 warp ..
+    const int lane = tid & 31;
+    const int g = lane >> 2;  // accumulator fragment: rows g and g + 8 of the warp's 16 ...
+    const int t = lane & 3;   // ... columns 8 i + 2 t and + 1 (register 4 i + e)
+
+    // Blocks with the most work (last query blocks under causal) are scheduled first.
+    const int m_block = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    const int hk = h / (p.H / p.Hkv);
+    const int Lq = p.Lq;
+    const int Lk = p.Lk;
+    const int m0 = m_block * BR;
+
+    const T* qg = static_cast<const T*>(p.q) + ((long long)(b * p.H + h) * Lq + m0) * D;
+    const T* kg = static_cast<const T*>(p.k) + (long long)(b * p.Hkv + hk) * Lk * D;
+    const T* vg = static_cast<const T*>(p.v) + (long long)(b * p.Hkv + hk) * Lk * D;
+
+    // Keys the block can see: all, or (causal) up to its last valid query row; the tiles a
+    // warpgroup computes are a prefix of the block's (causal: up to its own last row).
+    int kv_end = Lk;
+    if (p.causal) kv_end = min(Lk, min(Lq, m0 + BR));
+    const int n_tiles = (kv_end + BC - 1) / BC;  // >= 1
+    const int row0 = m0 + 64 * wg;                // first query row of this warpgroup
+    int wg_tiles = 0;
+    if (row0 < Lq) wg_tiles = (p.causal ? min(kv_end - 1, row0 + 63) : kv_end - 1) / BC + 1;
+
+    // smem: [Q: BR rows][K stage 0, 1][V stage 0 .. VSTAGES-1], 1024-byte aligned
+    const unsigned s_q = (smem_u32(smem) + 1023u) & ~1023u;
+    const unsigned s_k = s_q + Cfg::Q_BYTES;
+    const unsigned s_v = s_k + Cfg::KSTAGES * KV_BYTES;
+    const unsigned long long q_desc = wg_desc(s_q + wg * 64 * 128, 16, 1024);
+    const unsigned long long k_desc = wg_desc(s_k, 16, 1024);
+    const unsigned long long v_desc = wg_desc(s_v, BC * 128, 1024);
+
+    // cp.async groups, committed by every thread (empty past the end, so counts are uniform):
+    // [Q, K_0], [V_0], then in iteration j: [K_{j+1}], [V_{j+1}].
+    const WgTileLoader<D, NT> loader(tid);
+    loader.template load<BR>(s_q, qg, Lq - m0);
+    loader.template load<BC>(s_k, kg, Lk);
+    cp_async_commit();
+    loader.template load<BC>(s_v, vg, Lk);
+    cp_async_commit();
+
+    float o[OR];
+    float s[SR];
+    unsigned pf[PR];
+#pragma unroll
+    for (int i = 0; i < OR; ++i) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < SR; ++i) s[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < PR; ++i) pf[i] = 0u;
+    // running max (raw score unit) and this thread's part of the running sum, rows r = 0, 1
+    float m_r[2] = {attn_neg_inf(), attn_neg_inf()};
+    float l_r[2] = {0.f, 0.f};
+    float alpha[2], rsum[2];
+
+    WgRows<T> w;
+    w.qrow = row0 + warp * 16 + g;
+    w.row0 = row0;
+    w.t = t;
+    w.Lq = Lq;
+    w.Lk = Lk;
+    w.causal = p.causal;
+    w.sl2 = p.scale * ATTN_LOG2E;
+    w.inv_scale = 1.f / p.scale;
+    w.mask = static_cast<const T*>(p.mask);
+    w.mask_base = (long long)b * p.mask_stride_b + (long long)h * p.mask_stride_h;
+    w.mask_stride_q = p.mask_stride_q;
+
+    // The wgmma issue/wait pairs below each sit whole inside one branch on warpgroup-uniform
+    // values (first tile / steady state / drain): with a wgmma group left in flight across a
+    // branch (tried first), ptxas can no longer prove the accumulators untouched and serializes
+    // all wgmmas (C7514 / C7520).
+    for (int j = 0; j < n_tiles; ++j) {
+        // K_j (PIPE: and V_{j-1}; else V_j) has landed, for every thread; and every warpgroup
+        // has waited for its wgmmas of the previous iteration (the slots refilled below).
+        if (Cfg::PIPE) {
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async_smem();
+        __syncthreads();
+        if (j + 1 < n_tiles) {
+            const int n1 = (j + 1) * BC;
+            loader.template load<BC>(s_k + ((j + 1) & 1) * KV_BYTES, kg + (long long)n1 * D, Lk - n1);
+        }
+        cp_async_commit();
+        if (j + 1 < n_tiles) {
+            const int n1 = (j + 1) * BC;
+            loader.template load<BC>(s_v + ((j + 1) % VSTAGES) * KV_BYTES, vg + (long long)n1 * D,
+                                     Lk - n1);
+        }
+        cp_async_commit();
+
+        const int n0 = j * BC;
+        const unsigned long long kd = wg_desc_add(k_desc, (j & 1) * KV_BYTES);
+        if (Cfg::PIPE) {
+            // P_{j-1} V_{j-1} runs while the softmax of tile j is computed.
+            const unsigned long long vd = wg_desc_add(v_desc, ((j + VSTAGES - 1) % VSTAGES) * KV_BYTES);
+            if (j == 0) {
+                if (wg_tiles > 0) {  // first tile: S only
+                    wg_turn_wait<Cfg>(wg);
+                    reg_fence(s);
+                    wg_fence();
+                    wg_issue_s<Tr, Cfg>(s, q_desc, kd);
+                    wg_commit();
+                    wg_turn_pass<Cfg>(wg);
+                    wg_wait<0>();
+                    reg_fence(s);
+                    wg_softmax<Tr, BC>(s, m_r, alpha, rsum, w, n0);
+                    wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
+                } else {
+                    wg_turn_wait<Cfg>(wg);
+                    wg_turn_pass<Cfg>(wg);
+                }
+            } else if (j < wg_tiles) {  // steady state: S_j and P_{j-1} V_{j-1}
+                wg_turn_wait<Cfg>(wg);
+                reg_fence(s);
+                reg_fence(o);
+                reg_fence(pf);
+                wg_fence();
+                wg_issue_s<Tr, Cfg>(s, q_desc, kd);
+                wg_commit();
+                wg_issue_pv<Tr, Cfg>(o, pf, vd);
+                wg_commit();
+                wg_turn_pass<Cfg>(wg);
+                wg_wait<1>();  // S_j done
+                reg_fence(s);
+                wg_softmax<Tr, BC>(s, m_r, alpha, rsum, w, n0);
+                wg_wait<0>();  // P_{j-1} V_{j-1} done: O and the P registers are free
+                reg_fence(o);
+                reg_fence(pf);
+                wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
+            } else if (j == wg_tiles) {  // drain: the warpgroup's last P V
+                wg_turn_wait<Cfg>(wg);
+                reg_fence(o);
+                reg_fence(pf);
+                wg_fence();
+                wg_issue_pv<Tr, Cfg>(o, pf, vd);
+                wg_commit();
+                wg_turn_pass<Cfg>(wg);
+                wg_wait<0>();
+                reg_fence(o);
+            } else {
+                wg_turn_wait<Cfg>(wg);
+                wg_turn_pass<Cfg>(wg);
+            }
+        } else if (j < wg_tiles) {
+            wg_turn_wait<Cfg>(wg);
+            reg_fence(s);
+            wg_fence();
+            wg_issue_s<Tr, Cfg>(s, q_desc, kd);
+            wg_commit();
+            wg_turn_pass<Cfg>(wg);
+            wg_wait<0>();
+            reg_fence(s);
+            wg_softmax<Tr, BC>(s, m_r, alpha, rsum, w, n0);
+            wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
+            reg_fence(o);
+            reg_fence(pf);
+            wg_fence();
+            wg_issue_pv<Tr, Cfg>(o, pf, wg_desc_add(v_desc, (j % VSTAGES) * KV_BYTES));
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(o);
+        } else {
+            wg_turn_wait<Cfg>(wg);
+            wg_turn_pass<Cfg>(wg);
+        }
+    }
+    cp_async_wait<0>();
+    if (Cfg::PIPE) {
+        // Drain of the warpgroups whose last tile is the block's last (V landed: wait + barrier).
+        fence_proxy_async_smem();
+        __syncthreads();
+        if (wg_tiles == n_tiles) {
+            reg_fence(o);
+            reg_fence(pf);
+            wg_fence();
+            wg_issue_pv<Tr, Cfg>(o, pf, wg_desc_add(v_desc, ((n_tiles - 1) % VSTAGES) * KV_BYTES));
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(o);
+        }
+    }
+
+    if (row0 >= Lq) return;  // warpgroup entirely past Lq: it only helped load tiles
+
+    // ---- epilogue: O /= l, lse = m * scale + ln(l) (l == 0: O = 0, lse = -inf) ----
+    T* og = static_cast<T*>(p.o) + (long long)(b * p.H + h) * Lq * D;
+    float* lse = static_cast<float*>(p.lse) + (long long)(b * p.H + h) * Lq;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = l_r[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = (l > 0.f) ? 1.f / l : 0.f;  // fully masked row: O = 0
+        const int row = w.qrow + 8 * r;
+        if (row < Lq) {
+            T* orow = og + (long long)row * D;
+#pragma unroll
+            for (int dn = 0; dn < D / 8; ++dn) {
+                *reinterpret_cast<unsigned*>(orow + dn * 8 + 2 * t) =
+                    Tr::pack(o[4 * dn + 2 * r] * inv, o[4 * dn + 2 * r + 1] * inv);
+            }
+            if (t == 0) lse[row] = (l > 0.f) ? m_r[r] * p.scale + logf(l) : attn_neg_inf();
+        }
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// Kernels
+// -------------------------------------------------------------------------------------
+// Tunables per head dim (compile-time; the defaults are the launch numbers documented at the
+// top): BC keys per K/V tile (64 | 128), NWG warpgroups (BR = 64 NWG query rows per block),
+// PIPE (S_j overlapped with P_{j-1} V_{j-1}; 3 V stages instead of 2), ORDER (warpgroups issue
+// their GEMMs in turn), MINB (blocks per SM asked of the compiler: register cap 65536 /
+// (MINB * 128 NWG)). Measured on the H200 (benches/attention_wgmma_check.py, 2026-11-29):
+// D=128: 2 WG x 128 keys, PIPE, ORDER: 0.71-0.77x SDPA at L >= 4096 (ORDER +3-7%; PIPE on or
+// off within noise); D=64: 2 WG x 64 keys, no PIPE, 2 blocks per SM: 0.80-0.88x (one block
+// of 3 WG: 0.60-0.69x; moving a quarter of exp2 to the FMA pipe: -10%).
+#ifndef ATTN_WG_D128_BC
+#define ATTN_WG_D128_BC 128
+#endif
+#ifndef ATTN_WG_D128_NWG
+#define ATTN_WG_D128_NWG 2
+#endif
+#ifndef ATTN_WG_D128_PIPE
+#define ATTN_WG_D128_PIPE 1
+#endif
+#ifndef ATTN_WG_D128_ORDER
+#define ATTN_WG_D128_ORDER 1
+#endif
+#ifndef ATTN_WG_D128_MINB
+#define ATTN_WG_D128_MINB 1
+#endif
+#ifndef ATTN_WG_D64_BC
+#define ATTN_WG_D64_BC 64
+#endif
+#ifndef ATTN_WG_D64_NWG
+#define ATTN_WG_D64_NWG 2
+#endif
+#ifndef ATTN_WG_D64_PIPE
+#define ATTN_WG_D64_PIPE 0
+#endif
+#ifndef ATTN_WG_D64_ORDER
+#define ATTN_WG_D64_ORDER 0
+#endif
+#ifndef ATTN_WG_D64_MINB
+#define ATTN_WG_D64_MINB 2
+#endif
+
+typedef WgFwdCfg<128, ATTN_WG_D128_BC, ATTN_WG_D128_NWG, ATTN_WG_D128_PIPE != 0, ATTN_WG_D128_ORDER != 0,
+                 ATTN_WG_D128_MINB>
+    AttnWgCfgD128;
+typedef WgFwdCfg<64, ATTN_WG_D64_BC, ATTN_WG_D64_NWG, ATTN_WG_D64_PIPE != 0, ATTN_WG_D64_ORDER != 0,
+                 ATTN_WG_D64_MINB>
+    AttnWgCfgD64;
+
+#if ATTN_WG_D128_PIPE && ATTN_WG_D128_BC == 128 && ATTN_WG_D128_NWG == 2
+static_assert(AttnWgCfgD128::SMEM_BYTES == 197632 && AttnWgCfgD128::NTHREADS == 256 &&
+                  AttnWgCfgD128::BR == 128,
+              "documented (wgmma fwd d128)");
+#endif
+#if !ATTN_WG_D64_PIPE && ATTN_WG_D64_BC == 64 && ATTN_WG_D64_NWG == 2
+static_assert(AttnWgCfgD64::SMEM_BYTES == 50176 && AttnWgCfgD64::NTHREADS == 256 &&
+                  AttnWgCfgD64::BR == 128,
+              "documented (wgmma fwd d64)");
+#endif
+
+extern __shared__ __align__(1024) unsigned char attn_wg_smem[];
+
+#define ATTN_WG_FWD_KERNEL(NAME, TR, CFG)                                          \
+    extern "C" __global__ void __launch_bounds__(CFG::NTHREADS, CFG::MINB)         \
+        NAME(const FlashParams p) {                                                \
+        flash_fwd_wgmma_body<TR, CFG>(p, attn_wg_smem);                            \
+    }
+
+ATTN_WG_FWD_KERNEL(flash_fwd_wgmma_d64_f16, AttnF16, AttnWgCfgD64)
+ATTN_WG_FWD_KERNEL(flash_fwd_wgmma_d64_bf16, AttnBF16, AttnWgCfgD64)
+ATTN_WG_FWD_KERNEL(flash_fwd_wgmma_d128_f16, AttnF16, AttnWgCfgD128)
+ATTN_WG_FWD_KERNEL(flash_fwd_wgmma_d128_bf16, AttnBF16, AttnWgCfgD128)
