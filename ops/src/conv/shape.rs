@@ -167,7 +167,7 @@ pub(crate) fn check_params(op: &str, p: &Conv2dParams) -> Result<()> {
     if sizes.contains(&0) {
         return Err(Error::invalid_dim(op, format!("zero size in {p:?}")));
     }
-    if p.c_in % p.groups != 0 || p.c_out % p.groups != 0 {
+    if !p.c_in.is_multiple_of(p.groups) || !p.c_out.is_multiple_of(p.groups) {
         let detail = format!(
             "c_in {} and c_out {} must be multiples of groups {}",
             p.c_in, p.c_out, p.groups

@@ -177,7 +177,7 @@ fn next_msg(rx: &Receiver<Msg>, spin: Duration) -> Option<Msg> {
                 return Some(m);
             }
             polls = polls.wrapping_add(1);
-            if polls % 64 == 0 && start.elapsed() >= spin {
+            if polls.is_multiple_of(64) && start.elapsed() >= spin {
                 break;
             }
             std::hint::spin_loop();
