@@ -5,10 +5,15 @@
 //! burst (when it hands the burst to its watcher) instead of one per op, so an output's
 //! ready mark may name an event that is not recorded yet. A consumer on another stream
 //! waits for the recording ([`Burst::wait`]) before making its stream wait on the event.
-//! The actor records (or fails) every burst it opens: before it blocks on anything, when
-//! its mailbox runs empty, after 16 ops, and when it stops; so a wait is short and
-//! cannot deadlock (a blocked actor has no open burst). Loom checks the primitive
-//! (`loom_tests.rs`).
+//! The actor records (or fails) every burst it opens: before it waits for another actor
+//! (a pending input, another burst's event), when its mailbox runs empty, after 16 ops,
+//! and when it stops (or fails on drop). So the wait cannot deadlock: an actor waiting
+//! on another actor has no open burst, and the other waits only on the device (stream
+//! synchronizes in an op, e.g. the first cuDNN algorithm search of a shape, or the
+//! out-of-memory retry), which needs nothing from any actor. The wait is bounded by the
+//! producer's current op plus at most 15 more ops of its burst; an op that blocks for
+//! long (the first search of a convolution shape: milliseconds) delays consumers on
+//! other streams by as much. Loom checks the primitive (`loom_tests.rs`).
 
 use crate::error::{Error, Result};
 use crate::sync::{lock, wait, Condvar, Mutex};

@@ -19,11 +19,11 @@ pub enum Phase {
     Execute,
     /// Device allocations inside `run`.
     Alloc,
-    /// Recording the op's event.
+    /// Recording a burst's event and handing the burst to the watcher (per burst).
     Record,
     /// Publishing the outputs.
     Publish,
-    /// Handing the op to the watcher.
+    /// Queueing the op for its burst's hand-off to the watcher.
     Send,
     /// The watcher's wait for a batch's newest event (per batch).
     WatchWait,

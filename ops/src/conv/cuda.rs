@@ -146,10 +146,12 @@ impl Planned {
 
 /// A stream's cuDNN handle, algorithm cache and workspace.
 pub(crate) struct ConvState {
-    stream: Arc<CudaStream>,
-    handle: Handle,
+    // Field order is drop order: the plans (whose cuDNN descriptors refer to the handle)
+    // and the workspace before the handle.
     plans: HashMap<AlgoKey, Planned>,
     workspace: Option<CudaSlice<u8>>,
+    handle: Handle,
+    stream: Arc<CudaStream>,
 }
 
 impl ConvState {

@@ -192,7 +192,8 @@ pub(crate) struct GraphPlan {
     // cuDNN's plan refers to them after finalizing is not documented, so they live
     // as long as it does).
     plan: Desc,
-    /// Recently used variant packs by (x, w, y, workspace) address, newest last.
+    /// The variant packs of the last [`PACKS_KEPT`] (x, w, y, workspace) address tuples
+    /// (first in, first out).
     packs: std::cell::RefCell<Vec<([u64; 4], Desc)>>,
     _config: [Desc; 2],
     _graph: std::rc::Rc<Vec<Desc>>,
@@ -279,7 +280,7 @@ fn tensor(uid: i64, dt: DType, dims: [usize; 4], layout: Layout, align: i64) -> 
 /// Which engines the numerics allow.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Numerics {
-    /// f32 without TF32: no tensor-core or down-converting engines.
+    /// f32 without TF32: no tensor-core engines (down-converting ones are never used).
     pub exact_f32: bool,
     /// Strided backward data: no FFT engines (as the legacy search).
     pub no_fft: bool,
@@ -290,11 +291,12 @@ impl Numerics {
         use sys::cudnnBackendNumericalNote_t as N;
         let is = |n: &Note<NUMERICAL>, v: N| n.0 == v as u32;
         notes.iter().all(|n| {
-            // Half-precision accumulation: below the f32 accumulation every op promises.
+            // Half-precision accumulation, or inputs converted to a narrower type (f32
+            // with TF32 would overflow above 65504 in f16): below what the legacy path
+            // and every op promise.
             !is(n, N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
-                && !(self.exact_f32
-                    && (is(n, N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE)
-                        || is(n, N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)))
+                && !is(n, N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
+                && !(self.exact_f32 && is(n, N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE))
                 && !(self.no_fft && is(n, N::CUDNN_NUMERICAL_NOTE_FFT))
         })
     }

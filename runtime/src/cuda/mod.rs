@@ -19,8 +19,9 @@
 //! 3. The watcher synchronizes events in FIFO order (blocking sync, no spinning), then
 //!    completes the submission and hands the envelope back to the actor, which drops it:
 //!    the op and its inputs (the keep-alive) are released only now, so memory is never
-//!    freed under a kernel. Freed device memory goes back stream-ordered
-//!    (`cuMemFreeAsync` on its allocating stream, to that stream actor's own pool).
+//!    freed under a kernel. Freed tensor memory goes to the block cache of the stream
+//!    actor that allocated it, for its next allocation of that size (`alloc.rs`); other
+//!    device memory is freed stream-ordered (`cuMemFreeAsync` on its stream).
 //! 4. A failed synchronization is a sticky device error: the device is poisoned, every
 //!    pending and later op on it fails with the error, nothing hangs.
 
@@ -39,7 +40,7 @@ use cudarc::driver::{sys, CudaContext, CudaModule};
 use dashmap::DashMap;
 
 pub(crate) use alloc::recycle;
-pub use alloc::{alloc_uninit, block_cache_stats, CACHE_MAX_BLOCK, CACHE_MAX_BYTES};
+pub use alloc::{alloc_uninit, block_cache_stats, empty_cache, CACHE_MAX_BLOCK, CACHE_MAX_BYTES};
 pub use context::StreamCx;
 
 use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};

@@ -1,0 +1,89 @@
+//! Device memory of dropped tensors is kept by the stream actor that allocated it,
+//! handed out again for the next allocation of its size, and given back by
+//! `rtx::cuda::empty_cache`. Runs only where a CUDA device is present (required under
+//! `RTX_REQUIRE_CUDA=1`); one test in its own process, so no other test's allocations
+//! or out-of-memory trims interleave with its readings of the device's free memory.
+
+use std::time::Duration;
+
+use rtx::{Backend, Buffer, Cost, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor, TensorSpec};
+
+/// Declares an output of `n` f32 elements and allocates it (never read).
+struct Alloc(usize);
+
+impl Op for Alloc {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "alloc"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![]
+    }
+    fn plan(&self, _: &PlanCx) -> Result<Plan> {
+        Ok(Plan {
+            outputs: vec![TensorSpec::new([self.0], rtx::DType::F32)],
+            cost: Cost::default(),
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let y = cx.cuda()?.alloc::<f32>(self.0)?;
+        cx.set_output(0, Buffer::from_cuda(y))
+    }
+}
+
+#[test]
+fn freed_memory_is_cached_reused_and_given_back() {
+    match rtx::cuda::probe() {
+        Ok(n) if n > 0 => {}
+        other => {
+            if std::env::var("RTX_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("RTX_REQUIRE_CUDA=1 but CUDA is unavailable: {other:?}");
+            }
+            eprintln!("cuda: skipped (no device)");
+            return;
+        }
+    }
+    let rt = Runtime::builder()
+        .backend(Backend::Cuda(vec![0]))
+        .streams(1)
+        .build()
+        .unwrap();
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let free = || ctx.mem_get_info().unwrap().0 as i64;
+    const MIB: i64 = 1 << 20;
+    let n = 16usize << 20; // 64 MiB of f32: the largest block the caches keep
+                           // The op's keep-alive goes back to its actor after completion: give it a moment.
+    let settle = || std::thread::sleep(Duration::from_millis(200));
+
+    let f0 = free();
+    drop(rt.submit(Alloc(n)).unwrap().wait().unwrap());
+    settle();
+    let f1 = free();
+    assert!(
+        f0 - f1 >= 60 * MIB,
+        "the dropped tensor's 64 MiB stay with its stream: {} MiB",
+        (f0 - f1) / MIB
+    );
+    let (hits0, _) = rtx::cuda::block_cache_stats();
+    let y = rt.submit(Alloc(n)).unwrap().wait().unwrap();
+    let (hits1, _) = rtx::cuda::block_cache_stats();
+    let f2 = free();
+    assert!(
+        hits1 > hits0,
+        "the same size again is served from the cache"
+    );
+    assert!(
+        (f1 - f2).abs() < 16 * MIB,
+        "reusing the cached block takes no new memory: {} MiB",
+        (f1 - f2) / MIB
+    );
+    drop(y);
+    settle();
+    rtx::cuda::empty_cache();
+    let f3 = free();
+    assert!(
+        f3 - f2 >= 60 * MIB,
+        "empty_cache gives the 64 MiB back: {} MiB",
+        (f3 - f2) / MIB
+    );
+}
