@@ -26,6 +26,13 @@ Two steps, because the GPU host has no Rust and the kernel needs the sm_90a targ
    only (--child-timeout seconds).
 
 Options: --quick (fewer cases / lengths), --no-bench, --no-check, --variants a,b.
+--bwd: the same for the wgmma backward main kernel (attention_wgmma_bwd.cu, D = 128, with
+attention.cu's preprocess and convert kernels): dq, dk, dv against float64 autograd (f16/bf16,
+causal 0/1, no mask / [Lq,Lk] / [B,H,Lq,Lk] masks with -inf entries and a fully masked row, odd
+lengths, Lq != Lk, GQA; outputs NaN-poisoned), then backward-only and forward + backward time
+next to the mma.sync backward and SDPA (bf16, B*L = 16384, H = 16, L 4096 / 16384, causal 0/1):
+  PYTHONUNBUFFERED=1 timeout 185 python3 benches/attention_wgmma_check.py --bwd --child-timeout 60
+(about 60 s on the H200 with 4 variants).
 Device tool: carry [".wgmma_cubin"], command
   PYTHONUNBUFFERED=1 timeout 285 python3 benches/attention_wgmma_check.py 2>&1 | tee $OUT/log.txt
 (about 60 s with 9 variants on the H200).
@@ -91,7 +98,8 @@ def build(outdir):
     exe = os.path.join(ROOT, "target", "release", "examples", "ptxas")
     manifest = {}
     tmp = os.path.join(outdir, "tmp")
-    jobs = [(n, "attention_wgmma", d) for (n, d, _, _) in VARIANTS] + [("attention", "attention", {})]
+    jobs = ([(n, "attention_wgmma", d) for (n, d, _, _) in VARIANTS] + [("attention", "attention", {})] +
+            [(n, "attention_wgmma_bwd", d) for (n, d, _) in BWD_VARIANTS])
     for name, program, defs in jobs:
         os.makedirs(tmp, exist_ok=True)
         flags = ["--flag=-D%s=%s" % kv for kv in sorted(defs.items())]
@@ -434,6 +442,309 @@ def gpu_main(args):
     return 0 if "wg" in ok_names or args.no_check else 1
 
 
+# ---------------------------------------------------------------------------------------
+# The wgmma backward (attention_wgmma_bwd.cu): --bwd
+# ---------------------------------------------------------------------------------------
+# (name, -D defines of attention_wgmma_bwd.cu, note). "bwg" = defaults; it must stay first.
+# Measured on the H200 (2026-11-29, bf16 D=128, B*L = 16384, H = 16, L 4096 / 16384, causal 0/1;
+# backward = preprocess + main + convert, TFLOP/s = 2.5 x 4BHL^2D (/2 causal) / time): bwg (then
+# named bwgbulk) 292-347, bwgred 286-337, bwgmma 265-312, bwgmmab 269-319; the mma.sync backward
+# of attention.cu 203-225; all passed the gradient check.
+BWD_VARIANTS = [
+    ("bwg", {}, "defaults: BC = 128 keys, 2 WG, BR = 64 query rows per step, dQ via smem + bulk reduce"),
+    ("bwgred", {"ATTN_WGB_DQ_BULK": 0}, "dQ red.global.add.v2.f32 from registers"),
+    ("bwgmma", {"ATTN_WGB_DQ_MMA": 1, "ATTN_WGB_DQ_BULK": 0}, "dQ = dS K with mma.sync (ldmatrix.trans), red.v2"),
+    ("bwgmmab", {"ATTN_WGB_DQ_MMA": 1}, "dQ with mma.sync, bulk reduce"),
+]
+
+
+def bwg_cfg(defs):
+    """(threads, dynamic smem bytes, keys per block) of flash_bwd_wgmma_d128_* built with `defs`
+    (the formula at the top of attention_wgmma_bwd.cu)."""
+    bc, br, d = 128, 64, 128
+    dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
+    return 2 * bc, 1024 + 2 * bc * d * 2 + bc * br * 2 + 2 * 2 * br * d * 2 + 2 * 2 * br * 4 + dq, bc
+
+
+assert bwg_cfg({}) == (256, 184320, 128) and bwg_cfg({"ATTN_WGB_DQ_BULK": 0})[1] == 149504
+
+
+def bwd_main(args):
+    """Checks flash_bwd_wgmma_d128_* (with attention.cu's preprocess / convert kernels) against
+    float64 autograd and times it next to the mma.sync backward and SDPA."""
+    sys.path.insert(0, HERE)
+    import attention_check as ac  # noqa: E402  (sets TMPDIR under $OUT, imports torch, cupy)
+    import torch
+    import torch.nn.functional as F
+    import cupy
+
+    out_dir = os.environ.get("OUT")
+    t0 = time.time()
+    if not args.child:
+        dev = torch.cuda.get_device_properties(0)
+        print("device: %s, torch %s, cupy %s" % (dev.name, torch.__version__, cupy.__version__))
+    manifest = {}
+    mpath = os.path.join(args.cubins, "manifest.json")
+    if os.path.exists(mpath):
+        manifest = json.load(open(mpath))
+
+    cache = {}
+
+    def launch(cubin, name, grid, block, smem, params):
+        key = (cubin, name)
+        k = cache.get(key)
+        if k is None:
+            mod = cache.get(cubin)
+            if mod is None:
+                mod = cache[cubin] = cupy.RawModule(path=os.path.join(args.cubins, cubin + ".cubin"))
+            k = mod.get_function(name)
+            if smem > 48 * 1024:
+                k.max_dynamic_shared_size_bytes = smem
+            cache[key] = k
+        k(grid, block, (params,), shared_mem=smem)
+
+    def fwd_mma(p, B, H, Lq, D, dt):
+        threads, smem = ac.fwd_launch_cfg(D, 1 if D == 64 else 0)
+        launch("attention", "flash_fwd_d%d_%s" % (D, dt), ((Lq + 127) // 128, H, B), (threads, 1, 1), smem, p)
+
+    def fwd_wg(p, B, H, Lq, D, dt):
+        threads, smem, br = wg_cfg({}, D)
+        launch("wg", "flash_fwd_wgmma_d%d_%s" % (D, dt), ((Lq + br - 1) // br, H, B), (threads, 1, 1), smem, p)
+
+    def pre(p, B, H, Lq, D, dt):
+        rows = B * H * Lq
+        rpb = ac.pre_rows_per_block(D)
+        launch("attention", "flash_bwd_preprocess_d%d_%s" % (D, dt), ((rows + rpb - 1) // rpb, 1, 1),
+               (256, 1, 1), 0, p)
+
+    def conv(p, B, H, Lq, D, dt):
+        n4 = B * H * Lq * D // 4
+        launch("attention", "flash_bwd_convert_dq_d%d_%s" % (D, dt), (max(1, min((n4 + 255) // 256, 65535)), 1, 1),
+               (256, 1, 1), 0, p)
+
+    def main_old(p, B, H, Hkv, Lq, Lk, D, dt):
+        threads, bc, smem = ac.bwd_launch_cfg(D)
+        launch("attention", "flash_bwd_dq_dk_dv_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
+               (threads, 1, 1), smem, p)
+
+    def make_main_new(name, defs):
+        threads, smem, bc = bwg_cfg(defs)
+
+        def main_new(p, B, H, Hkv, Lq, Lk, D, dt):
+            launch(name, "flash_bwd_wgmma_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
+                   (threads, 1, 1), smem, p)
+        return main_new
+
+    def bwd_with(main):
+        def run(p, B, H, Hkv, Lq, Lk, D, dt):
+            pre(p, B, H, Lq, D, dt)
+            main(p, B, H, Hkv, Lq, Lk, D, dt)
+            conv(p, B, H, Lq, D, dt)
+        return run
+
+    variants = [(n, d, note) for (n, d, note) in BWD_VARIANTS
+                if not args.variants or n == "bwg" or n in args.variants.split(",")]
+    for (n, d, note) in variants:
+        rep = manifest.get(n, {})
+        if not args.child:
+            print("%-8s [%s] %s" % (n, note, "; ".join(rep.get("report", []))))
+            for w in rep.get("warnings", []):
+                print("    " + w)
+
+    def check_one(bwd, dtype, D, causal, mask_mode, Lq, Lk, gqa, gen):
+        big = Lq >= 1000 and Lk >= 1000
+        B, H = (1, 2) if big else (2, 4)
+        Hkv = H // 2 if gqa else H
+        dev, dt, nan = "cuda", ac.tname(dtype), float("nan")
+        scale = 1.0 / math.sqrt(D)
+        q = torch.randn(B, H, Lq, D, device=dev, generator=gen).to(dtype)
+        k = torch.randn(B, Hkv, Lk, D, device=dev, generator=gen).to(dtype)
+        v = torch.randn(B, Hkv, Lk, D, device=dev, generator=gen).to(dtype)
+        dout = torch.randn(B, H, Lq, D, device=dev, generator=gen).to(dtype)
+        mask, mstr = None, (0, 0, 0)
+        if mask_mode:
+            shape = (Lq, Lk) if mask_mode == 1 else (B, H, Lq, Lk)
+            mask = torch.randn(*shape, device=dev, generator=gen)
+            drop = torch.rand(*shape, device=dev, generator=gen) < 0.06
+            mask = mask.masked_fill(drop, float("-inf"))
+            if Lq > 3:
+                mask[..., 3, :] = float("-inf")  # one fully masked row: zero gradients
+            mask = mask.to(dtype).contiguous()
+            mstr = (0, 0, Lk) if mask_mode == 1 else (H * Lq * Lk, Lq * Lk, Lk)
+        o = torch.full((B, H, Lq, D), nan, device=dev, dtype=dtype)
+        lse = torch.full((B, H, Lq), nan, device=dev, dtype=torch.float32)
+        dsum = torch.full((B, H, Lq), nan, device=dev, dtype=torch.float32)
+        dqa = torch.full((B, H, Lq, D), nan, device=dev, dtype=torch.float32)
+        dq = torch.full((B, H, Lq, D), nan, device=dev, dtype=dtype)
+        dk = torch.full((B, Hkv, Lk, D), nan, device=dev, dtype=dtype)
+        dv = torch.full((B, Hkv, Lk, D), nan, device=dev, dtype=dtype)
+        p = ac.make_params(q, k, v, o, lse, mask, mstr, causal, scale, dout, dsum, dqa, dq, dk, dv)
+        fwd_mma(p, B, H, Lq, D, dt)
+        bwd(p, B, H, Hkv, Lq, Lk, D, dt)
+        torch.cuda.synchronize()
+        ro, rl, rdq, rdk, rdv = ac.reference(q, k, v, mask, causal, scale, dout)
+        return {"o": ac.relerr(o, ro), "dq": ac.relerr(dq, rdq), "dk": ac.relerr(dk, rdk), "dv": ac.relerr(dv, rdv)}
+
+    def cases(full):
+        lengths = [(1, 1), (17, 17), (1000, 1000), (4097, 4097), (1, 1000), (17, 1000), (1000, 17),
+                   (300, 4097), (4097, 129), (200, 200)]
+        if not full:
+            lengths = [(17, 17), (1000, 1000), (1000, 17), (17, 1000), (1025, 1025)]
+        for dtype in (torch.bfloat16, torch.float16):
+            for causal in (0, 1):
+                for mask_mode in (0, 1, 2):
+                    for i, (Lq, Lk) in enumerate(lengths):
+                        for gqa in (True, False):
+                            if (mask_mode + i + int(gqa)) % 2 and (Lq, Lk) != (4097, 4097):
+                                continue  # half the combinations (all of the largest)
+                            yield dtype, 128, causal, mask_mode, Lq, Lk, gqa
+
+    summary = {"variants": {}, "manifest": {n: manifest.get(n) for (n, _, _) in variants}}
+    fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
+    names = ("o", "dq", "dk", "dv")
+    if args.child:
+        (name, defs, _), = [v for v in variants if v[0] == args.child]
+        bwd = bwd_with(make_main_new(name, defs))
+        full = name in ("bwg", "bwgred") and not args.quick
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(1234)
+        res, worst, lost, t1 = [], dict.fromkeys(names, 0.0), False, time.time()
+        print("\n== correctness of %s (%s set) vs float64 autograd, PASS < %.0e; failures listed ==" % (
+            name, "full" if full else "reduced", TOL), flush=True)
+        for (dtype, D, causal, mm, Lq, Lk, gqa) in cases(full):
+            try:
+                errs, note = check_one(bwd, dtype, D, causal, mm, Lq, Lk, gqa, gen), ""
+            except Exception as e:  # noqa: BLE001
+                errs, note = dict.fromkeys(names, float("nan")), str(e)[:160]
+                try:
+                    torch.cuda.synchronize()
+                except Exception:  # noqa: BLE001
+                    lost = True
+            ok = all(x == x and x < TOL for x in errs.values())
+            for n in names:
+                worst[n] = max(worst[n], errs[n]) if errs[n] == errs[n] else float("nan")
+            res.append(dict(dt=ac.tname(dtype), causal=causal, mask=mm, Lq=Lq, Lk=Lk, gqa=gqa, ok=ok,
+                            errs=errs, note=note))
+            if not ok:
+                print("FAIL %-4s causal=%d mask=%d Lq=%5d Lk=%5d gqa=%d | %s %s" % (
+                    ac.tname(dtype), causal, mm, Lq, Lk, gqa,
+                    " ".join("%s %s" % (n, fmt(errs[n])) for n in names), note), flush=True)
+            if lost:
+                print("CUDA context lost; stopping")
+                break
+        n_ok = sum(r["ok"] for r in res)
+        print("%s: %d / %d PASS, max rel err %s (%.0f s)" % (
+            name, n_ok, len(res), " ".join("%s %s" % (n, fmt(worst[n])) for n in names), time.time() - t1),
+            flush=True)
+        with open(args.result, "w") as f:
+            json.dump({"pass": n_ok, "cases": len(res), "worst": worst, "lost": lost,
+                       "fails": [r for r in res if not r["ok"]][:40]}, f, default=str)
+        return 0 if n_ok == len(res) else 1
+
+    ok_names, ran_names = [], []
+    if not args.no_check:
+        res_dir = os.path.join("/tmp", "attention_wgmma_bwd_check_%d" % os.getpid())
+        os.makedirs(res_dir, exist_ok=True)
+        for (name, _, _) in variants:
+            res_path = os.path.join(res_dir, "result_%s.json" % name)
+            cmd = [sys.executable, os.path.abspath(__file__), "--bwd", "--child", name, "--cubins", args.cubins,
+                   "--result", res_path] + (["--quick"] if args.quick else [])
+            limit = args.child_timeout if name in ("bwg", "bwgred") else max(30, args.child_timeout // 2)
+            try:
+                rc = subprocess.run(cmd, timeout=limit).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout after %d s" % args.child_timeout
+            if rc != 0:
+                print("check of %s: child exit %s" % (name, rc), flush=True)
+            if os.path.exists(res_path):
+                r = json.load(open(res_path))
+                summary["variants"][name] = r
+                if r["pass"] == r["cases"] and r["cases"] > 0:
+                    ok_names.append(name)
+                elif not r.get("lost"):
+                    ran_names.append(name)
+    else:
+        ok_names = [n for (n, _, _) in variants]
+
+    rows = []
+    if not args.no_bench:
+        timed = [(n, d) for (n, d, _) in variants if n in ok_names or n in ran_names]
+        lab = lambda n: n if n in ok_names or n in ("mma", "sdpa") else n + "!"  # noqa: E731
+        D, dt = 128, "bf16"
+        H = 2048 // D
+        Ls = (4096,) if args.quick else (4096, 16384)
+        print("\n== timing bf16 D=128, B*L = 16384, H = 16 (median ms, CUDA events; '!' = failed the check) ==")
+        for L in Ls:
+            B = 16384 // L
+            for causal in (0, 1):
+                fl = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+                sets = []
+                for _ in range(2):
+                    q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                    o = torch.empty_like(q)
+                    lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                    dsum = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                    dqa = torch.empty(B, H, L, D, device="cuda", dtype=torch.float32)
+                    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+                    p = ac.make_params(q, k, v, o, lse, None, (0, 0, 0), causal, None, do, dsum, dqa, dq, dk, dv)
+                    fwd_wg(p, B, H, L, D, dt)  # o, lse for the backward
+                    sets.append((q, k, v, do, p))
+                reps = 15 if L >= 16384 else 25
+                ms = {}
+                mains = [("mma", main_old)] + [(n, make_main_new(n, d)) for (n, d) in timed]
+                try:
+                    ms[("wgfwd", "fwd")] = ac.time_fn([lambda s=s: fwd_wg(s[4], B, H, L, D, dt) for s in sets], reps)
+                    for n, mf in mains:
+                        ms[(n, "main")] = ac.time_fn([lambda s=s, mf=mf: mf(s[4], B, H, H, L, L, D, dt)
+                                                      for s in sets], reps)
+                        bw = bwd_with(mf)
+                        ms[(n, "bwd")] = ac.time_fn([lambda s=s, bw=bw: bw(s[4], B, H, H, L, L, D, dt)
+                                                     for s in sets], reps)
+                except Exception as e:  # noqa: BLE001
+                    print("timing failed: %s" % str(e)[:300])
+                tsets = [(s[0].clone().requires_grad_(), s[1].clone().requires_grad_(),
+                          s[2].clone().requires_grad_(), s[3]) for s in sets]
+
+                def t_fb(s):
+                    out = F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
+                    torch.autograd.grad(out, (s[0], s[1], s[2]), s[3])
+
+                def t_f(s):
+                    with torch.no_grad():
+                        F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
+
+                try:
+                    ms[("sdpa", "fwd")] = ac.time_fn([lambda s=s: t_f(s) for s in tsets], reps)
+                    ms[("sdpa", "fb")] = ac.time_fn([lambda s=s: t_fb(s) for s in tsets], reps)
+                    ms[("sdpa", "bwd")] = ms[("sdpa", "fb")] - ms[("sdpa", "fwd")]
+                except Exception as e:  # noqa: BLE001
+                    print("timing sdpa failed: %s" % str(e)[:200])
+                r = {"L": L, "B": B, "causal": causal, "fwd_flops": fl,
+                     "ms": {"%s/%s" % kv: x for kv, x in ms.items()}}
+                rows.append(r)
+                sd_fb = ms.get(("sdpa", "fb"), float("nan"))
+                sd_b = ms.get(("sdpa", "bwd"), float("nan"))
+                fw = ms.get(("wgfwd", "fwd"), float("nan"))
+                print("\nL=%5d B=%d causal=%d: wgmma fwd %.3f ms; SDPA fwd %.3f, bwd (fb - fwd) %.3f, f+b %.3f ms" % (
+                    L, B, causal, fw, ms.get(("sdpa", "fwd"), float("nan")), sd_b, sd_fb))
+                print("  %-8s %9s %9s %8s %9s %9s %8s" % ("bwd", "main ms", "bwd ms", "TFLOP/s", "x sdpa bwd",
+                                                           "f+b ms", "x sdpa"))
+                for n, _ in mains:
+                    mm_, bb = ms.get((n, "main"), float("nan")), ms.get((n, "bwd"), float("nan"))
+                    print("  %-8s %9.3f %9.3f %8.1f %9.2f %10.3f %8.2f" % (
+                        lab(n), mm_, bb, 2.5 * fl / (bb * 1e-3) / 1e12, sd_b / bb, fw + bb, sd_fb / (fw + bb)),
+                        flush=True)
+                del sets, tsets
+                torch.cuda.empty_cache()
+        summary["bench"] = rows
+    print("\ntotal %.0f s; passing wgmma backward variants: %s" % (time.time() - t0, ", ".join(ok_names) or "none"))
+    if out_dir:
+        with open(os.path.join(out_dir, "attention_wgmma_bwd_check.json"), "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+        shutil.rmtree(ac._TMP, ignore_errors=True)
+    return 0 if "bwg" in ok_names or args.no_check else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", nargs="?", const=DEFAULT_CUBINS, default=None, metavar="DIR",
@@ -444,12 +755,16 @@ def main():
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--variants", default="", help="comma-separated variant names ('wg' always)")
     ap.add_argument("--child-timeout", type=int, default=100, help="seconds for one variant's check")
+    ap.add_argument("--bwd", action="store_true",
+                    help="check and time the wgmma backward (attention_wgmma_bwd.cu) instead")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)   # internal: check one variant
     ap.add_argument("--result", default="", help=argparse.SUPPRESS)  # internal: its JSON result
     args = ap.parse_args()
     if args.build:
         build(args.build)
         return 0
+    if args.bwd:
+        return bwd_main(args)
     return gpu_main(args)
 
 

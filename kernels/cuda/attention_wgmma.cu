@@ -1,7 +1,8 @@
 // attention_wgmma.cu — FlashAttention forward for Hopper with warpgroup MMA (wgmma.mma_async,
 // sm_90a), f16 and bf16, head dim 64 and 128. Same ABI and semantics as flash_fwd_d{D}_{T} of
 // attention.cu (one `struct FlashParams` by value, attention_common.cuh); only the launch
-// numbers differ (table below). The backward stays in attention.cu.
+// numbers differ (table below). The backward main kernel for
+// Hopper is attention_wgmma_bwd.cu (D = 128); the other backward kernels are attention.cu's.
 //
 // rtx-kernels: arch-specific
 // (the line above makes rtx-kernels compile this program for sm_90a instead of sm_90:

@@ -1,9 +1,10 @@
-//! CUDA launches of `kernels/cuda/attention.cu` (FlashAttention-2, f16/bf16, D 64/128)
-//! and of `kernels/cuda/attention_wgmma.cu` (the Hopper forward).
+//! CUDA launches of `kernels/cuda/attention.cu` (FlashAttention-2, f16/bf16, D 64/128),
+//! of `kernels/cuda/attention_wgmma.cu` (the Hopper forward) and of
+//! `kernels/cuda/attention_wgmma_bwd.cu` (the Hopper backward main kernel, D 128).
 //!
 //! Every kernel takes one [`FlashParams`] by value; its layout, the grids, blocks and
 //! dynamic shared memory below are the ABI documented at the top of `attention.cu` (and
-//! of `attention_wgmma.cu` for its forward). Per stream, [`AttnState`] remembers which
+//! of `attention_wgmma.cu` / `attention_wgmma_bwd.cu` for their kernels). Per stream, [`AttnState`] remembers which
 //! functions have had their dynamic shared memory limit raised, and keeps the backward's
 //! f32 workspace (dq_accum, then dsum) for the next call: every use of it is ordered on
 //! that one stream, and the preprocess kernel rewrites all of it before the other two
@@ -19,7 +20,15 @@
 //! stream, which then stays on the fallback), the forward is the `mma.sync` kernel of
 //! `attention.cu`. Both compute the same function (same ABI, masks, causal rule, lse
 //! convention); `RTX_ATTN_WGMMA=0` in the environment forces the `mma.sync` forward.
-//! The backward is always `attention.cu`'s.
+//!
+//! # Which backward
+//!
+//! The backward is three kernels on one stream: `attention.cu`'s preprocess (dsum,
+//! dq_accum = 0), the main kernel (dK, dV, dq_accum), `attention.cu`'s convert (dq). For
+//! D = 128 on compute capability 9.0 the main kernel is `flash_bwd_wgmma_d128_*` of
+//! `attention_wgmma_bwd.cu` (wgmma, sm_90a, 128 keys per block), with the same fallback
+//! rules as the forward (its own failure flag per stream; `RTX_ATTN_WGMMA=0` turns it off
+//! too); otherwise it is `attention.cu`'s `flash_bwd_dq_dk_dv_*` (64 keys per block).
 
 use std::collections::HashSet;
 
@@ -38,6 +47,8 @@ use crate::kernels::{self, launch_error};
 const MODULE: &str = "attention";
 /// The Hopper (sm_90a) forward.
 const WGMMA_MODULE: &str = "attention_wgmma";
+/// The Hopper (sm_90a) backward main kernel (D = 128).
+const WGMMA_BWD_MODULE: &str = "attention_wgmma_bwd";
 const FWD: &str = "attention";
 const BWD: &str = "attention_backward";
 
@@ -113,7 +124,7 @@ impl FlashParams {
 }
 
 /// The kernels of `attention.cu` and `attention_wgmma.cu`, each built for D 64 and 128
-/// and f16 and bf16.
+/// and f16 and bf16, and of `attention_wgmma_bwd.cu` (D 128, f16 and bf16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kernel {
     Forward,
@@ -122,6 +133,8 @@ enum Kernel {
     ConvertDq,
     /// The sm_90a forward of `attention_wgmma.cu`.
     ForwardWgmma,
+    /// The sm_90a backward main kernel of `attention_wgmma_bwd.cu` (D = 128 only).
+    DqDkDvWgmma,
 }
 
 impl Kernel {
@@ -132,6 +145,7 @@ impl Kernel {
             Kernel::DqDkDv => "flash_bwd_dq_dk_dv",
             Kernel::ConvertDq => "flash_bwd_convert_dq",
             Kernel::ForwardWgmma => "flash_fwd_wgmma",
+            Kernel::DqDkDvWgmma => "flash_bwd_wgmma",
         }
     }
 
@@ -139,6 +153,7 @@ impl Kernel {
     fn module(self) -> &'static str {
         match self {
             Kernel::ForwardWgmma => WGMMA_MODULE,
+            Kernel::DqDkDvWgmma => WGMMA_BWD_MODULE,
             _ => MODULE,
         }
     }
@@ -157,7 +172,7 @@ impl Kernel {
     }
 
     /// Threads per block (the D=64 forward is preset 1: 4 warps, 2 blocks per SM; the
-    /// wgmma forward has 2 warpgroups of 128 threads).
+    /// wgmma kernels have 2 warpgroups of 128 threads).
     fn threads(self, d: usize) -> u32 {
         match (self, d) {
             (Kernel::DqDkDv, _) | (Kernel::Forward, 64) => 128,
@@ -174,7 +189,16 @@ impl Kernel {
             (Kernel::DqDkDv, _) => 70_144,
             (Kernel::ForwardWgmma, 64) => 50_176,
             (Kernel::ForwardWgmma, _) => 197_632,
+            (Kernel::DqDkDvWgmma, _) => 184_320,
             _ => 0,
+        }
+    }
+
+    /// Keys per block of a backward main kernel (its grid is `ceil(Lk / keys)` x Hkv x B).
+    fn keys_per_block(self, _d: usize) -> usize {
+        match self {
+            Kernel::DqDkDvWgmma => 128,
+            _ => 64,
         }
     }
 
@@ -203,9 +227,11 @@ struct AttnState {
     workspace: Option<CudaSlice<f32>>,
     /// The wgmma forward failed to compile, load or configure here: use `mma.sync`.
     wgmma_failed: bool,
+    /// The wgmma backward failed likewise: use the `mma.sync` backward.
+    wgmma_bwd_failed: bool,
 }
 
-/// Whether `RTX_ATTN_WGMMA=0` turns the wgmma forward off (read once).
+/// Whether `RTX_ATTN_WGMMA=0` turns the wgmma kernels off (read once).
 fn wgmma_disabled() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("RTX_ATTN_WGMMA").is_ok_and(|v| v == "0"))
@@ -229,6 +255,26 @@ fn forward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch
         }
     }
     function(scx, Kernel::Forward, d, dtype)
+}
+
+/// The backward main kernel for head dim `d`: the wgmma kernel for D = 128 on compute
+/// capability 9.0 (unless turned off or failed before on this stream), else the `mma.sync`
+/// one; a failure is handled as in [`forward_function`].
+fn backward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch> {
+    if d == 128 && scx.arch() == (9, 0) && !wgmma_disabled() && !state(scx)?.wgmma_bwd_failed {
+        match function(scx, Kernel::DqDkDvWgmma, d, dtype) {
+            Ok(f) => return Ok(f),
+            Err(e) => {
+                tracing::warn!(
+                    "attention: the sm_90a wgmma backward is unavailable on device {}, \
+                     using the mma.sync backward on this stream: {e}",
+                    scx.ordinal()
+                );
+                state(scx)?.wgmma_bwd_failed = true;
+            }
+        }
+    }
+    function(scx, Kernel::DqDkDv, d, dtype)
 }
 
 fn state(scx: &mut StreamCx) -> Result<&mut AttnState> {
@@ -315,8 +361,8 @@ impl Launch {
         let mut lb = stream.launch_builder(&self.f);
         lb.arg(params);
         let cfg = self.kernel.config(self.d, grid);
-        // SAFETY: every kernel of attention.cu and attention_wgmma.cu takes exactly one
-        // `FlashParams` by value; the block and shared memory are those documented for
+        // SAFETY: every kernel of attention.cu, attention_wgmma.cu and attention_wgmma_bwd.cu
+        // takes exactly one `FlashParams` by value; the block and shared memory are those documented for
         // this kernel and D (the limit was raised in `configure`); the pointers are valid
         // per this function's contract.
         unsafe { lb.launch(cfg) }.map_err(|e| launch_error(self.kernel.op(), e))?;
@@ -440,7 +486,7 @@ fn backward_t<T: Element>(
     let p = &g.p;
     let d = p.d;
     let pre = function(scx, Kernel::Preprocess, d, T::DTYPE)?;
-    let main = function(scx, Kernel::DqDkDv, d, T::DTYPE)?;
+    let main = backward_function(scx, d, T::DTYPE)?;
     let conv = function(scx, Kernel::ConvertDq, d, T::DTYPE)?;
     let mut dq = kernels::alloc_out::<T>(scx, p.q_len())?;
     let mut dk = kernels::alloc_out::<T>(scx, p.kv_len())?;
@@ -481,7 +527,8 @@ fn backward_t<T: Element>(
         let rows = p.b * p.h * p.lq;
         let rows_per_block = 256 / (d / 8);
         let pre_grid = (rows.div_ceil(rows_per_block) as u32, 1, 1);
-        let main_grid = (p.lk.div_ceil(64) as u32, p.h_kv as u32, p.b as u32);
+        let keys = main.kernel.keys_per_block(d);
+        let main_grid = (p.lk.div_ceil(keys) as u32, p.h_kv as u32, p.b as u32);
         let conv_grid = ((p.q_len() / 4).div_ceil(256).clamp(1, 65_535) as u32, 1, 1);
         // SAFETY (all three): q, k, v, o, dO, lse and the mask are the op's inputs in
         // the shapes and dtypes validated at submit (o/dO/dq [B,H,Lq,D] and k/v/dk/dv
@@ -490,7 +537,8 @@ fn backward_t<T: Element>(
         // B*H*Lq*(D+1) f32 (dq_accum then dsum, both 16-byte aligned) and is only
         // used on this stream. All are whole, contiguous device allocations (aligned
         // beyond the 16 bytes the kernels need). The launches are ordered on one stream
-        // as attention.cu requires: preprocess, dq/dk/dv, convert dq.
+        // as attention.cu requires: preprocess, dq/dk/dv (either main kernel: the same
+        // inputs and outputs; its grid covers Lk in blocks of its keys), convert dq.
         unsafe {
             pre.launch(stream, pre_grid, &params)?;
             main.launch(stream, main_grid, &params)?;
@@ -615,6 +663,25 @@ mod tests {
         assert!(program.arch_specific());
         assert_eq!(Kernel::ForwardWgmma.module(), WGMMA_MODULE);
         assert_eq!(Kernel::Forward.rows_per_block(64), 128);
+    }
+
+    /// The wgmma backward's launch (smem, threads, keys per block) is what
+    /// `attention_wgmma_bwd.cu` asserts for its default tiles, and that program is the one
+    /// compiled for sm_90a.
+    #[test]
+    fn wgmma_backward_launch_matches_the_kernel_asserts() {
+        let (k, cfg) = (Kernel::DqDkDvWgmma, "AttnWgBwdCfgD128");
+        assert_eq!(k.smem(128), asserted(WGMMA_BWD_MODULE, cfg, "SMEM_BYTES"));
+        assert_eq!(k.threads(128), asserted(WGMMA_BWD_MODULE, cfg, "NTHREADS"));
+        assert_eq!(
+            k.keys_per_block(128),
+            asserted(WGMMA_BWD_MODULE, cfg, "BC") as usize
+        );
+        let program =
+            rtx_kernels::source(WGMMA_BWD_MODULE).expect("attention_wgmma_bwd.cu is built in");
+        assert!(program.arch_specific());
+        assert_eq!(k.module(), WGMMA_BWD_MODULE);
+        assert_eq!(Kernel::DqDkDv.keys_per_block(128), 64);
     }
 
     #[test]

@@ -1,0 +1,621 @@
+// attention_wgmma_bwd.cu — FlashAttention backward main kernel (dQ, dK, dV) for Hopper with
+// warpgroup MMA (wgmma.mma_async, sm_90a), f16 and bf16, head dim 128. Same ABI and semantics as
+// flash_bwd_dq_dk_dv_d128_{T} of attention.cu (one `struct FlashParams` by value,
+// attention_common.cuh); the preprocess (dsum, dq_accum = 0) and convert (dq) kernels stay
+// attention.cu's and run before / after it exactly as documented there. Only the launch differs.
+//
+// rtx-kernels: arch-specific
+// (the line above makes rtx-kernels compile this program for sm_90a: wgmma exists only on the
+//  architecture-specific target; the CUBIN loads only on compute capability 9.0 devices)
+//
+// ======================================================================================
+// Launch (kernels flash_bwd_wgmma_d128_{T}, T = f16 | bf16)
+// ======================================================================================
+//   grid (ceil(Lk / 128), Hkv, B), block (256, 1, 1), dynamic smem 184320 bytes
+//   (BC = 128 keys per block, 2 warpgroups, BR = 64 query rows per step; smem = 1024 alignment
+//    slack + K and V tiles (2 x BC*D*2) + dS^T tile (BC*BR*2) + 2 stages of Q and dO
+//    (2 x 2 x BR*D*2) + 2 stages of lse and dsum (2 x 2 x BR*4) + the dQ staging tile
+//    (BR*(D+8)*4; 149504 bytes in all without it, -DATTN_WGB_DQ_BULK=0); needs
+//    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+//   Order on one stream: flash_bwd_preprocess_d128_{T} (attention.cu), this kernel,
+//   flash_bwd_convert_dq_d128_{T} (attention.cu). Pointers, workspaces and alignment as there.
+//
+// ======================================================================================
+// Design
+// ======================================================================================
+// One block = BC keys of one kv head, 2 consumer warpgroups (128 threads each); warpgroup w owns
+// keys n0 + 64w .. n0 + 64w + 63 and keeps their dK, dV (64 x D, f32) in registers while the
+// block walks over every query step (BR rows) of every query head of its GQA group, as the
+// mma.sync kernel (attention_bwd.cuh) does. Everything is computed with keys as MMA rows:
+//   S^T  = K_w Q^T        wgmma m64n64k16 x D/16, A = K rows (smem, K-major), B = Q (K-major)
+//   dP^T = V_w dO^T       same with V and dO
+//   P^T  = 2^(S^T scale log2e + mask log2e - lse log2e)  (masked entries 0; lse = -inf rows 0)
+//   dS^T = P^T o (dP^T - dsum)                            in registers
+//   dV  += P^T dO         wgmma m64n128k16 x BR/16, A = P^T (registers), B = dO (smem, MN-major)
+//   dK  += dS^T Q         same with dS^T and Q
+//   dS^T -> smem; barrier; dQ_w = dS K[:, 64w .. 64w + 63]: wgmma m64n64k16 x BC/16, A = dS
+//   (the stored dS^T read MN-major: transpose flag), B = K (MN-major) -> a shared staging tile
+//   -> cp.reduce.async.bulk .add.f32 into dq_accum, one 256-byte row segment per lane 0..15 of
+//   each warp (unscaled; the convert kernel applies the scale). dK gets the scale at the end.
+// Within a step, S^T and dP^T are two wgmma groups: the exponentials run while dP^T is still
+// on the tensor cores, and dV += P^T dO runs while dS^T is formed.
+// Q, dO, lse, dsum of the steps stream through a 2-stage cp.async ring. Every cp.async'ed tile
+// and the dS^T tile (st.shared) are published to the tensor cores by fence.proxy.async.shared::cta
+// in each writing thread and a __syncthreads; the staging tile is handed to the bulk engine by
+// fence.proxy.async + __syncwarp, and rewritten only after cp.async.bulk.wait_group.read by the
+// lanes that issued from it. All wgmmas are issued unconditionally by both
+// warpgroups (no branch around an issue/wait pair; ptxas serializes them otherwise).
+//
+// Shared memory tiles use the 128-byte-swizzle layout of attention_wgmma.cu: a tile of R rows x
+// C 16-bit columns is C/64 panels of R rows x 128 bytes (panel p at tile + p*R*128), row r at
+// +r*128, 16-byte chunk c of a row at chunk c ^ (r & 7), 1024-byte aligned. Descriptors:
+//   K-major (A = K / V rows, B = Q / dO):  start = panel + row0*128 + (16-col step in panel)*32,
+//                                          LBO = 16 (unused), SBO = 1024
+//   MN-major (B = dO / Q / K, A = dS):     start = tile + (16-row k step)*2048,
+//                                          LBO = R*128 (next 64 columns), SBO = 1024
+// ======================================================================================
+
+#include "attention_common.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_wgmma_bwd.cu needs the sm_90a target (wgmma.mma_async): compile with arch_specific"
+#endif
+
+// -------------------------------------------------------------------------------------
+// wgmma plumbing (as attention_wgmma.cu; a separate program, so a copy)
+// -------------------------------------------------------------------------------------
+__device__ __forceinline__ void bwg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void bwg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bwg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// This thread's generic-proxy shared-memory writes (st.shared, cp.async) become visible to the
+// async proxy (wgmma operand reads) once a barrier follows.
+__device__ __forceinline__ void bwg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Pins the registers of `r` here (no read or write of them moves across this point).
+template <int N>
+__device__ __forceinline__ void bwg_reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void bwg_reg_fence(unsigned (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1, bits 62-63), base offset 0.
+__device__ __forceinline__ unsigned long long bwg_desc(unsigned saddr, unsigned lbo, unsigned sbo) {
+    return static_cast<unsigned long long>((saddr & 0x3FFFFu) >> 4) |
+           (static_cast<unsigned long long>((lbo & 0x3FFFFu) >> 4) << 16) |
+           (static_cast<unsigned long long>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+// `d` moved `bytes` further (start address field; no carry for shared addresses < 256 KB).
+__device__ __forceinline__ unsigned long long bwg_desc_add(unsigned long long d, unsigned bytes) {
+    return d + (bytes >> 4);
+}
+
+// Bulk asynchronous reduction dst[0 .. bytes/4) += src (f32, shared -> global; bytes % 16 == 0,
+// both 16-byte aligned), completed through this thread's bulk groups.
+__device__ __forceinline__ void bulk_red_add_f32(float* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// This thread's bulk groups have finished reading shared memory (the source may be rewritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// This thread's bulk groups have completed (their writes are performed).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// wgmma.mma_async wrappers (generated; m64nNk16, f32 accumulators).
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64], both from shared memory (descriptors); TA / TB: the
+// transpose flags (0: K-major, 1: MN-major).
+template <int TA, int TB>
+__device__ __forceinline__ void bwg_ss_n64_f16(float (&d)[32], unsigned long long da, unsigned long long db,
+                                            int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+// D[64 x 128] += A[64 x 16] B[16 x 128], A from registers (4 x f16x2 per thread), B MN-major in
+// shared memory (descriptor; transpose flag set).
+__device__ __forceinline__ void bwg_rs_n128_f16(float (&d)[64], const unsigned (&a)[4], unsigned long long db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64], both from shared memory (descriptors); TA / TB: the
+// transpose flags (0: K-major, 1: MN-major).
+template <int TA, int TB>
+__device__ __forceinline__ void bwg_ss_n64_bf16(float (&d)[32], unsigned long long da, unsigned long long db,
+                                            int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+// D[64 x 128] += A[64 x 16] B[16 x 128], A from registers (4 x bf16x2 per thread), B MN-major in
+// shared memory (descriptor; transpose flag set).
+__device__ __forceinline__ void bwg_rs_n128_bf16(float (&d)[64], const unsigned (&a)[4], unsigned long long db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+template <typename Tr>
+struct BwgMma;
+template <>
+struct BwgMma<AttnF16> {
+    template <int TA, int TB>
+    static __device__ __forceinline__ void ss64(float (&d)[32], unsigned long long da, unsigned long long db,
+                                                int acc) {
+        bwg_ss_n64_f16<TA, TB>(d, da, db, acc);
+    }
+    static __device__ __forceinline__ void rs128(float (&d)[64], const unsigned (&a)[4], unsigned long long db) {
+        bwg_rs_n128_f16(d, a, db);
+    }
+};
+template <>
+struct BwgMma<AttnBF16> {
+    template <int TA, int TB>
+    static __device__ __forceinline__ void ss64(float (&d)[32], unsigned long long da, unsigned long long db,
+                                                int acc) {
+        bwg_ss_n64_bf16<TA, TB>(d, da, db, acc);
+    }
+    static __device__ __forceinline__ void rs128(float (&d)[64], const unsigned (&a)[4], unsigned long long db) {
+        bwg_rs_n128_bf16(d, a, db);
+    }
+};
+
+// -------------------------------------------------------------------------------------
+// Tiles
+// -------------------------------------------------------------------------------------
+// Async copies of [ROWS x D] tiles (global rows of D 16-bit elements, contiguous) into the
+// swizzled panel layout, by all NT threads (as WgTileLoader of attention_wgmma.cu).
+template <int D, int NT>
+struct BwgTileLoader {
+    static constexpr int CPR = D / 8;       // 16-byte chunks per row
+    static constexpr int RSTEP = NT / CPR;  // rows per pass
+    static_assert(NT % CPR == 0 && RSTEP % 8 == 0, "tile loader geometry");
+    int row;
+    unsigned dst;
+    unsigned pan;
+    int src;
+
+    __device__ __forceinline__ explicit BwgTileLoader(int tid) {
+        row = tid / CPR;
+        const int ch = tid % CPR;
+        pan = static_cast<unsigned>(ch >> 3);
+        dst = static_cast<unsigned>(row * 128 + (((ch & 7) ^ (row & 7)) << 4));
+        src = row * (D * 2) + ch * 16;
+    }
+
+    // Rows >= valid_rows are zero-filled (source row 0, never read; valid_rows >= 1).
+    template <int ROWS>
+    __device__ __forceinline__ void load(unsigned tile, const void* gsrc, int valid_rows) const {
+        const char* g = static_cast<const char*>(gsrc);
+        const unsigned d0 = tile + pan * (ROWS * 128) + dst;
+#pragma unroll
+        for (int i = 0; i < (ROWS + RSTEP - 1) / RSTEP; ++i) {
+            if (ROWS % RSTEP == 0 || row + i * RSTEP < ROWS) {
+                const bool ok = row + i * RSTEP < valid_rows;
+                const char* sp = ok ? g + src + i * RSTEP * (D * 2) : g;
+                cp_async_16(d0 + i * RSTEP * 128, sp, ok ? 16 : 0);
+            }
+        }
+    }
+};
+
+template <int D_, int BC_, bool DQ_BULK_, bool DQ_MMA_>
+struct WgBwdCfg {
+    static constexpr int D = D_;
+    static constexpr bool DQ_MMA = DQ_MMA_;      // dQ = dS K with mma.sync (else wgmma)
+    static constexpr bool DQ_BULK = DQ_BULK_;    // dQ through smem + bulk reduce (else red.v2)
+    static constexpr int BC = BC_;               // keys per block
+    static constexpr int NWG = BC / 64;          // warpgroups, 64 keys each
+    static constexpr int NTHREADS = 128 * NWG;
+    static constexpr int BR = 64;                // query rows per step
+    static constexpr int STAGES = 2;
+    static constexpr int KV_BYTES = BC * D * 2;  // K or V tile
+    static constexpr int DS_BYTES = BC * BR * 2; // dS^T [BC keys][BR queries]
+    static constexpr int Q_BYTES = BR * D * 2;   // Q or dO tile of a step
+    static constexpr int ROWV_BYTES = 2 * BR * 4;  // lse and dsum of a step
+    static constexpr int DQ_LD = D + 8;          // f32 row stride of the dQ staging tile
+    static constexpr int DQ_BYTES = DQ_BULK ? BR * DQ_LD * 4 : 0;
+    static constexpr int SMEM_BYTES =
+        1024 + 2 * KV_BYTES + DS_BYTES + STAGES * 2 * Q_BYTES + STAGES * ROWV_BYTES + DQ_BYTES;
+    static_assert(D == 64 * NWG, "dQ split: warpgroup w computes dQ columns 64w .. 64w + 63");
+    static_assert(BR == 64, "dS^T rows are one 128-byte panel row");
+    static_assert(SMEM_BYTES <= 232448, "shared memory per block");
+};
+
+// -------------------------------------------------------------------------------------
+// The backward main kernel
+// -------------------------------------------------------------------------------------
+template <typename Tr, typename Cfg>
+__device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsigned char* smem) {
+    typedef typename Tr::T T;
+    typedef BwgMma<Tr> M;
+    constexpr int D = Cfg::D;
+    constexpr int BC = Cfg::BC;
+    constexpr int BR = Cfg::BR;
+    constexpr int NT = Cfg::NTHREADS;
+    constexpr int SR = BR / 2;  // S^T / dP^T accumulators per thread (64 keys x BR queries)
+    constexpr int KR = D / 2;   // dK / dV accumulators per thread (64 keys x D)
+    constexpr int QR = 32;      // dQ accumulators per thread (64 queries x 64 columns)
+    constexpr int PR = BR / 4;  // packed P^T / dS^T registers
+
+    const int tid = threadIdx.x;
+    // warp-uniform warpgroup index (broadcast, so ptxas sees it uniform: see attention_wgmma.cu)
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    const int warp = (tid >> 5) & 3;
+    const int lane = tid & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+
+    const int n_block = blockIdx.x;
+    const int hk = blockIdx.y;
+    const int b = blockIdx.z;
+    const int H = p.H;
+    const int G = H / p.Hkv;
+    const int Lq = p.Lq;
+    const int Lk = p.Lk;
+    const int n0 = n_block * BC;
+    const int kw0 = n0 + 64 * wg;  // first key of this warpgroup
+
+    const long long kv_off = ((long long)(b * p.Hkv + hk) * Lk + n0) * D;
+    const T* q = static_cast<const T*>(p.q);
+    const T* dout = static_cast<const T*>(p.dout);
+    const float* lse = static_cast<const float*>(p.lse);
+    const float* dsum = static_cast<const float*>(p.dsum);
+
+    // Query steps per head of the group: causal skips those whose rows all precede n0.
+    const int m_begin = p.causal ? n0 / BR : 0;
+    const int n_m = (Lq + BR - 1) / BR;
+    const int per_head = n_m > m_begin ? n_m - m_begin : 0;
+    const int total = G * per_head;
+
+    // smem: [K][V][dS^T][Q, dO stage 0][Q, dO stage 1][lse, dsum stage 0, 1][dQ staging], 1024-aligned
+    const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
+    const unsigned s_k = base;
+    const unsigned s_v = s_k + Cfg::KV_BYTES;
+    const unsigned s_ds = s_v + Cfg::KV_BYTES;
+    const unsigned s_st = s_ds + Cfg::DS_BYTES;
+    const unsigned s_rv = s_st + Cfg::STAGES * 2 * Cfg::Q_BYTES;
+    const unsigned s_dq = s_rv + Cfg::STAGES * Cfg::ROWV_BYTES;  // DQ_BULK: [BR][DQ_LD] f32
+    unsigned char* const gbase = smem + (base - smem_u32(smem));
+    unsigned char* const ds_ptr = gbase + (s_ds - base);
+    const float* const rv_ptr = reinterpret_cast<const float*>(gbase + (s_rv - base));
+
+    const BwgTileLoader<D, NT> loader(tid);
+    auto issue_step = [&](int it, int slot) {
+        const int hh = hk * G + it / per_head;
+        const int mm0 = (m_begin + it % per_head) * BR;
+        const long long row_base = (long long)(b * H + hh) * Lq + mm0;
+        const unsigned st = s_st + slot * 2 * Cfg::Q_BYTES;
+        loader.template load<BR>(st, q + row_base * D, Lq - mm0);
+        loader.template load<BR>(st + Cfg::Q_BYTES, dout + row_base * D, Lq - mm0);
+        const unsigned rv = s_rv + slot * Cfg::ROWV_BYTES;
+        if (tid < BR) {
+            const bool ok = mm0 + tid < Lq;
+            cp_async_4(rv + tid * 4, lse + row_base + (ok ? tid : 0), ok ? 4 : 0);
+        } else if (tid < 2 * BR) {
+            const int r = tid - BR;
+            const bool ok = mm0 + r < Lq;
+            cp_async_4(rv + BR * 4 + r * 4, dsum + row_base + (ok ? r : 0), ok ? 4 : 0);
+        }
+    };
+
+    // group 0: K, V and step 0; then one group per iteration (possibly empty)
+    loader.template load<BC>(s_k, static_cast<const T*>(p.k) + kv_off, Lk - n0);
+    loader.template load<BC>(s_v, static_cast<const T*>(p.v) + kv_off, Lk - n0);
+    if (total > 0) issue_step(0, 0);
+    cp_async_commit();
+
+    float dk[KR], dv[KR], s[SR], dp[SR], dq[QR];
+    unsigned pf[PR], df[PR];
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+        dk[i] = 0.f;
+        dv[i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < SR; ++i) {
+        s[i] = 0.f;
+        dp[i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < QR; ++i) dq[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < PR; ++i) {
+        pf[i] = 0u;
+        df[i] = 0u;
+    }
+
+    // Descriptors (stage 0; a stage is + 2 * Q_BYTES).
+    const unsigned long long k_a = bwg_desc(s_k + wg * 64 * 128, 16, 1024);   // K rows of wg
+    const unsigned long long v_a = bwg_desc(s_v + wg * 64 * 128, 16, 1024);   // V rows of wg
+    const unsigned long long st_kmaj = bwg_desc(s_st, 16, 1024);               // Q / dO as B, K-major
+    const unsigned long long st_mn = bwg_desc(s_st, BR * 128, 1024);           // Q / dO as B, MN-major
+    const unsigned long long ds_a = bwg_desc(s_ds, BC * 128, 1024);            // dS (A, MN-major)
+    const unsigned long long k_b = bwg_desc(s_k + wg * (BC * 128), BC * 128, 1024);  // K cols 64wg.. (B, MN)
+
+    const float sl2 = p.scale * ATTN_LOG2E;
+    const T* mask = static_cast<const T*>(p.mask);
+    const bool has_mask = mask != nullptr;
+    float* dq_accum = static_cast<float*>(p.dq_accum);
+    const int krow = kw0 + warp * 16 + g;  // this thread's keys: krow and krow + 8
+
+    for (int it = 0; it < total; ++it) {
+        cp_async_wait<0>();   // step it (and K, V) landed for this thread ...
+        bwg_fence_proxy();
+        __syncthreads();      // ... for all; every warpgroup is done with step it-1 (slot, dS^T)
+        if (it + 1 < total) issue_step(it + 1, (it + 1) & 1);
+        cp_async_commit();
+
+        const int hh = hk * G + it / per_head;
+        const int mm0 = (m_begin + it % per_head) * BR;
+        const int slot = it & 1;
+        const unsigned st_off = slot * 2 * Cfg::Q_BYTES;
+        const float* s_lse = rv_ptr + slot * (Cfg::ROWV_BYTES / 4);
+        const float* s_dsum = s_lse + BR;
+
+        // ---- S^T = K_w Q^T and dP^T = V_w dO^T (two groups) ----
+        bwg_reg_fence(s);
+        bwg_reg_fence(dp);
+        bwg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
+            const unsigned boff = st_off + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
+            M::template ss64<0, 0>(s, bwg_desc_add(k_a, aoff), bwg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
+        }
+        bwg_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
+            const unsigned boff = st_off + Cfg::Q_BYTES + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
+            M::template ss64<0, 0>(dp, bwg_desc_add(v_a, aoff), bwg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
+        }
+        bwg_commit();
+        bwg_wait<1>();  // S^T done (dP^T may run on)
+        bwg_reg_fence(s);
+
+        // ---- P^T (rows = keys krow + 8r, columns = queries mm0 + 8nt + 2t + c) ----
+        const bool need_mask = (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
+        const long long mask_base = (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h;
+#pragma unroll
+        for (int nt = 0; nt < BR / 8; ++nt) {
+            const int qc = nt * 8 + 2 * t;
+            const float2 lv = *reinterpret_cast<const float2*>(s_lse + qc);
+            // fully masked row (lse = -inf): every P of the row 0
+            const float l0 = (lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E;
+            const float l1 = (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = fmaf(s[4 * nt + e], sl2, -((e & 1) ? l1 : l0));
+                if (need_mask) {
+                    const int key = krow + ((e >> 1) << 3);
+                    const int qrow = mm0 + qc + (e & 1);
+                    if (qrow >= Lq || key >= Lk || (p.causal && key > qrow)) {
+                        x = attn_neg_inf();
+                    } else if (has_mask) {
+                        x += Tr::to_float(mask[mask_base + (long long)qrow * p.mask_stride_q + key]) * ATTN_LOG2E;
+                    }
+                }
+                s[4 * nt + e] = fast_exp2(x);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < PR; ++i) pf[i] = Tr::pack(s[2 * i], s[2 * i + 1]);
+
+        // ---- dV += P^T dO (runs while dS^T is computed) ----
+        bwg_reg_fence(dv);
+        bwg_reg_fence(pf);
+        bwg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk) {
+            const unsigned a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+            M::rs128(dv, a, bwg_desc_add(st_mn, st_off + Cfg::Q_BYTES + kk * 2048));
+        }
+        bwg_commit();
+        bwg_wait<1>();  // dP^T done (dV may run on)
+        bwg_reg_fence(dp);
+
+        // ---- dS^T = P^T o (dP^T - dsum) ----
+#pragma unroll
+        for (int nt = 0; nt < BR / 8; ++nt) {
+            const float2 dsv = *reinterpret_cast<const float2*>(s_dsum + nt * 8 + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - ((e & 1) ? dsv.y : dsv.x));
+        }
+#pragma unroll
+        for (int i = 0; i < PR; ++i) df[i] = Tr::pack(dp[2 * i], dp[2 * i + 1]);
+        // dS^T -> smem [key][query]: row krow + 8r (r & 7 == g), query chunk nt, word t
+#pragma unroll
+        for (int nt = 0; nt < BR / 8; ++nt) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = krow - n0 + 8 * r;
+                *reinterpret_cast<unsigned*>(ds_ptr + row * 128 + ((nt ^ g) << 4) + 4 * t) = df[2 * nt + r];
+            }
+        }
+
+        // ---- dK += dS^T Q ----
+        bwg_reg_fence(dk);
+        bwg_reg_fence(df);
+        bwg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk) {
+            const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
+            M::rs128(dk, a, bwg_desc_add(st_mn, st_off + kk * 2048));
+        }
+        bwg_commit();
+        if (Cfg::DQ_BULK && lane < 16) bulk_wait_read();  // last step's dQ rows left the staging tile
+        bwg_fence_proxy();
+        __syncthreads();  // dS^T complete (both warpgroups' keys)
+
+        // ---- dQ[step rows, 64wg .. 64wg + 63] = dS K ----
+        if (Cfg::DQ_MMA) {
+            // mma.sync variant: warp w of the warpgroup -> query rows 16w .. 16w + 15 (same
+            // accumulator layout as the wgmma: dq[4 nt + e]); dS by ldmatrix.trans from the
+            // dS^T tile, K by ldmatrix.trans from the K panels.
+            bwg_wait<0>();
+            bwg_reg_fence(dv);
+            bwg_reg_fence(dk);
+            bwg_reg_fence(pf);
+            bwg_reg_fence(df);
+#pragma unroll
+            for (int i = 0; i < QR; ++i) dq[i] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk) {
+                unsigned af[4];
+                {
+                    const int row = kk * 16 + (lane & 7) + ((lane >> 4) << 3);
+                    const int ch = warp * 2 + ((lane >> 3) & 1);
+                    ldsm_x4_t(af[0], af[1], af[2], af[3], s_ds + row * 128 + ((ch ^ (row & 7)) << 4));
+                }
+#pragma unroll
+                for (int dp2 = 0; dp2 < 4; ++dp2) {
+                    const int row = kk * 16 + (lane & 15);
+                    const int ch = 8 * wg + 2 * dp2 + (lane >> 4);
+                    unsigned b0, b1, b2, b3;
+                    ldsm_x4_t(b0, b1, b2, b3,
+                              s_k + (ch >> 3) * (BC * 128) + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
+                    float c0[4] = {dq[8 * dp2], dq[8 * dp2 + 1], dq[8 * dp2 + 2], dq[8 * dp2 + 3]};
+                    float c1[4] = {dq[8 * dp2 + 4], dq[8 * dp2 + 5], dq[8 * dp2 + 6], dq[8 * dp2 + 7]};
+                    Tr::mma(c0, af, b0, b1);
+                    Tr::mma(c1, af, b2, b3);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        dq[8 * dp2 + e] = c0[e];
+                        dq[8 * dp2 + 4 + e] = c1[e];
+                    }
+                }
+            }
+        } else {
+            bwg_reg_fence(dq);
+            bwg_fence();
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk) {
+                M::template ss64<1, 1>(dq, bwg_desc_add(ds_a, kk * 2048), bwg_desc_add(k_b, kk * 2048),
+                                       kk > 0 ? 1 : 0);
+            }
+            bwg_commit();
+            bwg_wait<0>();
+            bwg_reg_fence(dq);
+        }
+        bwg_reg_fence(dv);
+        bwg_reg_fence(dk);
+        bwg_reg_fence(pf);
+        bwg_reg_fence(df);
+
+        const long long row_base = (long long)(b * H + hh) * Lq + mm0;
+        if (Cfg::DQ_BULK) {
+            // The warp's 16 rows x the warpgroup's 64 columns -> staging tile, then lane l < 16
+            // reduces row 16 warp + l (256 contiguous bytes) into dq_accum with one bulk op.
+            float* sdq = reinterpret_cast<float*>(gbase + (s_dq - base));
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float* rowp = sdq + (warp * 16 + g + 8 * r) * Cfg::DQ_LD + 64 * wg + 2 * t;
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+                    *reinterpret_cast<float2*>(rowp + nt * 8) = make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
+            }
+            bwg_fence_proxy();
+            __syncwarp();
+            const int ql = warp * 16 + lane;
+            if (lane < 16 && mm0 + ql < Lq) {
+                bulk_red_add_f32(dq_accum + (row_base + ql) * D + 64 * wg,
+                                 s_dq + (ql * Cfg::DQ_LD + 64 * wg) * 4, 64 * 4);
+            }
+            if (lane < 16) bulk_commit();
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int ql = warp * 16 + g + 8 * r;
+                if (mm0 + ql < Lq) {
+                    float* dst = dq_accum + (row_base + ql) * D + 64 * wg + 2 * t;
+#pragma unroll
+                    for (int nt = 0; nt < 8; ++nt) red_add_f32x2(dst + nt * 8, dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
+                }
+            }
+        }
+    }
+    if (Cfg::DQ_BULK && lane < 16) bulk_wait_all();
+    cp_async_wait<0>();  // K/V may still be in flight when total == 0
+
+    // ---- epilogue: dK = scale * acc, dV; rows past Lk are not stored ----
+    T* dkg = static_cast<T*>(p.dk) + kv_off;
+    T* dvg = static_cast<T*>(p.dv) + kv_off;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int kl = krow - n0 + 8 * r;
+        if (n0 + kl < Lk) {
+#pragma unroll
+            for (int dn = 0; dn < D / 8; ++dn) {
+                *reinterpret_cast<unsigned*>(dkg + (long long)kl * D + dn * 8 + 2 * t) =
+                    Tr::pack(dk[4 * dn + 2 * r] * p.scale, dk[4 * dn + 2 * r + 1] * p.scale);
+                *reinterpret_cast<unsigned*>(dvg + (long long)kl * D + dn * 8 + 2 * t) =
+                    Tr::pack(dv[4 * dn + 2 * r], dv[4 * dn + 2 * r + 1]);
+            }
+        }
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// Kernels
+// -------------------------------------------------------------------------------------
+// Tunables (compile-time; the defaults are the launch documented at the top):
+//   ATTN_WGB_DQ_BULK = 1 (default): dQ goes through a shared-memory staging tile ([BR][D + 8] f32,
+//     +34816 bytes) and bulk reductions (cp.reduce.async.bulk .add.f32, one per warp row and
+//     64-column half); 0: red.global.add.v2.f32 from the accumulators (smem 149504 bytes).
+//   ATTN_WGB_DQ_MMA = 1: dQ = dS K with mma.sync + ldmatrix instead of wgmma (same smem).
+// Measured on the H200 (benches/attention_wgmma_check.py --bwd, 2026-11-29; bf16, B*L = 16384,
+// H = 16, L 4096 / 16384, causal 0/1; all four passed the gradient check): backward
+// (preprocess + this + convert) 292-347 TFLOP/s with BULK (0.57-0.66x SDPA's backward), 286-337
+// with red.v2, 265-319 with the mma.sync dQ; the mma.sync kernel of attention.cu 203-225.
+#ifndef ATTN_WGB_DQ_BULK
+#define ATTN_WGB_DQ_BULK 1
+#endif
+#ifndef ATTN_WGB_DQ_MMA
+#define ATTN_WGB_DQ_MMA 0
+#endif
+typedef WgBwdCfg<128, 128, ATTN_WGB_DQ_BULK != 0, ATTN_WGB_DQ_MMA != 0> AttnWgBwdCfgD128;
+#if ATTN_WGB_DQ_BULK
+static_assert(AttnWgBwdCfgD128::SMEM_BYTES == 184320 && AttnWgBwdCfgD128::NTHREADS == 256 &&
+                  AttnWgBwdCfgD128::BC == 128,
+              "documented (wgmma bwd d128)");
+#else
+static_assert(AttnWgBwdCfgD128::SMEM_BYTES == 149504, "wgmma bwd d128 with dQ red.v2");
+#endif
+
+extern __shared__ __align__(1024) unsigned char attn_wgb_smem[];
+
+#define ATTN_WG_BWD_KERNEL(NAME, TR, CFG)                                  \
+    extern "C" __global__ void __launch_bounds__(CFG::NTHREADS, 1)         \
+        NAME(const FlashParams p) {                                        \
+        flash_bwd_wgmma_body<TR, CFG>(p, attn_wgb_smem);                   \
+    }
+
+ATTN_WG_BWD_KERNEL(flash_bwd_wgmma_d128_f16, AttnF16, AttnWgBwdCfgD128)
+ATTN_WG_BWD_KERNEL(flash_bwd_wgmma_d128_bf16, AttnBF16, AttnWgBwdCfgD128)
