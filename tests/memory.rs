@@ -1,6 +1,5 @@
-//! Device memory of dropped tensors is kept by the stream actor that allocated it,
-//! handed out again for the next allocation of its size, and given back by
-//! `rtx::cuda::empty_cache`. Runs only where a CUDA device is present (required under
+//! Device memory of dropped tensors is kept by the stream actor that allocated it and
+//! handed out again for the next allocation of its size. Runs only where a CUDA device is present (required under
 //! `RTX_REQUIRE_CUDA=1`); one test in its own process, so no other test's allocations
 //! or out-of-memory trims interleave with its readings of the device's free memory.
 
@@ -32,7 +31,7 @@ impl Op for Alloc {
 }
 
 #[test]
-fn freed_memory_is_cached_reused_and_given_back() {
+fn freed_memory_is_cached_and_reused() {
     match rtx::cuda::probe() {
         Ok(n) if n > 0 => {}
         other => {
@@ -78,12 +77,4 @@ fn freed_memory_is_cached_reused_and_given_back() {
         (f1 - f2) / MIB
     );
     drop(y);
-    settle();
-    rtx::cuda::empty_cache();
-    let f3 = free();
-    assert!(
-        f3 - f2 >= 60 * MIB,
-        "empty_cache gives the 64 MiB back: {} MiB",
-        (f3 - f2) / MIB
-    );
 }

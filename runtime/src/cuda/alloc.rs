@@ -59,9 +59,9 @@ pub fn block_cache_stats() -> (u64, u64) {
     (HITS.load(Ordering::Relaxed), MISSES.load(Ordering::Relaxed))
 }
 
-/// One stream actor's memory: its stream, pool and cache of freed blocks.
+/// One stream actor's memory: its pool and its cache of freed blocks. (It holds no
+/// reference to the stream or the context: their lifetimes stay the actor's.)
 pub(crate) struct StreamMem {
-    stream: StdArc<CudaStream>,
     ordinal: usize,
     pool: StreamPool,
     cache: StdMutex<BlockCache>,
@@ -112,34 +112,6 @@ impl BlockCache {
     }
 }
 
-impl StreamMem {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BlockCache> {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Frees every cached block, stream-ordered on this stream (no kernel uses a cached
-    /// block, so the order only keeps the driver's pool bookkeeping simple).
-    fn free_cached(&self) {
-        let blocks = self.lock().drain();
-        for ptr in blocks {
-            // SAFETY: `ptr` is an allocation of this stream's pool that no slice owns
-            // any more (it was leaked into the cache); the stream is alive (held here).
-            let _ = unsafe { cudarc::driver::result::free_async(ptr, self.stream.cu_stream()) };
-        }
-    }
-
-    /// Frees the cached blocks and returns the pool's unused memory to the driver (the
-    /// caller has waited for the work that freed blocks to the pool). A pool releases
-    /// only frees the host has seen complete: hence the synchronize.
-    fn trim(&self) {
-        self.free_cached();
-        let _ = self.stream.synchronize();
-        let mut cache = self.lock();
-        let _ = self.pool.trim();
-        cache.classes.clear();
-    }
-}
-
 /// The registered streams' memory, by stream handle.
 static STREAMS: LazyLock<DashMap<usize, StdArc<StreamMem>>> = LazyLock::new(DashMap::new);
 
@@ -155,11 +127,10 @@ fn class_of(bytes: usize) -> usize {
 /// Registers an actor's stream: allocations on it come from a pool of its own and its
 /// freed tensor memory is cached for it. Without a pool (creation failed), the stream
 /// uses the device's default pool and no cache.
-pub(crate) fn register(ctx: &CudaContext, stream: &StdArc<CudaStream>) {
+pub(crate) fn register(ctx: &CudaContext, stream: &CudaStream) {
     match StreamPool::create(ctx) {
         Ok(pool) => {
             let mem = StreamMem {
-                stream: stream.clone(),
                 ordinal: ctx.ordinal(),
                 pool,
                 cache: StdMutex::new(BlockCache::default()),
@@ -170,31 +141,34 @@ pub(crate) fn register(ctx: &CudaContext, stream: &StdArc<CudaStream>) {
     }
 }
 
-/// Unregisters an actor's stream (when the actor exits, its work finished): the cache
-/// closes and its blocks are freed; memory still held by tensors is freed to the pool
-/// when dropped.
+/// Unregisters an actor's stream (when the actor exits, its work finished): the cached
+/// blocks are freed; memory still held by tensors is freed to the pool when dropped.
 pub(crate) fn unregister(stream: &CudaStream) {
     if let Some((_, mem)) = STREAMS.remove(&key(stream)) {
         // Closed under the lock: a `recycle` racing this (it found the entry before the
         // removal) then frees its block instead of caching it where no one looks.
-        mem.lock().closed = true;
-        mem.free_cached();
+        mem.cache.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        free_cached(&mem, stream);
     }
 }
 
-/// Frees the memory the stream actors keep for reuse: every block cache is emptied and
-/// every actor pool (and the devices' default pools) trimmed, after waiting for the
-/// devices' pending work. Memory held by live tensors stays. For users who share a GPU
-/// with another process or library that needs the memory rtx keeps (like PyTorch's
-/// `torch.cuda.empty_cache()`); an allocation that runs out of memory does this by itself.
-pub fn empty_cache() {
-    let all: Vec<StdArc<StreamMem>> = STREAMS.iter().map(|e| e.value().clone()).collect();
-    for mem in &all {
-        let _ = mem.stream.synchronize();
-    }
-    for mem in &all {
-        mem.trim();
-        trim_default(mem.stream.context());
+/// Returns `mem`'s unused pool memory to the driver (after its cached blocks were freed
+/// and the frees seen complete) and forgets the classes: trimmed addresses may come
+/// back from other allocators.
+fn trim(mem: &StreamMem) {
+    let mut cache = mem.cache.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = mem.pool.trim();
+    cache.classes.clear();
+}
+
+/// Frees every cached block of `mem` stream-ordered on `stream` (its own stream).
+fn free_cached(mem: &StreamMem, stream: &CudaStream) {
+    let blocks = mem.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
+    for ptr in blocks {
+        // SAFETY: `ptr` is a pool allocation of this stream that no slice owns any more
+        // (it was leaked into the cache); freeing it on its own stream orders the free
+        // after the stream's earlier work.
+        let _ = unsafe { cudarc::driver::result::free_async(ptr, stream.cu_stream()) };
     }
 }
 
@@ -212,7 +186,7 @@ pub(crate) fn recycle<T>(s: CudaSlice<T>) {
         let (ptr, _sync) = s.device_ptr(&stream);
         ptr
     };
-    let mut cache = mem.lock();
+    let mut cache = mem.cache.lock().unwrap_or_else(|p| p.into_inner());
     // Only blocks this stream's pool handed out (of a known class) are kept.
     match cache.classes.get(&ptr).copied() {
         Some(class) if class >= s.num_bytes() && cache.has_room(class) => {
@@ -254,7 +228,11 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
     let own = STREAMS.get(&key(stream)).map(|m| m.value().clone());
     let class = class_of(bytes);
     if let Some(mem) = &own {
-        let cached = mem.lock().take(class);
+        let cached = mem
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(class);
         if let Some(ptr) = cached {
             HITS.fetch_add(1, Ordering::Relaxed);
             // SAFETY: `ptr` is a block of `class` >= `bytes` bytes allocated from this
@@ -270,7 +248,11 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
             // SAFETY: the pool is this stream's (registered by its actor for this
             // stream) and the stream is live (borrowed).
             let ptr = unsafe { mem.pool.alloc(class, stream.cu_stream()) }?;
-            mem.lock().classes.insert(ptr, class);
+            mem.cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .classes
+                .insert(ptr, class);
             // SAFETY: `ptr` is a fresh allocation of `class` >= `bytes` bytes, owned by
             // nothing else; the slice frees it stream-ordered on this stream, back to
             // the pool it came from, or recycles it. The caller's contract covers
@@ -288,9 +270,12 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
         Err(_) => {}
     }
     // Out of memory: give back what this stream keeps and its finished work freed.
+    if let Some(mem) = &own {
+        free_cached(mem, stream);
+    }
     let _ = stream.synchronize();
     if let Some(mem) = &own {
-        mem.trim();
+        trim(mem);
     }
     trim_default(ctx);
     match attempt() {
@@ -299,8 +284,7 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
         Err(_) => {}
     }
     // Still out: memory may sit in the caches and pools of this device's other streams;
-    // wait for the whole device and give all of it back.
-    let _ = ctx.synchronize();
+    // empty them, wait for the whole device, and trim their pools.
     let ordinal = ctx.ordinal();
     let same_device: Vec<StdArc<StreamMem>> = STREAMS
         .iter()
@@ -308,7 +292,17 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
         .map(|e| e.value().clone())
         .collect();
     for mem in &same_device {
-        mem.trim();
+        let blocks = mem.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
+        for ptr in blocks {
+            // SAFETY: a cached block of this device, owned by no slice; the device is
+            // synchronized below before the pools are trimmed, and no stream uses a
+            // cached block.
+            let _ = unsafe { cudarc::driver::result::free_async(ptr, stream.cu_stream()) };
+        }
+    }
+    let _ = ctx.synchronize();
+    for mem in &same_device {
+        trim(mem);
     }
     trim_default(ctx);
     attempt().map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))

@@ -40,7 +40,7 @@ use cudarc::driver::{sys, CudaContext, CudaModule};
 use dashmap::DashMap;
 
 pub(crate) use alloc::recycle;
-pub use alloc::{alloc_uninit, block_cache_stats, empty_cache, CACHE_MAX_BLOCK, CACHE_MAX_BYTES};
+pub use alloc::{alloc_uninit, block_cache_stats, CACHE_MAX_BLOCK, CACHE_MAX_BYTES};
 pub use context::StreamCx;
 
 use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
