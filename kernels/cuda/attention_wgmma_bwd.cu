@@ -61,42 +61,11 @@
 #error "attention_wgmma_bwd.cu needs the sm_90a target (wgmma.mma_async): compile with arch_specific"
 #endif
 
+#include "wgmma.cuh"
+
 // -------------------------------------------------------------------------------------
-// wgmma plumbing (as attention_wgmma.cu; a separate program, so a copy)
+// Bulk asynchronous reductions (shared -> global)
 // -------------------------------------------------------------------------------------
-__device__ __forceinline__ void bwg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void bwg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bwg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// This thread's generic-proxy shared-memory writes (st.shared, cp.async) become visible to the
-// async proxy (wgmma operand reads) once a barrier follows.
-__device__ __forceinline__ void bwg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Pins the registers of `r` here (no read or write of them moves across this point).
-template <int N>
-__device__ __forceinline__ void bwg_reg_fence(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void bwg_reg_fence(unsigned (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-
-// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1, bits 62-63), base offset 0.
-__device__ __forceinline__ unsigned long long bwg_desc(unsigned saddr, unsigned lbo, unsigned sbo) {
-    return static_cast<unsigned long long>((saddr & 0x3FFFFu) >> 4) |
-           (static_cast<unsigned long long>((lbo & 0x3FFFFu) >> 4) << 16) |
-           (static_cast<unsigned long long>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
-}
-// `d` moved `bytes` further (start address field; no carry for shared addresses < 256 KB).
-__device__ __forceinline__ unsigned long long bwg_desc_add(unsigned long long d, unsigned bytes) {
-    return d + (bytes >> 4);
-}
-
 // Bulk asynchronous reduction dst[0 .. bytes/4) += src (f32, shared -> global; bytes % 16 == 0,
 // both 16-byte aligned), completed through this thread's bulk groups.
 __device__ __forceinline__ void bulk_red_add_f32(float* dst, unsigned src, unsigned bytes) {
@@ -352,12 +321,12 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
     }
 
     // Descriptors (stage 0; a stage is + 2 * Q_BYTES).
-    const unsigned long long k_a = bwg_desc(s_k + wg * 64 * 128, 16, 1024);   // K rows of wg
-    const unsigned long long v_a = bwg_desc(s_v + wg * 64 * 128, 16, 1024);   // V rows of wg
-    const unsigned long long st_kmaj = bwg_desc(s_st, 16, 1024);               // Q / dO as B, K-major
-    const unsigned long long st_mn = bwg_desc(s_st, BR * 128, 1024);           // Q / dO as B, MN-major
-    const unsigned long long ds_a = bwg_desc(s_ds, BC * 128, 1024);            // dS (A, MN-major)
-    const unsigned long long k_b = bwg_desc(s_k + wg * (BC * 128), BC * 128, 1024);  // K cols 64wg.. (B, MN)
+    const unsigned long long k_a = wg_desc(s_k + wg * 64 * 128, 16, 1024);   // K rows of wg
+    const unsigned long long v_a = wg_desc(s_v + wg * 64 * 128, 16, 1024);   // V rows of wg
+    const unsigned long long st_kmaj = wg_desc(s_st, 16, 1024);               // Q / dO as B, K-major
+    const unsigned long long st_mn = wg_desc(s_st, BR * 128, 1024);           // Q / dO as B, MN-major
+    const unsigned long long ds_a = wg_desc(s_ds, BC * 128, 1024);            // dS (A, MN-major)
+    const unsigned long long k_b = wg_desc(s_k + wg * (BC * 128), BC * 128, 1024);  // K cols 64wg.. (B, MN)
 
     const float sl2 = p.scale * ATTN_LOG2E;
     const T* mask = static_cast<const T*>(p.mask);
@@ -367,7 +336,7 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
 
     for (int it = 0; it < total; ++it) {
         cp_async_wait<0>();   // step it (and K, V) landed for this thread ...
-        bwg_fence_proxy();
+        fence_proxy_async_smem();
         __syncthreads();      // ... for all; every warpgroup is done with step it-1 (slot, dS^T)
         if (it + 1 < total) issue_step(it + 1, (it + 1) & 1);
         cp_async_commit();
@@ -380,25 +349,25 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
         const float* s_dsum = s_lse + BR;
 
         // ---- S^T = K_w Q^T and dP^T = V_w dO^T (two groups) ----
-        bwg_reg_fence(s);
-        bwg_reg_fence(dp);
-        bwg_fence();
+        reg_fence(s);
+        reg_fence(dp);
+        wg_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
             const unsigned boff = st_off + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
-            M::template ss64<0, 0>(s, bwg_desc_add(k_a, aoff), bwg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
+            M::template ss64<0, 0>(s, wg_desc_add(k_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
         }
-        bwg_commit();
+        wg_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
             const unsigned boff = st_off + Cfg::Q_BYTES + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
-            M::template ss64<0, 0>(dp, bwg_desc_add(v_a, aoff), bwg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
+            M::template ss64<0, 0>(dp, wg_desc_add(v_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
         }
-        bwg_commit();
-        bwg_wait<1>();  // S^T done (dP^T may run on)
-        bwg_reg_fence(s);
+        wg_commit();
+        wg_wait<1>();  // S^T done (dP^T may run on)
+        reg_fence(s);
 
         // ---- P^T (rows = keys krow + 8r, columns = queries mm0 + 8nt + 2t + c) ----
         const bool need_mask = (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
@@ -429,17 +398,17 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
         for (int i = 0; i < PR; ++i) pf[i] = Tr::pack(s[2 * i], s[2 * i + 1]);
 
         // ---- dV += P^T dO (runs while dS^T is computed) ----
-        bwg_reg_fence(dv);
-        bwg_reg_fence(pf);
-        bwg_fence();
+        reg_fence(dv);
+        reg_fence(pf);
+        wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BR / 16; ++kk) {
             const unsigned a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-            M::rs128(dv, a, bwg_desc_add(st_mn, st_off + Cfg::Q_BYTES + kk * 2048));
+            M::rs128(dv, a, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES + kk * 2048));
         }
-        bwg_commit();
-        bwg_wait<1>();  // dP^T done (dV may run on)
-        bwg_reg_fence(dp);
+        wg_commit();
+        wg_wait<1>();  // dP^T done (dV may run on)
+        reg_fence(dp);
 
         // ---- dS^T = P^T o (dP^T - dsum) ----
 #pragma unroll
@@ -461,17 +430,17 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
         }
 
         // ---- dK += dS^T Q ----
-        bwg_reg_fence(dk);
-        bwg_reg_fence(df);
-        bwg_fence();
+        reg_fence(dk);
+        reg_fence(df);
+        wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BR / 16; ++kk) {
             const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
-            M::rs128(dk, a, bwg_desc_add(st_mn, st_off + kk * 2048));
+            M::rs128(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
         }
-        bwg_commit();
+        wg_commit();
         if (Cfg::DQ_BULK && lane < 16) bulk_wait_read();  // last step's dQ rows left the staging tile
-        bwg_fence_proxy();
+        fence_proxy_async_smem();
         __syncthreads();  // dS^T complete (both warpgroups' keys)
 
         // ---- dQ[step rows, 64wg .. 64wg + 63] = dS K ----
@@ -479,11 +448,11 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
             // mma.sync variant: warp w of the warpgroup -> query rows 16w .. 16w + 15 (same
             // accumulator layout as the wgmma: dq[4 nt + e]); dS by ldmatrix.trans from the
             // dS^T tile, K by ldmatrix.trans from the K panels.
-            bwg_wait<0>();
-            bwg_reg_fence(dv);
-            bwg_reg_fence(dk);
-            bwg_reg_fence(pf);
-            bwg_reg_fence(df);
+            wg_wait<0>();
+            reg_fence(dv);
+            reg_fence(dk);
+            reg_fence(pf);
+            reg_fence(df);
 #pragma unroll
             for (int i = 0; i < QR; ++i) dq[i] = 0.f;
 #pragma unroll
@@ -513,21 +482,21 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
                 }
             }
         } else {
-            bwg_reg_fence(dq);
-            bwg_fence();
+            reg_fence(dq);
+            wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BC / 16; ++kk) {
-                M::template ss64<1, 1>(dq, bwg_desc_add(ds_a, kk * 2048), bwg_desc_add(k_b, kk * 2048),
+                M::template ss64<1, 1>(dq, wg_desc_add(ds_a, kk * 2048), wg_desc_add(k_b, kk * 2048),
                                        kk > 0 ? 1 : 0);
             }
-            bwg_commit();
-            bwg_wait<0>();
-            bwg_reg_fence(dq);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(dq);
         }
-        bwg_reg_fence(dv);
-        bwg_reg_fence(dk);
-        bwg_reg_fence(pf);
-        bwg_reg_fence(df);
+        reg_fence(dv);
+        reg_fence(dk);
+        reg_fence(pf);
+        reg_fence(df);
 
         const long long row_base = (long long)(b * H + hh) * Lq + mm0;
         if (Cfg::DQ_BULK) {
@@ -541,7 +510,7 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
                 for (int nt = 0; nt < 8; ++nt)
                     *reinterpret_cast<float2*>(rowp + nt * 8) = make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
             }
-            bwg_fence_proxy();
+            fence_proxy_async_smem();
             __syncwarp();
             const int ql = warp * 16 + lane;
             if (lane < 16 && mm0 + ql < Lq) {
