@@ -334,3 +334,62 @@ pub(crate) fn driver_error(
         message: e.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_round_up_to_the_granule() {
+        assert_eq!(class_of(1), GRANULE);
+        assert_eq!(class_of(GRANULE), GRANULE);
+        assert_eq!(class_of(GRANULE + 1), 2 * GRANULE);
+        assert_eq!(class_of(3 << 20), 3 << 20);
+    }
+
+    #[test]
+    fn cache_hands_back_blocks_of_the_class_and_accounts_bytes() {
+        let mut c = BlockCache::default();
+        assert!(c.take(GRANULE).is_none());
+        c.put(GRANULE, 0x1000);
+        c.put(2 * GRANULE, 0x2000);
+        assert_eq!(c.bytes, 3 * GRANULE);
+        assert_eq!(c.take(2 * GRANULE), Some(0x2000));
+        assert!(c.take(2 * GRANULE).is_none(), "a block is handed out once");
+        assert_eq!(c.bytes, GRANULE);
+        assert_eq!(c.take(GRANULE), Some(0x1000));
+        assert_eq!(c.bytes, 0);
+    }
+
+    #[test]
+    fn room_is_bounded_by_block_size_budget_and_closing() {
+        let mut c = BlockCache::default();
+        assert!(c.has_room(CACHE_MAX_BLOCK));
+        assert!(!c.has_room(CACHE_MAX_BLOCK + GRANULE));
+        c.bytes = CACHE_MAX_BYTES - GRANULE;
+        assert!(c.has_room(GRANULE));
+        assert!(!c.has_room(2 * GRANULE));
+        c.bytes = 0;
+        c.closed = true;
+        assert!(!c.has_room(GRANULE), "a closed cache keeps nothing");
+    }
+
+    #[test]
+    fn drain_empties_and_forgets_the_drained_blocks_classes() {
+        let mut c = BlockCache::default();
+        c.classes.insert(0x1000, GRANULE);
+        c.classes.insert(0x3000, GRANULE); // in use, not cached
+        c.put(GRANULE, 0x1000);
+        let mut drained = c.drain();
+        drained.sort_unstable();
+        assert_eq!(drained, [0x1000]);
+        assert_eq!(c.bytes, 0);
+        assert!(c.take(GRANULE).is_none());
+        assert!(!c.classes.contains_key(&0x1000));
+        assert_eq!(
+            c.classes.get(&0x3000),
+            Some(&GRANULE),
+            "blocks in use keep their class"
+        );
+    }
+}
