@@ -79,121 +79,6 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 // This thread's bulk groups have completed (their writes are performed).
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
-// wgmma.mma_async wrappers (generated; m64nNk16, f32 accumulators).
-// D[64 x 64] (+)= A[64 x 16] B[16 x 64], both from shared memory (descriptors); TA / TB: the
-// transpose flags (0: K-major, 1: MN-major).
-template <int TA, int TB>
-__device__ __forceinline__ void bwg_ss_n64_f16(float (&d)[32], unsigned long long da, unsigned long long db,
-                                            int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
-}
-
-// D[64 x 128] += A[64 x 16] B[16 x 128], A from registers (4 x f16x2 per thread), B MN-major in
-// shared memory (descriptor; transpose flag set).
-__device__ __forceinline__ void bwg_rs_n128_f16(float (&d)[64], const unsigned (&a)[4], unsigned long long db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-// D[64 x 64] (+)= A[64 x 16] B[16 x 64], both from shared memory (descriptors); TA / TB: the
-// transpose flags (0: K-major, 1: MN-major).
-template <int TA, int TB>
-__device__ __forceinline__ void bwg_ss_n64_bf16(float (&d)[32], unsigned long long da, unsigned long long db,
-                                            int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
-}
-
-// D[64 x 128] += A[64 x 16] B[16 x 128], A from registers (4 x bf16x2 per thread), B MN-major in
-// shared memory (descriptor; transpose flag set).
-__device__ __forceinline__ void bwg_rs_n128_bf16(float (&d)[64], const unsigned (&a)[4], unsigned long long db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-template <typename Tr>
-struct BwgMma;
-template <>
-struct BwgMma<AttnF16> {
-    template <int TA, int TB>
-    static __device__ __forceinline__ void ss64(float (&d)[32], unsigned long long da, unsigned long long db,
-                                                int acc) {
-        bwg_ss_n64_f16<TA, TB>(d, da, db, acc);
-    }
-    static __device__ __forceinline__ void rs128(float (&d)[64], const unsigned (&a)[4], unsigned long long db) {
-        bwg_rs_n128_f16(d, a, db);
-    }
-};
-template <>
-struct BwgMma<AttnBF16> {
-    template <int TA, int TB>
-    static __device__ __forceinline__ void ss64(float (&d)[32], unsigned long long da, unsigned long long db,
-                                                int acc) {
-        bwg_ss_n64_bf16<TA, TB>(d, da, db, acc);
-    }
-    static __device__ __forceinline__ void rs128(float (&d)[64], const unsigned (&a)[4], unsigned long long db) {
-        bwg_rs_n128_bf16(d, a, db);
-    }
-};
-
-// -------------------------------------------------------------------------------------
-// Tiles
-// -------------------------------------------------------------------------------------
-// Async copies of [ROWS x D] tiles (global rows of D 16-bit elements, contiguous) into the
-// swizzled panel layout, by all NT threads (as WgTileLoader of attention_wgmma.cu).
-template <int D, int NT>
-struct BwgTileLoader {
-    static constexpr int CPR = D / 8;       // 16-byte chunks per row
-    static constexpr int RSTEP = NT / CPR;  // rows per pass
-    static_assert(NT % CPR == 0 && RSTEP % 8 == 0, "tile loader geometry");
-    int row;
-    unsigned dst;
-    unsigned pan;
-    int src;
-
-    __device__ __forceinline__ explicit BwgTileLoader(int tid) {
-        row = tid / CPR;
-        const int ch = tid % CPR;
-        pan = static_cast<unsigned>(ch >> 3);
-        dst = static_cast<unsigned>(row * 128 + (((ch & 7) ^ (row & 7)) << 4));
-        src = row * (D * 2) + ch * 16;
-    }
-
-    // Rows >= valid_rows are zero-filled (source row 0, never read; valid_rows >= 1).
-    template <int ROWS>
-    __device__ __forceinline__ void load(unsigned tile, const void* gsrc, int valid_rows) const {
-        const char* g = static_cast<const char*>(gsrc);
-        const unsigned d0 = tile + pan * (ROWS * 128) + dst;
-#pragma unroll
-        for (int i = 0; i < (ROWS + RSTEP - 1) / RSTEP; ++i) {
-            if (ROWS % RSTEP == 0 || row + i * RSTEP < ROWS) {
-                const bool ok = row + i * RSTEP < valid_rows;
-                const char* sp = ok ? g + src + i * RSTEP * (D * 2) : g;
-                cp_async_16(d0 + i * RSTEP * 128, sp, ok ? 16 : 0);
-            }
-        }
-    }
-};
-
 template <int D_, int BC_, bool DQ_BULK_, bool DQ_MMA_>
 struct WgBwdCfg {
     static constexpr int D = D_;
@@ -223,7 +108,8 @@ struct WgBwdCfg {
 template <typename Tr, typename Cfg>
 __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsigned char* smem) {
     typedef typename Tr::T T;
-    typedef BwgMma<Tr> M;
+    typedef Wgmma<Tr, 64> M64;
+    typedef Wgmma<Tr, 128> M128;
     constexpr int D = Cfg::D;
     constexpr int BC = Cfg::BC;
     constexpr int BR = Cfg::BR;
@@ -275,7 +161,7 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
     unsigned char* const ds_ptr = gbase + (s_ds - base);
     const float* const rv_ptr = reinterpret_cast<const float*>(gbase + (s_rv - base));
 
-    const BwgTileLoader<D, NT> loader(tid);
+    const WgTileLoader<D, NT> loader(tid);
     auto issue_step = [&](int it, int slot) {
         const int hh = hk * G + it / per_head;
         const int mm0 = (m_begin + it % per_head) * BR;
@@ -356,14 +242,14 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
         for (int kk = 0; kk < D / 16; ++kk) {
             const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
             const unsigned boff = st_off + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
-            M::template ss64<0, 0>(s, wg_desc_add(k_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
+            M64::template ss<0, 0>(s, wg_desc_add(k_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
         }
         wg_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
             const unsigned boff = st_off + Cfg::Q_BYTES + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
-            M::template ss64<0, 0>(dp, wg_desc_add(v_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
+            M64::template ss<0, 0>(dp, wg_desc_add(v_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
         }
         wg_commit();
         wg_wait<1>();  // S^T done (dP^T may run on)
@@ -404,7 +290,7 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
 #pragma unroll
         for (int kk = 0; kk < BR / 16; ++kk) {
             const unsigned a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-            M::rs128(dv, a, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES + kk * 2048));
+            M128::rs(dv, a, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES + kk * 2048));
         }
         wg_commit();
         wg_wait<1>();  // dP^T done (dV may run on)
@@ -436,7 +322,7 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
 #pragma unroll
         for (int kk = 0; kk < BR / 16; ++kk) {
             const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
-            M::rs128(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
+            M128::rs(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
         }
         wg_commit();
         if (Cfg::DQ_BULK && lane < 16) bulk_wait_read();  // last step's dQ rows left the staging tile
@@ -486,7 +372,7 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BC / 16; ++kk) {
-                M::template ss64<1, 1>(dq, wg_desc_add(ds_a, kk * 2048), wg_desc_add(k_b, kk * 2048),
+                M64::template ss<1, 1>(dq, wg_desc_add(ds_a, kk * 2048), wg_desc_add(k_b, kk * 2048),
                                        kk > 0 ? 1 : 0);
             }
             wg_commit();
