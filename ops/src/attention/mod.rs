@@ -10,11 +10,13 @@
 //!   f16/bf16, D 64 and 128) and, for the forward on compute capability 9.0, of
 //!   `kernels/cuda/attention_wgmma.cu` (Hopper `wgmma`, sm_90a; the `mma.sync` forward
 //!   is the fallback elsewhere, or if it cannot be loaded; `RTX_ATTN_WGMMA=0` forces the
-//!   fallback): the `FlashParams` mirror, per-stream function setup and the backward's
-//!   workspace.
+//!   fallback): the forward and backward launches and the backward's workspace;
+//! - `launch.rs`: the `FlashParams` mirror, the kernel table (blocks, shared memory,
+//!   grids), which kernel runs on this device, per-stream function setup.
 pub mod cpu;
 mod cuda;
 mod geometry;
+mod launch;
 mod op;
 
 pub use op::{
