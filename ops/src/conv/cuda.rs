@@ -44,7 +44,7 @@ use rtx_runtime::{DType, Element, Error, Result};
 
 use super::cpu::Conv2dParams;
 use super::dnn::{Choice, ConvDescs, Dir, Filter, Handle, Io};
-use super::graph::{self, GraphPlan, Numerics};
+use super::graph::{self, GraphPlan};
 use crate::gemm::device::{dptr, dptr_mut, require_library, scratch};
 use crate::kernels::alloc_out;
 
@@ -241,16 +241,12 @@ impl ConvState {
         };
         descs.set_math(choice.math)?;
         let legacy = Planned::Legacy { descs, choice };
-        let numerics = Numerics {
-            exact_f32: exact,
-            no_fft: filter.no_fft,
-        };
         let graph = match graph::candidates(
             &self.handle,
             &key.p,
             key.dir,
             key.dtype,
-            numerics,
+            filter,
             key.align,
             SEARCH_CAP,
         ) {

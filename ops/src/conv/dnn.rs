@@ -25,7 +25,7 @@ use sys::cudnnConvolutionFwdAlgo_t as FwdAlgo;
 use sys::cudnnMathType_t as Math;
 
 /// A status as a `Result`.
-fn check(call: &str, s: sys::cudnnStatus_t) -> Result<()> {
+pub(crate) fn check(call: &str, s: sys::cudnnStatus_t) -> Result<()> {
     match s {
         sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS => Ok(()),
         other => Err(cudnn_error(call, other)),

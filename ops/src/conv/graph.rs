@@ -19,8 +19,7 @@ use cudarc::cudnn::sys;
 use rtx_runtime::{DType, Result};
 
 use super::cpu::{Conv2dParams, Layout};
-use super::dnn::{data_type, Dir, Handle, Io};
-use crate::gemm::device::cudnn_error;
+use super::dnn::{check, data_type, Dir, Filter, Handle, Io};
 
 use sys::cudnnBackendAttributeName_t as Attr;
 use sys::cudnnBackendAttributeType_t as Ty;
@@ -38,13 +37,6 @@ const MAX_CONFIGS: usize = 64;
 /// Variant packs kept per plan: the block caches make a stream's buffers recur, so the
 /// same (x, w, y, workspace) addresses come back and their pack is reused.
 const PACKS_KEPT: usize = 8;
-
-fn check(call: &str, s: sys::cudnnStatus_t) -> Result<()> {
-    match s {
-        sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS => Ok(()),
-        other => Err(cudnn_error(call, other)),
-    }
-}
 
 /// A Rust type that is the element type of a backend attribute.
 ///
@@ -277,33 +269,24 @@ fn tensor(uid: i64, dt: DType, dims: [usize; 4], layout: Layout, align: i64) -> 
     Ok(d)
 }
 
-/// Which engines the numerics allow.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Numerics {
-    /// f32 without TF32: no tensor-core engines (down-converting ones are never used).
-    pub exact_f32: bool,
-    /// Strided backward data: no FFT engines (as the legacy search).
-    pub no_fft: bool,
-}
-
-impl Numerics {
-    fn allows(&self, notes: &[Note<NUMERICAL>]) -> bool {
-        use sys::cudnnBackendNumericalNote_t as N;
-        let is = |n: &Note<NUMERICAL>, v: N| n.0 == v as u32;
-        notes.iter().all(|n| {
-            // Half-precision accumulation, or inputs converted to a narrower type (f32
-            // with TF32 would overflow above 65504 in f16): below what the legacy path
-            // and every op promise.
-            !is(n, N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
-                && !is(n, N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
-                && !(self.exact_f32 && is(n, N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE))
-                && !(self.no_fft && is(n, N::CUDNN_NUMERICAL_NOTE_FFT))
-        })
-    }
+/// Whether an engine with numerical `notes` is allowed under `f` (the legacy search's
+/// rules, plus: never half-precision accumulation or down-converted inputs).
+fn allows(f: Filter, notes: &[Note<NUMERICAL>]) -> bool {
+    use sys::cudnnBackendNumericalNote_t as N;
+    let is = |n: &Note<NUMERICAL>, v: N| n.0 == v as u32;
+    notes.iter().all(|n| {
+        // Half-precision accumulation, or inputs converted to a narrower type (f32 with
+        // TF32 would overflow above 65504 in f16): below what the legacy path and every
+        // op promise.
+        !is(n, N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
+            && !is(n, N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
+            && !(f.exact_f32 && is(n, N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE))
+            && !(f.no_fft && is(n, N::CUDNN_NUMERICAL_NOTE_FFT))
+    })
 }
 
 /// The plans cuDNN's heuristic proposes for one convolution, in the heuristic's order,
-/// keeping those that finalize, pass `numerics`, need no runtime compilation and at most
+/// keeping those that finalize, pass `filter` (see [`allows`]), need no runtime compilation and at most
 /// `cap` bytes of workspace. `align` is the byte alignment every buffer of the calls
 /// will have (a power of two, at most 16). An empty list means the graph API has
 /// nothing here (the legacy path serves).
@@ -312,7 +295,7 @@ pub(crate) fn candidates(
     p: &Conv2dParams,
     dir: Dir,
     dtype: DType,
-    numerics: Numerics,
+    filter: Filter,
     align: i64,
     cap: usize,
 ) -> Result<Vec<GraphPlan>> {
@@ -431,7 +414,7 @@ pub(crate) fn candidates(
     let keep = std::rc::Rc::new(keep);
     let mut plans = Vec::new();
     for cfg in configs.into_iter().take(filled) {
-        match plan_of(h, cfg, numerics, cap, &keep) {
+        match plan_of(h, cfg, filter, cap, &keep) {
             Ok(Ok(plan)) => plans.push(plan),
             Ok(Err(why)) => tracing::debug!(why, "cuDNN engine configuration left out"),
             Err(e) => tracing::debug!(error = %e, "cuDNN engine configuration failed"),
@@ -480,7 +463,7 @@ fn engine_config(graph: &Desc, index: i64) -> Result<(Desc, Desc)> {
 fn plan_of(
     h: &Handle,
     cfg: Desc,
-    numerics: Numerics,
+    filter: Filter,
     cap: usize,
     graph: &std::rc::Rc<Vec<Desc>>,
 ) -> Result<std::result::Result<GraphPlan, &'static str>> {
@@ -491,7 +474,7 @@ fn plan_of(
     )?;
     let mut notes = [Note::<NUMERICAL>(u32::MAX); 16];
     let n = engine.get(Attr::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, &mut notes)?;
-    if !numerics.allows(&notes[..n.min(notes.len())]) {
+    if !allows(filter, &notes[..n.min(notes.len())]) {
         return Ok(Err("numerical notes"));
     }
     let mut behavior = [Note::<BEHAVIOR>(u32::MAX); 16];

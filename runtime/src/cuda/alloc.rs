@@ -161,13 +161,14 @@ fn trim(mem: &StreamMem) {
     cache.classes.clear();
 }
 
-/// Frees every cached block of `mem` stream-ordered on `stream` (its own stream).
+/// Frees every cached block of `mem` stream-ordered on `stream` (its own stream, or
+/// another stream of its device: no kernel uses a cached block, so the order does not
+/// matter; a pool takes back its blocks from any stream).
 fn free_cached(mem: &StreamMem, stream: &CudaStream) {
     let blocks = mem.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
     for ptr in blocks {
-        // SAFETY: `ptr` is a pool allocation of this stream that no slice owns any more
-        // (it was leaked into the cache); freeing it on its own stream orders the free
-        // after the stream's earlier work.
+        // SAFETY: `ptr` is a pool allocation of this device that no slice owns any more
+        // (it was leaked into the cache) and that no enqueued work uses.
         let _ = unsafe { cudarc::driver::result::free_async(ptr, stream.cu_stream()) };
     }
 }
@@ -292,14 +293,9 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
         .map(|e| e.value().clone())
         .collect();
     for mem in &same_device {
-        let blocks = mem.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
-        for ptr in blocks {
-            // SAFETY: a cached block of this device, owned by no slice; the device is
-            // synchronized below before the pools are trimmed, and no stream uses a
-            // cached block.
-            let _ = unsafe { cudarc::driver::result::free_async(ptr, stream.cu_stream()) };
-        }
+        free_cached(mem, stream);
     }
+    // The frees above and the work that freed blocks to the pools, seen complete.
     let _ = ctx.synchronize();
     for mem in &same_device {
         trim(mem);
