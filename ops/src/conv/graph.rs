@@ -273,16 +273,17 @@ fn tensor(uid: i64, dt: DType, dims: [usize; 4], layout: Layout, align: i64) -> 
 /// rules, plus: never half-precision accumulation or down-converted inputs).
 fn allows(f: Filter, notes: &[Note<NUMERICAL>]) -> bool {
     use sys::cudnnBackendNumericalNote_t as N;
-    let is = |n: &Note<NUMERICAL>, v: N| n.0 == v as u32;
-    notes.iter().all(|n| {
+    let forbidden = |n: &Note<NUMERICAL>| {
+        let is = |v: N| n.0 == v as u32;
         // Half-precision accumulation, or inputs converted to a narrower type (f32 with
         // TF32 would overflow above 65504 in f16): below what the legacy path and every
         // op promise.
-        !is(n, N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
-            && !is(n, N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
-            && !(f.exact_f32 && is(n, N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE))
-            && !(f.no_fft && is(n, N::CUDNN_NUMERICAL_NOTE_FFT))
-    })
+        is(N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
+            || is(N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
+            || (f.exact_f32 && is(N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE))
+            || (f.no_fft && is(N::CUDNN_NUMERICAL_NOTE_FFT))
+    };
+    !notes.iter().any(forbidden)
 }
 
 /// The plans cuDNN's heuristic proposes for one convolution, in the heuristic's order,
