@@ -517,3 +517,44 @@ pub(crate) fn alignment(io: Io) -> i64 {
         (1i64 << a.trailing_zeros().min(4)).min(16)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sys::cudnnBackendNumericalNote_t as N;
+
+    fn notes(ns: &[N]) -> Vec<Note<NUMERICAL>> {
+        ns.iter().map(|&n| Note(n as u32)).collect()
+    }
+
+    #[test]
+    fn numerics_filter_follows_the_legacy_rules() {
+        let half = Filter {
+            exact_f32: false,
+            no_fft: false,
+        };
+        let exact = Filter {
+            exact_f32: true,
+            no_fft: true,
+        };
+        let tc = notes(&[N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE]);
+        assert!(allows(half, &tc));
+        assert!(!allows(exact, &tc), "exact f32: no tensor cores");
+        assert!(allows(half, &notes(&[N::CUDNN_NUMERICAL_NOTE_FFT])));
+        assert!(!allows(exact, &notes(&[N::CUDNN_NUMERICAL_NOTE_FFT])));
+        for never in [
+            N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS,
+            N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION,
+        ] {
+            assert!(!allows(
+                half,
+                &notes(&[N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE, never])
+            ));
+        }
+        assert!(allows(exact, &[]));
+        assert!(
+            allows(half, &[Note(u32::MAX)]),
+            "unknown notes are not refused"
+        );
+    }
+}
