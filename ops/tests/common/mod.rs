@@ -104,6 +104,33 @@ pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
     }
 }
 
+/// ‖out − ref‖ / ‖scale‖: the error relative to the norm of the magnitudes the result
+/// is made of, for sums that may cancel. For a product A·B, `scale` is |A|·|B| (plus
+/// |bias|): rounding errors grow with those magnitudes, not with the result, so a result
+/// that cancels to near zero (one output, k terms of both signs) does not turn a
+/// correct answer into a large relative error. NaN as [`rel_err`].
+pub fn rel_err_scaled(out: &[f64], reference: &[f64], scale: &[f64]) -> f64 {
+    if out.len() != reference.len() || scale.len() != reference.len() {
+        return f64::NAN;
+    }
+    let (mut num, mut den) = (0f64, 0f64);
+    for ((o, r), s) in out.iter().zip(reference).zip(scale) {
+        if o.is_nan() != r.is_nan() {
+            return f64::NAN;
+        }
+        if r.is_nan() {
+            continue;
+        }
+        num += (o - r) * (o - r);
+        den += s * s;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
 /// The parity tolerance of a dtype: 1e-5 for f32, 1e-2 for f16 and bf16.
 pub fn tol(dtype: DType) -> f64 {
     match dtype {
