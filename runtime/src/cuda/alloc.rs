@@ -126,8 +126,12 @@ fn class_of(bytes: usize) -> usize {
 
 /// Registers an actor's stream: allocations on it come from a pool of its own and its
 /// freed tensor memory is cached for it. Without a pool (creation failed), the stream
-/// uses the device's default pool and no cache.
+/// uses the device's default pool and no cache; so it does with `RTX_STREAM_POOLS=0`
+/// (for diagnosis: a switch between the two allocation paths).
 pub(crate) fn register(ctx: &CudaContext, stream: &CudaStream) {
+    if std::env::var("RTX_STREAM_POOLS").is_ok_and(|v| v == "0") {
+        return;
+    }
     match StreamPool::create(ctx) {
         Ok(pool) => {
             let mem = StreamMem {
