@@ -34,7 +34,7 @@ loop() { # tag runs dump?
   echo "== $tag: ok=$ok failed=$fails stuck=$hangs"
 }
 loop A 15 dump
-RTX_STREAM_POOLS=0 loop B 20 count
+export RTX_STREAM_POOLS=0; loop B 20 count; unset RTX_STREAM_POOLS
 for i in 1 2 3 4 5; do
   timeout 100 $G -q -batch -ex "set pagination off" -ex run -ex "info threads" -ex "thread apply all bt 30" --args .gpu/bin/dbg-test-gemm > /tmp/C$i.log 2>&1
   echo "C run $i rc=$? $(grep -cE 'SIGSEGV|SIGABRT' /tmp/C$i.log) signals"
