@@ -9,7 +9,8 @@
 //!   NVIDIA's recommendation), used by every call on this stream only. A workspace is
 //!   never shared between streams: two streams writing one workspace would race.
 //! - a cuBLAS handle bound to the stream, for the fallback when cuBLASLt's heuristic
-//!   has no algorithm;
+//!   has no algorithm, created only when the fallback first runs (dropping a cuBLAS
+//!   handle synchronizes the whole context, which actors should not pay for nothing);
 //! - the plan cache: [`PlanKey`] → the cuBLASLt plan (descriptors, layouts, chosen
 //!   algorithm), or `None` when cuBLASLt had none (then cuBLAS runs, and for `linear`
 //!   the bias/activation kernel of `epilogue.rs`). A hit skips descriptor creation and
@@ -74,7 +75,8 @@ pub(crate) struct GemmState {
     stream: Arc<CudaStream>,
     lt: LtHandle,
     workspace: CudaSlice<u32>,
-    blas: CudaBlas,
+    /// Created by the first fallback (see the module docs).
+    blas: Option<CudaBlas>,
     plans: HashMap<PlanKey, Option<LtPlan>>,
 }
 
@@ -98,12 +100,11 @@ impl GemmState {
         let bytes = if scx.arch().0 >= 9 { 32 << 20 } else { 4 << 20 };
         // Counted in u32 words so the runtime's allocator (typed OOM errors) applies.
         let workspace = scx.alloc::<u32>(bytes / 4)?;
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| cublas_error("cublasCreate", e.0))?;
         Ok(GemmState {
             stream,
             lt,
             workspace,
-            blas,
+            blas: None,
             plans: HashMap::new(),
         })
     }
@@ -121,6 +122,7 @@ impl GemmState {
             blas,
             plans,
         } = self;
+        let owned_stream: &Arc<CudaStream> = stream;
         let stream: &CudaStream = stream;
         let ws_len = workspace.len() * 4;
         let (a, _ga) = dptr(g.a, stream);
@@ -183,6 +185,13 @@ impl GemmState {
                 Ok(false)
             }
             None => {
+                let blas = match blas {
+                    Some(b) => b,
+                    None => blas.insert(
+                        CudaBlas::new(owned_stream.clone())
+                            .map_err(|e| cublas_error("cublasCreate", e.0))?,
+                    ),
+                };
                 blas_gemm(blas, g, d)?;
                 Ok(g.bias.is_some() || g.act != Activation::None)
             }

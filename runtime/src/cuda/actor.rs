@@ -159,10 +159,23 @@ pub(crate) fn cuda_actor(
     }
     drop(out);
     let _ = watcher.join();
-    // The stream has finished its work: the watcher has waited for all of it.
+    // The watcher has waited for every op's work; frees may still be enqueued.
+    let _ = scx.stream.synchronize();
+    // One actor at a time, process-wide, gives back its memory and drops its library
+    // handles and stream (see `TEARDOWN`).
+    let _one = TEARDOWN.lock().unwrap_or_else(|p| p.into_inner());
     super::alloc::unregister(&scx.stream);
     // `scx` (with its library handles) drops here, on the thread that created them.
+    drop(scx);
 }
+
+/// Held by an exiting actor while it unregisters its memory and drops its stream and
+/// library handles. Dropping a cuBLAS or cuDNN handle synchronizes the whole context
+/// (`cuCtxSynchronize`); on the H200 (driver 580.159), with the actors of one runtime
+/// doing that and destroying their streams and events all at once while other runtimes
+/// ran, the driver deadlocked in GPU runs 20-21 (stacks in `benches/RESULTS.md`).
+/// Teardown is rare and short, so serializing it costs nothing that matters.
+static TEARDOWN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The next message for an idle actor: polls the mailbox for up to `spin` before it
 /// sleeps in `recv`. A sleeping actor must be woken by the submitter's send (a futex

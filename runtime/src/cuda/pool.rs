@@ -11,6 +11,9 @@
 //! why and how it is used). Memory kept by one stream's pool is not reused by another
 //! until it is trimmed, which the out-of-memory path does for every pool.
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex as StdMutex};
+
 use cudarc::driver::{sys, CudaContext, DriverError};
 
 /// The default memory pool of a device.
@@ -62,10 +65,23 @@ impl MemPool {
     }
 }
 
-/// A memory pool created for one stream actor (see the module docs), keeping freed
-/// memory like the default pool. Destroyed when dropped: the driver releases its
-/// memory once the allocations still outstanding are freed.
-pub(crate) struct StreamPool(sys::CUmemoryPool);
+/// A memory pool of one stream actor (see the module docs), keeping freed memory like
+/// the default pool.
+///
+/// Pools are never destroyed: dropped, a pool is trimmed and kept in a per-device list
+/// ([`SPARE`]) for the next actor of that device, so the process holds at most as many
+/// pools as it ever had actors alive at once. (Destroying a pool whose allocations are
+/// still outstanding, from tensors outliving their actor or frees still enqueued, is
+/// legal but leaves the driver to release it later. GPU runs 20-21 saw the driver
+/// deadlock while actors of one runtime tore down and other runtimes ran, in 3 of 17
+/// test processes with per-stream pools and in none of 20 without; see `actor.rs` for
+/// the other half of the remedy.)
+/// (The handle, and the ordinal of its device.)
+pub(crate) struct StreamPool(sys::CUmemoryPool, usize);
+
+/// Spare pools by device ordinal (raw `CUmemoryPool` handles), trimmed, owned by no
+/// actor. See [`StreamPool`].
+static SPARE: LazyLock<StdMutex<HashMap<usize, Vec<usize>>>> = LazyLock::new(Default::default);
 
 // SAFETY: as for `MemPool`: an opaque driver handle, used through thread-safe calls.
 unsafe impl Send for StreamPool {}
@@ -73,9 +89,18 @@ unsafe impl Send for StreamPool {}
 unsafe impl Sync for StreamPool {}
 
 impl StreamPool {
-    /// A new device-memory pool on the context's device.
+    /// A device-memory pool on the context's device: a spare one if there is one, else
+    /// a new one.
     pub(crate) fn create(ctx: &CudaContext) -> Result<Self, DriverError> {
         ctx.bind_to_thread()?;
+        let spare = SPARE
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&ctx.ordinal())
+            .and_then(Vec::pop);
+        if let Some(pool) = spare {
+            return Ok(StreamPool(pool as sys::CUmemoryPool, ctx.ordinal()));
+        }
         let props = sys::CUmemPoolProps {
             allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
             handleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
@@ -92,7 +117,7 @@ impl StreamPool {
         // SAFETY: `pool` is a valid out-pointer; `props` is fully initialized and alive
         // for the call.
         unsafe { sys::cuMemPoolCreate(&mut pool, &props) }.result()?;
-        let pool = StreamPool(pool);
+        let pool = StreamPool(pool, ctx.ordinal());
         let mut threshold: u64 = u64::MAX;
         // SAFETY: the pool was just created; the attribute takes a pointer to a
         // cuuint64_t, which `threshold` is, alive for the call.
@@ -133,8 +158,14 @@ impl StreamPool {
 
 impl Drop for StreamPool {
     fn drop(&mut self) {
-        // SAFETY: created by `cuMemPoolCreate`, destroyed only here; outstanding
-        // allocations stay valid until freed (the driver defers the release).
-        let _ = unsafe { sys::cuMemPoolDestroy(self.0) };
+        // Unused memory goes back to the driver now; blocks still allocated (or whose
+        // frees are still enqueued) come back to this pool when freed, wherever it is.
+        let _ = self.trim();
+        SPARE
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(self.1)
+            .or_default()
+            .push(self.0 as usize);
     }
 }
