@@ -308,6 +308,23 @@ impl LtPlan {
         {
             return Ok(None);
         }
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let cfg = |attr| algo_config(&result.algo, attr);
+            use sys::cublasLtMatmulAlgoConfigAttributes_t as C;
+            tracing::debug!(
+                dtype = ?key.dtype, m = key.m, n = key.n, k = key.k, batch = key.batch,
+                act = ?key.act, bias = key.bias,
+                algo = cfg(C::CUBLASLT_ALGO_CONFIG_ID),
+                tile = cfg(C::CUBLASLT_ALGO_CONFIG_TILE_ID),
+                stages = cfg(C::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                splitk = cfg(C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                swizzle = cfg(C::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                cluster = cfg(C::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+                waves = result.wavesCount,
+                workspace = result.workspaceSize,
+                "cuBLASLt plan"
+            );
+        }
         Ok(Some(LtPlan {
             desc,
             a,
@@ -361,5 +378,32 @@ impl LtPlan {
             )
         }
         .map_err(|e| cublas_error("cublasLtMatmul", e.0))
+    }
+}
+
+/// One integer attribute of an algorithm's configuration (for the plan's debug event);
+/// -1 when cuBLASLt does not report it.
+fn algo_config(
+    algo: &sys::cublasLtMatmulAlgo_t,
+    attr: sys::cublasLtMatmulAlgoConfigAttributes_t,
+) -> i64 {
+    let mut v: u64 = 0;
+    let mut written = 0usize;
+    // SAFETY: `algo` is a live algorithm value; `v` has room for the 8 bytes passed and
+    // every config attribute is an integer of at most that size (cuBLASLt writes
+    // `written` bytes, little-endian, into the zeroed buffer).
+    let st = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            attr,
+            (&mut v as *mut u64).cast(),
+            std::mem::size_of::<u64>(),
+            &mut written,
+        )
+    };
+    if st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        v as i64
+    } else {
+        -1
     }
 }
