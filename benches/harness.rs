@@ -514,7 +514,11 @@ fn init_log() {
     };
     match spec.parse::<tracing_subscriber::filter::Targets>() {
         Ok(filter) => tracing_subscriber::registry()
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(std::io::stderr),
+            )
             .with(filter)
             .init(),
         Err(e) => eprintln!("RTX_LOG={spec}: {e}"),

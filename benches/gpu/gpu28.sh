@@ -9,7 +9,7 @@ done
 export LD_LIBRARY_PATH
 for pre in "" conv; do
   timeout 100 .gpu/bin/bench-harness --bench $pre streams > $OUT/o-$pre.jsonl 2> $OUT/e-$pre.log; echo "== [$pre] rc=$?"
-  grep "cuBLASLt plan" $OUT/e-$pre.log | grep "m=256 n=256 k=256" | sed -E 's/^.*cuBLASLt plan //; s/^[^ ]* //' | sed -E 's/.*(dtype=)/\1/' | sort | uniq -c | head -12
+  sed -E 's/\x1b\[[0-9;]*m//g' $OUT/e-$pre.log | grep "cuBLASLt plan" | grep "m=256 n=256 k=256" | sed -E 's/^.*cuBLASLt plan //; s/^[^ ]* //' | sed -E 's/.*(dtype=)/\1/' | sort | uniq -c | head -12
   python3 -c '
 import json,sys
 for l in open(sys.argv[1]):
