@@ -351,8 +351,15 @@ fn suite_streams(_rt: &Runtime) {
                 ("block_cache_hits", hits as f64),
                 ("block_cache_misses", misses as f64),
             ];
+            // With RTX_PROFILE=1: each phase's mean µs per sample, and its total per run
+            // summed over the actors (or watchers), in ms (`<phase>_ms`).
             let phases = rtx::profile::report();
+            let totals: Vec<(String, f64)> = phases
+                .iter()
+                .map(|(name, us, n)| (format!("{name}_ms"), us * *n as f64 / 9.0 / 1e3))
+                .collect();
             extra.extend(phases.iter().map(|(name, us, _)| (*name, *us)));
+            extra.extend(totals.iter().map(|(name, ms)| (name.as_str(), *ms)));
             let form = if fused { "linear_relu" } else { "gemm256_relu" };
             emit(
                 &format!("streams_8x200_{form}_{k}"),

@@ -29,9 +29,14 @@ pub enum Phase {
     WatchWait,
     /// The watcher's completion of one op, its keep-alive release included.
     WatchFinish,
+    /// An actor dropping a batch of finished ops' keep-alives (per batch; the memory
+    /// goes back to the block caches here).
+    Release,
+    /// An idle actor waiting for its next message (polling, then sleeping), per wait.
+    Idle,
 }
 
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 12] = [
     "inputs",
     "blocked",
     "stream_wait",
@@ -42,9 +47,11 @@ const NAMES: [&str; 10] = [
     "send",
     "watch_wait",
     "watch_finish",
+    "release",
+    "idle",
 ];
-static NS: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
-static COUNT: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
+static NS: [AtomicU64; 12] = [const { AtomicU64::new(0) }; 12];
+static COUNT: [AtomicU64; 12] = [const { AtomicU64::new(0) }; 12];
 static ON: LazyLock<bool> = LazyLock::new(|| std::env::var("RTX_PROFILE").is_ok_and(|v| v == "1"));
 
 /// Whether profiling is on (`RTX_PROFILE=1`).

@@ -387,22 +387,33 @@ fn algo_config(
     algo: &sys::cublasLtMatmulAlgo_t,
     attr: sys::cublasLtMatmulAlgoConfigAttributes_t,
 ) -> i64 {
-    let mut v: u64 = 0;
+    use sys::cublasLtMatmulAlgoConfigAttributes_t as C;
+    // cuBLASLt takes only the attribute's own size: 16-bit shape ids, else 32 bits.
+    let size = match attr {
+        C::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID | C::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID => 2,
+        _ => 4,
+    };
+    let mut v: u32 = 0;
     let mut written = 0usize;
-    // SAFETY: `algo` is a live algorithm value; `v` has room for the 8 bytes passed and
-    // every config attribute is an integer of at most that size (cuBLASLt writes
-    // `written` bytes, little-endian, into the zeroed buffer).
+    // SAFETY: `algo` is a live algorithm value; `v` has room for the `size` (2 or 4)
+    // bytes passed, and cuBLASLt writes at most that many, little-endian, into the
+    // zeroed buffer.
     let st = unsafe {
         sys::cublasLtMatmulAlgoConfigGetAttribute(
             algo,
             attr,
-            (&mut v as *mut u64).cast(),
-            std::mem::size_of::<u64>(),
+            (&mut v as *mut u32).cast(),
+            size,
             &mut written,
         )
     };
     if st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        v as i64
+        // The algorithm id is signed; the others are unsigned.
+        if attr == C::CUBLASLT_ALGO_CONFIG_ID {
+            i64::from(v as i32)
+        } else {
+            i64::from(v)
+        }
     } else {
         -1
     }

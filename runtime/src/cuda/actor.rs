@@ -136,7 +136,10 @@ pub(crate) fn cuda_actor(
             Some(m) => m,
             None => {
                 out.flush(&scx);
-                match next_msg(&rx, spin) {
+                let mut t = profile::clock();
+                let m = next_msg(&rx, spin);
+                profile::lap(Phase::Idle, &mut t);
+                match m {
                     Some(m) => m,
                     None => break,
                 }
@@ -149,7 +152,11 @@ pub(crate) fn cuda_actor(
                     out.flush(&scx);
                 }
             }
-            Msg::Release(done) => drop(done),
+            Msg::Release(done) => {
+                let mut t = profile::clock();
+                drop(done);
+                profile::lap(Phase::Release, &mut t);
+            }
             Msg::Shutdown => break,
         }
     }
