@@ -304,6 +304,7 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
     for mem in &same_device {
         trim(mem);
     }
+    super::pool::trim_spare(ordinal);
     trim_default(ctx);
     attempt().map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))
 }

@@ -66,17 +66,17 @@ impl MemPool {
 }
 
 /// A memory pool of one stream actor (see the module docs), keeping freed memory like
-/// the default pool.
+/// the default pool: the pool's handle and its device's ordinal.
 ///
 /// Pools are never destroyed: dropped, a pool is trimmed and kept in a per-device list
 /// ([`SPARE`]) for the next actor of that device, so the process holds at most as many
-/// pools as it ever had actors alive at once. (Destroying a pool whose allocations are
-/// still outstanding, from tensors outliving their actor or frees still enqueued, is
-/// legal but leaves the driver to release it later. GPU runs 20-21 saw the driver
-/// deadlock while actors of one runtime tore down and other runtimes ran, in 3 of 17
-/// test processes with per-stream pools and in none of 20 without; see `actor.rs` for
-/// the other half of the remedy.)
-/// (The handle, and the ordinal of its device.)
+/// pools as it ever had actors alive at once. Destroying a pool while allocations from
+/// it are outstanding (tensors outliving their actor, frees still enqueued) is legal
+/// but leaves the driver to release it later; with that, and with an actor's handles
+/// dropped concurrently with its runtime's other actors', GPU runs 20-21 saw the driver
+/// deadlock at actor teardown in 3 of 17 test processes (none of 20 without per-stream
+/// pools), and runs 22-23 saw none in 60 with this and `actor.rs`'s one-at-a-time
+/// teardown (`benches/RESULTS.md`).
 pub(crate) struct StreamPool(sys::CUmemoryPool, usize);
 
 /// Spare pools by device ordinal (raw `CUmemoryPool` handles), trimmed, owned by no
@@ -99,7 +99,24 @@ impl StreamPool {
             .get_mut(&ctx.ordinal())
             .and_then(Vec::pop);
         if let Some(pool) = spare {
-            return Ok(StreamPool(pool as sys::CUmemoryPool, ctx.ordinal()));
+            let pool = pool as sys::CUmemoryPool;
+            let mut threshold: u64 = 0;
+            // SAFETY: the attribute takes a pointer to a cuuint64_t, which `threshold`
+            // is; a pool handle the driver no longer knows (its context was destroyed
+            // and the pool with it) only makes the call fail.
+            let alive = unsafe {
+                sys::cuMemPoolGetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                )
+            }
+            .result()
+            .is_ok();
+            if alive {
+                return Ok(StreamPool(pool, ctx.ordinal()));
+            }
+            // Forgotten, not destroyed: the driver no longer has it.
         }
         let props = sys::CUmemPoolProps {
             allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -153,6 +170,17 @@ impl StreamPool {
     pub(crate) fn trim(&self) -> Result<(), DriverError> {
         // SAFETY: the pool is live until dropped.
         unsafe { sys::cuMemPoolTrimTo(self.0, 0) }.result()
+    }
+}
+
+/// Trims the spare pools of device `ordinal` (the out-of-memory path: memory freed into
+/// a pool after its actor exited stays there until the pool is reused or trimmed).
+pub(crate) fn trim_spare(ordinal: usize) {
+    let spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+    for &pool in spare.get(&ordinal).into_iter().flatten() {
+        // SAFETY: a pool handle this module created; trimming a pool the driver no
+        // longer knows only fails.
+        let _ = unsafe { sys::cuMemPoolTrimTo(pool as sys::CUmemoryPool, 0) };
     }
 }
 
