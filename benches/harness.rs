@@ -372,6 +372,18 @@ fn suite_streams(_rt: &Runtime) {
     }
 }
 
+/// One small convolution (f16 NHWC, 2×16×16×32 → 32, 3×3), for the streams
+/// investigation of `benches/RESULTS.md` (runs 24-29): whether the first cuDNN use in a
+/// process is what changes the streams suite's time. Prints its time like any case.
+fn suite_convtiny(rt: &Runtime) {
+    let host = random_f32(2 * 16 * 16 * 32, 12);
+    let x = upload(rt, &host, &[2, 16, 16, 32], DType::F16);
+    let w = upload(rt, &host[..32 * 9 * 32], &[32, 3, 3, 32], DType::F16);
+    let opts = Conv2dOpts::default().pad(1).layout(Layout::Nhwc);
+    let ms = time_op(rt, 3, 5, || conv2d(&x, &w, opts));
+    emit("conv_tiny_16_32_32_3x3", ms, 0.0, 2.0 * (2 * 32 * 16 * 16 * 32 * 9) as f64, &[]);
+}
+
 /// The seeds' GPU-vs-CPU matmul table: f32 n³ on this runtime and on the CPU backend.
 fn suite_speedup(rt: &Runtime) {
     let cpu = Runtime::builder()
@@ -555,6 +567,7 @@ fn main() {
             "chain" => suite_chain(&rt),
             "gemm" => suite_gemm(&rt),
             "conv" => suite_conv(&rt),
+            "convtiny" => suite_convtiny(&rt),
             "streams" => suite_streams(&rt),
             "speedup" => suite_speedup(&rt),
             "attention" => suite_attention(&rt),
