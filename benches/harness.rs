@@ -381,7 +381,13 @@ fn suite_convtiny(rt: &Runtime) {
     let w = upload(rt, &host[..32 * 9 * 32], &[32, 3, 3, 32], DType::F16);
     let opts = Conv2dOpts::default().pad(1).layout(Layout::Nhwc);
     let ms = time_op(rt, 3, 5, || conv2d(&x, &w, opts));
-    emit("conv_tiny_16_32_32_3x3", ms, 0.0, 2.0 * (2 * 32 * 16 * 16 * 32 * 9) as f64, &[]);
+    emit(
+        "conv_tiny_16_32_32_3x3",
+        ms,
+        0.0,
+        2.0 * (2 * 32 * 16 * 16 * 32 * 9) as f64,
+        &[],
+    );
 }
 
 /// The seeds' GPU-vs-CPU matmul table: f32 n³ on this runtime and on the CPU backend.
