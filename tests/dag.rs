@@ -2,6 +2,8 @@
 //! backend present. Cross-stream dependencies (ready events on CUDA, completion flags on
 //! the CPU) are exercised by the round-robin placement of dependent ops.
 
+mod common;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rtx::ops::elementwise as ew;
@@ -24,8 +26,8 @@ fn backends() -> Vec<(String, Runtime, Runtime)> {
             .build()
             .unwrap(),
     )];
-    match rtx::cuda::probe() {
-        Ok(n) if n > 0 => v.push((
+    if common::cuda_present() {
+        v.push((
             "cuda".to_string(),
             Runtime::builder()
                 .backend(Backend::Cuda(vec![]))
@@ -38,13 +40,7 @@ fn backends() -> Vec<(String, Runtime, Runtime)> {
                 .policy(RoundRobin::default())
                 .build()
                 .unwrap(),
-        )),
-        other => {
-            if std::env::var("RTX_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-                panic!("RTX_REQUIRE_CUDA=1 but CUDA is unavailable: {other:?}");
-            }
-            eprintln!("cuda: skipped (no device)");
-        }
+        ));
     }
     v
 }

@@ -1,46 +1,19 @@
 //! Device memory of dropped tensors is kept by the stream actor that allocated it and
-//! handed out again for the next allocation of its size. Runs only where a CUDA device is present (required under
-//! `RTX_REQUIRE_CUDA=1`); one test in its own process, so no other test's allocations
+//! handed out again for the next allocation of its size. Runs only where a CUDA device
+//! is present (required under `RTX_REQUIRE_CUDA=1`); one test in its own process, so no other test's allocations
 //! or out-of-memory trims interleave with its readings of the device's free memory.
 
 use std::time::Duration;
 
-use rtx::{Backend, Buffer, Cost, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor, TensorSpec};
+mod common;
 
-/// Declares an output of `n` f32 elements and allocates it (never read).
-struct Alloc(usize);
-
-impl Op for Alloc {
-    type Output = Tensor;
-    fn name(&self) -> &'static str {
-        "alloc"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![]
-    }
-    fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new([self.0], rtx::DType::F32)],
-            cost: Cost::default(),
-        })
-    }
-    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
-        let y = cx.cuda()?.alloc::<f32>(self.0)?;
-        cx.set_output(0, Buffer::from_cuda(y))
-    }
-}
+use common::AllocF32;
+use rtx::{Backend, Runtime};
 
 #[test]
 fn freed_memory_is_cached_and_reused() {
-    match rtx::cuda::probe() {
-        Ok(n) if n > 0 => {}
-        other => {
-            if std::env::var("RTX_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-                panic!("RTX_REQUIRE_CUDA=1 but CUDA is unavailable: {other:?}");
-            }
-            eprintln!("cuda: skipped (no device)");
-            return;
-        }
+    if !common::cuda_present() {
+        return;
     }
     let rt = Runtime::builder()
         .backend(Backend::Cuda(vec![0]))
@@ -50,12 +23,13 @@ fn freed_memory_is_cached_and_reused() {
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let free = || ctx.mem_get_info().unwrap().0 as i64;
     const MIB: i64 = 1 << 20;
-    let n = 16usize << 20; // 64 MiB of f32: the largest block the caches keep
-                           // The op's keep-alive goes back to its actor after completion: give it a moment.
+    // 64 MiB of f32: the largest block the caches keep.
+    let n = 16usize << 20;
+    // The op's keep-alive goes back to its actor after completion: give it a moment.
     let settle = || std::thread::sleep(Duration::from_millis(200));
 
     let f0 = free();
-    drop(rt.submit(Alloc(n)).unwrap().wait().unwrap());
+    drop(rt.submit(AllocF32(n)).unwrap().wait().unwrap());
     settle();
     let f1 = free();
     assert!(
@@ -64,7 +38,7 @@ fn freed_memory_is_cached_and_reused() {
         (f0 - f1) / MIB
     );
     let (hits0, _) = rtx::cuda::block_cache_stats();
-    let y = rt.submit(Alloc(n)).unwrap().wait().unwrap();
+    let y = rt.submit(AllocF32(n)).unwrap().wait().unwrap();
     let (hits1, _) = rtx::cuda::block_cache_stats();
     let f2 = free();
     assert!(

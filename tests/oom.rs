@@ -3,44 +3,15 @@
 //! `RTX_REQUIRE_CUDA=1`).
 
 use rtx::ops::elementwise as ew;
-use rtx::{
-    Backend, Buffer, Cost, Error, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor, TensorSpec,
-};
+mod common;
 
-/// Declares an output of `n` f32 elements (shape `[n]`) and allocates it.
-struct Huge(usize);
-
-impl Op for Huge {
-    type Output = Tensor;
-    fn name(&self) -> &'static str {
-        "huge"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![]
-    }
-    fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new([self.0], rtx::DType::F32)],
-            cost: Cost::default(),
-        })
-    }
-    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
-        let y = cx.cuda()?.alloc::<f32>(self.0)?;
-        cx.set_output(0, Buffer::from_cuda(y))
-    }
-}
+use common::AllocF32;
+use rtx::{Backend, Error, Runtime};
 
 #[test]
 fn out_of_memory_is_typed_and_recoverable() {
-    match rtx::cuda::probe() {
-        Ok(n) if n > 0 => {}
-        other => {
-            if std::env::var("RTX_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-                panic!("RTX_REQUIRE_CUDA=1 but CUDA is unavailable: {other:?}");
-            }
-            eprintln!("cuda: skipped (no device)");
-            return;
-        }
+    if !common::cuda_present() {
+        return;
     }
     let rt = Runtime::builder()
         .backend(Backend::Cuda(vec![]))
@@ -48,7 +19,7 @@ fn out_of_memory_is_typed_and_recoverable() {
         .build()
         .unwrap();
     let n = 1usize << 42; // 16 TiB of f32
-    match rt.submit(Huge(n)).unwrap().wait() {
+    match rt.submit(AllocF32(n)).unwrap().wait() {
         Err(Error::OutOfMemory {
             requested,
             available,

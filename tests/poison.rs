@@ -2,6 +2,8 @@
 //! and every later op fail with the error; nothing hangs; the CPU backend goes on.
 //! Runs only where a CUDA device is present (required under `RTX_REQUIRE_CUDA=1`).
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use cudarc::driver::LaunchConfig;
@@ -67,22 +69,9 @@ impl Op for Fault {
     }
 }
 
-fn cuda_or_skip() -> bool {
-    match rtx::cuda::probe() {
-        Ok(n) if n > 0 => true,
-        other => {
-            if std::env::var("RTX_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-                panic!("RTX_REQUIRE_CUDA=1 but CUDA is unavailable: {other:?}");
-            }
-            eprintln!("cuda: skipped (no device)");
-            false
-        }
-    }
-}
-
 #[test]
 fn a_faulting_kernel_poisons_the_device_and_nothing_hangs() {
-    if !cuda_or_skip() {
+    if !common::cuda_present() {
         return;
     }
     let t0 = Instant::now();
