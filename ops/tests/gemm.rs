@@ -137,8 +137,7 @@ fn check_case<T: Element>(rt: &Runtime, label: &str, c: &Case, tf32: bool) {
     let got = download::<T>(rt, &y);
     let (a, b) = (f64s(&a), f64s(&b));
     let want = reference(c, &a, &b);
-    let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
-    let scale = reference(c, &abs(&a), &abs(&b));
+    let scale = reference(c, &abs_all(&a), &abs_all(&b));
     let e = rel_err_scaled(&got, &want, &scale);
     let tol = tol_for::<T>(c.k, tf32);
     assert!(
@@ -240,8 +239,7 @@ fn linear_case<T: Element>(rt: &Runtime, label: &str, lead: &[usize], k: usize, 
     let c = Case::plain(rows, n, k, false, true);
     let (xf, wf) = (f64s(&x), f64s(&w));
     let prod = reference(&c, &xf, &wf);
-    let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
-    let mag = reference(&c, &abs(&xf), &abs(&wf));
+    let mag = reference(&c, &abs_all(&xf), &abs_all(&wf));
     for act in [Activation::None, Activation::Relu, Activation::Gelu] {
         for with_bias in [false, true] {
             let bt = with_bias.then(|| upload(rt, &bias, &[n]));

@@ -83,25 +83,7 @@ pub fn download<T: Element>(rt: &Runtime, t: &Tensor) -> Vec<f64> {
 /// ‖out − ref‖ / ‖ref‖ (‖out − ref‖ when ‖ref‖ = 0); NaN when `out` holds NaN where
 /// the reference does not, or has the wrong length.
 pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
-    if out.len() != reference.len() {
-        return f64::NAN;
-    }
-    let (mut num, mut den) = (0f64, 0f64);
-    for (o, r) in out.iter().zip(reference) {
-        if o.is_nan() != r.is_nan() {
-            return f64::NAN;
-        }
-        if r.is_nan() {
-            continue;
-        }
-        num += (o - r) * (o - r);
-        den += r * r;
-    }
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
+    rel_err_scaled(out, reference, reference)
 }
 
 /// ‖out − ref‖ / ‖scale‖: the error relative to the norm of the magnitudes the result
@@ -129,6 +111,11 @@ pub fn rel_err_scaled(out: &[f64], reference: &[f64], scale: &[f64]) -> f64 {
     } else {
         (num / den).sqrt()
     }
+}
+
+/// Element-wise magnitudes (for the `scale` of [`rel_err_scaled`]).
+pub fn abs_all(x: &[f64]) -> Vec<f64> {
+    x.iter().map(|v| v.abs()).collect()
 }
 
 /// The parity tolerance of a dtype: 1e-5 for f32, 1e-2 for f16 and bf16.
