@@ -35,9 +35,9 @@ use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
 use super::geometry::Geometry;
 use super::launch::{
-    addr, addr_mut, backward_function, forward_function, function, state, FlashParams, Kernel, BWD,
-    FWD,
+    backward_function, forward_function, function, state, FlashParams, Kernel, BWD, FWD,
 };
+use crate::gemm::device::{dptr, dptr_mut};
 use crate::kernels;
 
 /// Largest backward workspace (bytes) kept per stream between calls; a larger one is
@@ -75,12 +75,12 @@ fn forward_t<T: Element>(
     let mask = mask.map(|m| m.cuda::<T>()).transpose()?;
     {
         let stream: &CudaStream = scx.stream();
-        let (qp, _gq) = addr(q, stream);
-        let (kp, _gk) = addr(k, stream);
-        let (vp, _gv) = addr(v, stream);
-        let (mp, _gm) = mask.map(|m| addr(m, stream)).unzip();
-        let (op, _go) = addr_mut(&mut o, stream);
-        let (lp, _gl) = addr_mut(&mut lse, stream);
+        let (qp, _gq) = dptr(q, stream);
+        let (kp, _gk) = dptr(k, stream);
+        let (vp, _gv) = dptr(v, stream);
+        let (mp, _gm) = mask.map(|m| dptr(m, stream)).unzip();
+        let (op, _go) = dptr_mut(&mut o, stream);
+        let (lp, _gl) = dptr_mut(&mut lse, stream);
         let params = FlashParams {
             q: qp,
             k: kp,
@@ -161,17 +161,17 @@ fn backward_t<T: Element>(
     let mask = mask.map(|m| m.cuda::<T>()).transpose()?;
     {
         let stream: &CudaStream = scx.stream();
-        let (qp, _gq) = addr(q, stream);
-        let (kp, _gk) = addr(k, stream);
-        let (vp, _gv) = addr(v, stream);
-        let (mp, _gm) = mask.map(|m| addr(m, stream)).unzip();
-        let (op, _go) = addr(o, stream);
-        let (lp, _gl) = addr(lse, stream);
-        let (dop, _gdo) = addr(dout, stream);
-        let (wp, _gw) = addr_mut(&mut ws, stream);
-        let (dqp, _gdq) = addr_mut(&mut dq, stream);
-        let (dkp, _gdk) = addr_mut(&mut dk, stream);
-        let (dvp, _gdv) = addr_mut(&mut dv, stream);
+        let (qp, _gq) = dptr(q, stream);
+        let (kp, _gk) = dptr(k, stream);
+        let (vp, _gv) = dptr(v, stream);
+        let (mp, _gm) = mask.map(|m| dptr(m, stream)).unzip();
+        let (op, _go) = dptr(o, stream);
+        let (lp, _gl) = dptr(lse, stream);
+        let (dop, _gdo) = dptr(dout, stream);
+        let (wp, _gw) = dptr_mut(&mut ws, stream);
+        let (dqp, _gdq) = dptr_mut(&mut dq, stream);
+        let (dkp, _gdk) = dptr_mut(&mut dk, stream);
+        let (dvp, _gdv) = dptr_mut(&mut dv, stream);
         let params = FlashParams {
             q: qp,
             k: kp,

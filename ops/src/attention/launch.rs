@@ -10,8 +10,7 @@ use std::collections::HashSet;
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
-    PushKernelArg, SyncOnDrop,
+    CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Error, Result};
@@ -346,19 +345,6 @@ impl Launch {
         unsafe { lb.launch(cfg) }.map_err(|e| launch_error(self.kernel.op(), e))?;
         Ok(())
     }
-}
-
-/// A read-only device address and its (no-op with tracking off) guard.
-pub(super) fn addr<'a, T>(s: &'a CudaSlice<T>, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
-    s.device_ptr(stream)
-}
-
-/// A written device address and its guard.
-pub(super) fn addr_mut<'a, T>(
-    s: &'a mut CudaSlice<T>,
-    stream: &'a CudaStream,
-) -> (u64, SyncOnDrop<'a>) {
-    s.device_ptr_mut(stream)
 }
 
 #[cfg(test)]
