@@ -422,27 +422,13 @@ fn suite_attention(rt: &Runtime) {
             for causal in [false, true] {
                 let (b, h) = (16384 / l, 2048 / d);
                 let shape = [b, h, l, d];
+                // k and v: the same values rotated, so no two inputs are equal.
+                let rotated = |by: usize| -> Vec<f32> {
+                    host[by..].iter().chain(&host[..by]).copied().collect()
+                };
                 let q = upload(rt, &host, &shape, DType::BF16);
-                let k = upload(
-                    rt,
-                    &host[7..]
-                        .iter()
-                        .chain(&host[..7])
-                        .copied()
-                        .collect::<Vec<_>>(),
-                    &shape,
-                    DType::BF16,
-                );
-                let v = upload(
-                    rt,
-                    &host[13..]
-                        .iter()
-                        .chain(&host[..13])
-                        .copied()
-                        .collect::<Vec<_>>(),
-                    &shape,
-                    DType::BF16,
-                );
+                let k = upload(rt, &rotated(7), &shape, DType::BF16);
+                let v = upload(rt, &rotated(13), &shape, DType::BF16);
                 let dout = k.clone();
                 let fwd = 4.0 * (b * h * l * l * d) as f64 / if causal { 2.0 } else { 1.0 };
                 let name = format!("attn_d{d}_l{l}_c{}", causal as u8);
