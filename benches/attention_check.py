@@ -302,10 +302,10 @@ def relerr(x, ref):
     return num / den if den > 0 else num
 
 
-def check_case(K, dtype, D, causal, mask_mode, Lq, Lk, B, H, Hkv, gen):
+def make_inputs(dtype, D, mask_mode, Lq, Lk, B, H, Hkv, gen):
+    """Random q, k, v, dout on the GPU, and the mask (None; 2-D for mask_mode 1, 4-D for
+    2; about 6 % -inf, row 3 fully masked) with its (batch, head, row) strides."""
     dev = "cuda"
-    dt = tname(dtype)
-    scale = 1.0 / math.sqrt(D)
     q = torch.randn(B, H, Lq, D, device=dev, generator=gen).to(dtype)
     k = torch.randn(B, Hkv, Lk, D, device=dev, generator=gen).to(dtype)
     v = torch.randn(B, Hkv, Lk, D, device=dev, generator=gen).to(dtype)
@@ -317,9 +317,17 @@ def check_case(K, dtype, D, causal, mask_mode, Lq, Lk, B, H, Hkv, gen):
         drop = torch.rand(*shape, device=dev, generator=gen) < 0.06
         mask = mask.masked_fill(drop, float("-inf"))
         if Lq > 3:
-            mask[..., 3, :] = float("-inf")  # one fully masked row
+            mask[..., 3, :] = float("-inf")  # one fully masked row: zero gradients
         mask = mask.to(dtype).contiguous()
         mstr = (0, 0, Lk) if mask_mode == 1 else (H * Lq * Lk, Lq * Lk, Lk)
+    return q, k, v, dout, mask, mstr
+
+
+def check_case(K, dtype, D, causal, mask_mode, Lq, Lk, B, H, Hkv, gen):
+    dev = "cuda"
+    dt = tname(dtype)
+    scale = 1.0 / math.sqrt(D)
+    q, k, v, dout, mask, mstr = make_inputs(dtype, D, mask_mode, Lq, Lk, B, H, Hkv, gen)
     nan = float("nan")
     o = torch.full((B, H, Lq, D), nan, device=dev, dtype=dtype)
     lse = torch.full((B, H, Lq), nan, device=dev, dtype=torch.float32)

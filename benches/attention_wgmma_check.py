@@ -557,20 +557,7 @@ def bwd_main(args):
         Hkv = H // 2 if gqa else H
         dev, dt, nan = "cuda", ac.tname(dtype), float("nan")
         scale = 1.0 / math.sqrt(D)
-        q = torch.randn(B, H, Lq, D, device=dev, generator=gen).to(dtype)
-        k = torch.randn(B, Hkv, Lk, D, device=dev, generator=gen).to(dtype)
-        v = torch.randn(B, Hkv, Lk, D, device=dev, generator=gen).to(dtype)
-        dout = torch.randn(B, H, Lq, D, device=dev, generator=gen).to(dtype)
-        mask, mstr = None, (0, 0, 0)
-        if mask_mode:
-            shape = (Lq, Lk) if mask_mode == 1 else (B, H, Lq, Lk)
-            mask = torch.randn(*shape, device=dev, generator=gen)
-            drop = torch.rand(*shape, device=dev, generator=gen) < 0.06
-            mask = mask.masked_fill(drop, float("-inf"))
-            if Lq > 3:
-                mask[..., 3, :] = float("-inf")  # one fully masked row: zero gradients
-            mask = mask.to(dtype).contiguous()
-            mstr = (0, 0, Lk) if mask_mode == 1 else (H * Lq * Lk, Lq * Lk, Lk)
+        q, k, v, dout, mask, mstr = ac.make_inputs(dtype, D, mask_mode, Lq, Lk, B, H, Hkv, gen)
         o = torch.full((B, H, Lq, D), nan, device=dev, dtype=dtype)
         lse = torch.full((B, H, Lq), nan, device=dev, dtype=torch.float32)
         dsum = torch.full((B, H, Lq), nan, device=dev, dtype=torch.float32)
