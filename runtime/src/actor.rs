@@ -113,11 +113,16 @@ pub(crate) fn wait_inputs(env: &Envelope) -> Result<Vec<Ready>> {
         .job
         .as_ref()
         .expect("envelope holds its job until executed");
-    job.inputs()
-        .into_iter()
+    wait_ready(job.name(), &job.inputs())
+}
+
+/// Waits until each of op `name`'s `inputs` is published; their ready marks.
+pub(crate) fn wait_ready(name: &str, inputs: &[&crate::Tensor]) -> Result<Vec<Ready>> {
+    inputs
+        .iter()
         .map(|t| {
             t.storage().wait_ready().map_err(|e| Error::Upstream {
-                op: job.name().to_string(),
+                op: name.to_string(),
                 cause: Box::new(e),
             })
         })

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::event::{EventPool, PooledEvent};
 use super::{DeviceShared, StreamCx};
-use crate::actor::{execute, wait_inputs, ActorCx};
+use crate::actor::{execute, wait_ready, ActorCx};
 use crate::burst::{Burst, OpenBurst};
 use crate::completion::Payload;
 use crate::error::{Error, Result};
@@ -249,14 +249,20 @@ fn run_cuda(
     }
     // An input still pending means waiting for another actor: record this actor's open
     // burst first, so that the other actor never waits for this one (see `burst.rs`).
-    let blocked = env
-        .job
-        .as_ref()
-        .is_some_and(|j| j.inputs().iter().any(|i| !i.storage().is_settled()));
-    if blocked {
-        out.flush(scx);
-    }
-    let readies = match wait_inputs(&env) {
+    // The input list is built once for both the check and the wait.
+    let (blocked, readies) = {
+        let job = env
+            .job
+            .as_ref()
+            .expect("envelope holds its job until executed");
+        let inputs = job.inputs();
+        let blocked = inputs.iter().any(|i| !i.storage().is_settled());
+        if blocked {
+            out.flush(scx);
+        }
+        (blocked, wait_ready(job.name(), &inputs))
+    };
+    let readies = match readies {
         Ok(r) => r,
         Err(e) => return env.fail(e),
     };
