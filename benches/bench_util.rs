@@ -89,3 +89,44 @@ pub fn emit(case: &str, ms: f64, bytes: f64, flops: f64, extra: &[(&str, f64)]) 
     s.push('}');
     println!("{s}");
 }
+
+/// The process's CPU counters summed over its live threads, from `/proc/self/task`:
+/// user and system CPU time (ms, at the kernel's clock-tick resolution), minor page
+/// faults, and voluntary and involuntary context switches. Zeros where `/proc` is not
+/// there. For the streams investigation: where the host time of a run goes.
+pub fn proc_counters() -> [f64; 5] {
+    let mut c = [0f64; 5];
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return c;
+    };
+    // USER_HZ: 100 on every Linux configuration this runs on.
+    let tick_ms = 10.0;
+    for task in dir.flatten() {
+        let path = task.path();
+        if let Ok(stat) = std::fs::read_to_string(path.join("stat")) {
+            // Fields after the parenthesised command name: state is field 3; minflt 10,
+            // utime 14, stime 15 (1-based, as in proc(5)).
+            if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) {
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                let num = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok());
+                c[0] += num(14).unwrap_or(0.0) * tick_ms;
+                c[1] += num(15).unwrap_or(0.0) * tick_ms;
+                c[2] += num(10).unwrap_or(0.0);
+            }
+        }
+        if let Ok(status) = std::fs::read_to_string(path.join("status")) {
+            for line in status.lines() {
+                let value = |l: &str| l.split(':').nth(1).and_then(|v| v.trim().parse::<f64>().ok());
+                if line.starts_with("voluntary_ctxt_switches") {
+                    c[3] += value(line).unwrap_or(0.0);
+                } else if line.starts_with("nonvoluntary_ctxt_switches") {
+                    c[4] += value(line).unwrap_or(0.0);
+                }
+            }
+        }
+    }
+    c
+}
+
+/// Names of [`proc_counters`]' fields, per run, for `emit`'s extras.
+pub const PROC_FIELDS: [&str; 5] = ["cpu_user_ms", "cpu_sys_ms", "minflt", "vcsw", "ivcsw"];
