@@ -347,12 +347,15 @@ fn suite_streams(_rt: &Runtime) {
                 .iter()
                 .fold((f64::MAX, 0f64), |(a, b), &v| (a.min(v), b.max(v)));
             let (hits, misses) = rtx::cuda::block_cache_stats();
+            let (pinned_hits, pinned_misses) = rtx::cuda::pinned_cache_stats();
             let mut extra = vec![
                 ("min_ms", lo),
                 ("max_ms", hi),
                 ("submit_ms", median(&mut sub)),
                 ("block_cache_hits", hits as f64),
                 ("block_cache_misses", misses as f64),
+                ("pinned_cache_hits", pinned_hits as f64),
+                ("pinned_cache_misses", pinned_misses as f64),
             ];
             // The process's CPU time, page faults and context switches per run.
             for (i, name) in PROC_FIELDS.iter().enumerate() {

@@ -1,9 +1,12 @@
-//! Host↔device transfers on the copy stream, through pinned staging memory.
+//! Host↔device transfers through pinned staging memory from the device's cache
+//! (`pinned.rs`): uploads on the copy stream, downloads on the tensor's stream.
 
-use std::sync::Arc as StdArc;
+use std::ffi::c_void;
+use std::marker::PhantomData;
 
-use cudarc::driver::PinnedHostSlice;
+use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
 
+use super::pinned::Pinned;
 use super::StreamCx;
 use crate::buffer::Buffer;
 use crate::completion::Payload;
@@ -14,9 +17,6 @@ use crate::op::{Cost, ExecCx, Op, Plan, PlanCx, TensorSpec};
 use crate::runtime::Runtime;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
-
-/// Uploads below this many bytes skip pinned staging (pinning costs more than it saves).
-const PINNED_MIN: usize = 1 << 16;
 
 fn cuda_err(call: &str, e: impl std::fmt::Display) -> Error {
     Error::Cuda {
@@ -39,17 +39,16 @@ pub(crate) fn copy_stream(rt: &Runtime, ord: usize) -> Result<StreamId> {
         .ok_or_else(|| Error::DeviceNotFound(format!("cuda:{ord} is not a device of this runtime")))
 }
 
-enum Staging<T> {
-    Pageable(Vec<T>),
-    Pinned(PinnedHostSlice<T>),
-}
-
 struct Upload<T: Element> {
-    src: Staging<T>,
+    /// The data, staged in pinned memory (back to the cache when the op is dropped,
+    /// after its completion).
+    src: Pinned,
     shape: Shape,
+    _t: PhantomData<T>,
 }
 
-/// Stages `data` on the host (pinned when large) and submits the copy to the copy stream.
+/// Stages `data` in pinned memory from the device's cache and submits the copy to the
+/// copy stream.
 pub(crate) fn upload<T: Element>(
     rt: &Runtime,
     ord: usize,
@@ -58,27 +57,26 @@ pub(crate) fn upload<T: Element>(
 ) -> Result<Tensor> {
     let stream = copy_stream(rt, ord)?;
     let bytes = std::mem::size_of_val(data);
-    let src = if bytes < PINNED_MIN {
-        Staging::Pageable(data.to_vec())
-    } else {
-        let dev = rt
-            .inner
-            .cuda
-            .as_ref()
-            .and_then(|c| c.shared.iter().find(|d| d.ordinal == ord))
-            .expect("checked");
-        // SAFETY: the staging memory is fully written by `copy_from_slice` below before
-        // any read of it.
-        let mut p = unsafe { dev.ctx.alloc_pinned::<T>(data.len()) }
-            .map_err(|e| cuda_err("cuMemHostAlloc", e))?;
-        p.as_mut_slice()
-            .map_err(|e| cuda_err("cuEventSynchronize", e))?
-            .copy_from_slice(data);
-        Staging::Pinned(p)
+    let dev = rt
+        .inner
+        .cuda
+        .as_ref()
+        .and_then(|c| c.shared.iter().find(|d| d.ordinal == ord))
+        .expect("copy_stream found this device");
+    let src = dev
+        .pinned
+        .take(bytes)
+        .map_err(|e| cuda_err("cuMemHostAlloc", e))?;
+    // SAFETY: `src` is a lent pinned block of at least `bytes` bytes that nothing else
+    // uses (no copy is pending on it: `take` waited for its event); `data` is `bytes`
+    // bytes of plain elements in ordinary host memory, so the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), src.as_ptr(), bytes) };
+    let op = Upload::<T> {
+        src,
+        shape,
+        _t: PhantomData,
     };
-    let sub = rt
-        .submit_on(stream, Upload { src, shape })
-        .map_err(|e| e.error)?;
+    let sub = rt.submit_on(stream, op).map_err(|e| e.error)?;
     Ok(sub
         .outputs()
         .cloned()
@@ -110,34 +108,74 @@ impl<T: Element> Op for Upload<T> {
         let n = self.shape.numel();
         let scx = cx.cuda()?;
         let mut dst = scx.alloc::<T>(n)?;
-        match &self.src {
-            Staging::Pageable(v) => scx.stream.memcpy_htod(v, &mut dst),
-            Staging::Pinned(p) => scx.stream.memcpy_htod(p, &mut dst),
+        let bytes = self.src.len();
+        if bytes > 0 {
+            let (dptr, _record) = dst.device_ptr_mut(&scx.stream);
+            // SAFETY: `dst` holds n elements = `bytes` bytes on this stream's device; the
+            // pinned source holds `bytes` written bytes and stays alive (in this op) until
+            // the op's completion, after the copy; its event is recorded right behind.
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    dptr,
+                    self.src.as_ptr().cast::<c_void>(),
+                    bytes,
+                    scx.stream.cu_stream(),
+                )
+            }
+            .result()
+            .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
+            self.src
+                .record(&scx.stream)
+                .map_err(|e| cuda_err("cuEventRecord", e))?;
         }
-        .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
         cx.set_output(0, Buffer::from_cuda(dst))
     }
 }
 
-/// Enqueues a device-to-host copy into pinned memory; the returned finisher (run after the
-/// copy's event completes) hands the data over as a `Vec<T>`.
+/// Enqueues a device-to-host copy into a pinned block from the device's cache; the
+/// returned finisher (run after the copy's event completes) hands the data over as a
+/// `Vec<T>` and gives the block back.
 pub(crate) fn download<T: Element>(
     scx: &mut StreamCx,
-    src: &cudarc::driver::CudaSlice<T>,
+    src: &CudaSlice<T>,
 ) -> Result<Box<dyn FnOnce() -> Result<Payload> + Send>> {
-    let ctx: &StdArc<cudarc::driver::CudaContext> = scx.context();
-    // SAFETY: the memory is written by the copy below before the finisher reads it (the
-    // finisher runs after the copy's event has completed).
-    let mut dst = unsafe { ctx.alloc_pinned_with_flags::<T>(src.len(), 0) }
+    let n = src.len();
+    let bytes = n * std::mem::size_of::<T>();
+    let dst = scx
+        .dev
+        .pinned
+        .take(bytes)
         .map_err(|e| cuda_err("cuMemHostAlloc", e))?;
-    scx.stream
-        .memcpy_dtoh(src, &mut dst)
+    if bytes > 0 {
+        let (sptr, _record) = src.device_ptr(&scx.stream);
+        // SAFETY: `src` holds `bytes` bytes on this stream's device and is kept alive by
+        // the op until completion; `dst` is a lent pinned block of at least `bytes`
+        // bytes, moved into the finisher, which waits for the event recorded right
+        // behind the copy before reading it.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                dst.as_ptr().cast::<c_void>(),
+                sptr,
+                bytes,
+                scx.stream.cu_stream(),
+            )
+        }
+        .result()
         .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
+        dst.record(&scx.stream)
+            .map_err(|e| cuda_err("cuEventRecord", e))?;
+    }
     Ok(Box::new(move || {
-        let v = dst
-            .as_slice()
-            .map_err(|e| cuda_err("cuEventSynchronize", e))?
-            .to_vec();
+        dst.wait().map_err(|e| cuda_err("cuEventSynchronize", e))?;
+        let mut v = Vec::<T>::with_capacity(n);
+        // SAFETY: the copy into `dst` completed (waited above) and wrote `n` elements of
+        // `T` (plain numbers, any bit pattern valid) from the device tensor; the pinned
+        // block is page-aligned, so aligned for `T`; `v` has capacity `n` and does not
+        // overlap pinned memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(dst.as_ptr().cast::<T>(), v.as_mut_ptr(), n);
+            v.set_len(n);
+        }
         Ok(Box::new(v) as Payload)
     }))
 }

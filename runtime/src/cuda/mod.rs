@@ -30,6 +30,7 @@ mod alloc;
 mod context;
 pub mod event;
 pub(crate) mod io;
+mod pinned;
 mod pool;
 
 use std::panic::catch_unwind;
@@ -41,6 +42,7 @@ use dashmap::DashMap;
 
 pub(crate) use alloc::recycle;
 pub use alloc::{alloc_uninit, block_cache_stats, CACHE_MAX_BLOCK, CACHE_MAX_BYTES};
+pub use pinned::{pinned_cache_stats, PINNED_MAX_BLOCK, PINNED_MAX_BYTES};
 pub use context::StreamCx;
 
 use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
@@ -67,10 +69,11 @@ pub fn probe() -> std::result::Result<usize, String> {
     })
 }
 
-/// A device's shared state: context, poison flag, loaded modules.
+/// A device's shared state: context, poison flag, loaded modules, pinned staging cache.
 pub(crate) struct DeviceShared {
     pub(crate) ordinal: usize,
     pub(crate) ctx: StdArc<CudaContext>,
+    pub(crate) pinned: StdArc<pinned::PinnedCache>,
     pub(crate) arch: (i32, i32),
     pub(crate) sm_count: u32,
     poison: StdMutex<Option<String>>,
@@ -122,6 +125,7 @@ fn open_device(ordinal: usize) -> Result<StdArc<DeviceShared>> {
         .map_err(|e| cuda("cuDeviceGetAttribute", e))?;
     Ok(StdArc::new(DeviceShared {
         ordinal,
+        pinned: pinned::PinnedCache::new(ctx.clone()),
         ctx,
         arch,
         sm_count: sm.max(1) as u32,
