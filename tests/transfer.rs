@@ -31,9 +31,16 @@ fn transfers_through_reused_pinned_blocks_keep_their_data() {
         .streams(2)
         .build()
         .unwrap();
-    // Sizes in elements: empty, tiny, around the 4 KiB minimum block, a shared 128 KiB
-    // class (32768 f32 and 20000 f32 both take a 128 KiB block), odd, and 8 MiB.
-    let sizes = [0usize, 1, 1023, 1024, 1025, 20_000, 32_768, 77_777, 2 << 20];
+    // A zero-size upload is refused with a typed error (the staging block it took goes
+    // back with the returned op).
+    let empty: &[f32] = &[];
+    assert!(matches!(
+        rt.upload(empty, vec![0]),
+        Err(rtx::Error::InvalidOp { .. })
+    ));
+    // Sizes in elements: tiny, around the 4 KiB minimum block, a shared 128 KiB class
+    // (32768 f32 and 20000 f32 both take a 128 KiB block), odd, and 8 MiB.
+    let sizes = [1usize, 1023, 1024, 1025, 20_000, 32_768, 77_777, 2 << 20];
     for round in 0..3u64 {
         // Every upload of the round is submitted before any download is waited on, so
         // copies into and out of pinned blocks overlap with blocks being handed back.
