@@ -90,31 +90,32 @@ pub fn emit(case: &str, ms: f64, bytes: f64, flops: f64, extra: &[(&str, f64)]) 
     println!("{s}");
 }
 
-/// The process's CPU counters summed over its live threads, from `/proc/self/task`:
-/// user and system CPU time (ms, at the kernel's clock-tick resolution), minor page
-/// faults, and voluntary and involuntary context switches. Zeros where `/proc` is not
-/// there. For the streams investigation: where the host time of a run goes.
+/// The process's CPU counters: user and system CPU time (ms, at the kernel's clock-tick
+/// resolution) and minor page faults of the whole process, threads that have exited
+/// included (`/proc/self/stat`), and the voluntary and involuntary context switches of
+/// its live threads (`/proc/self/task/*/status`; an exited thread's are lost). Zeros
+/// where `/proc` is not there. For the streams investigation: where a run's host time
+/// goes.
 pub fn proc_counters() -> [f64; 5] {
     let mut c = [0f64; 5];
+    // USER_HZ: 100 on every Linux configuration this runs on.
+    let tick_ms = 10.0;
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // Fields after the parenthesised command name: state is field 3; minflt 10,
+        // utime 14, stime 15 (1-based, as in proc(5)).
+        if let Some((_, rest)) = stat.rsplit_once(')') {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let num = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok());
+            c[0] = num(14).unwrap_or(0.0) * tick_ms;
+            c[1] = num(15).unwrap_or(0.0) * tick_ms;
+            c[2] = num(10).unwrap_or(0.0);
+        }
+    }
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return c;
     };
-    // USER_HZ: 100 on every Linux configuration this runs on.
-    let tick_ms = 10.0;
     for task in dir.flatten() {
-        let path = task.path();
-        if let Ok(stat) = std::fs::read_to_string(path.join("stat")) {
-            // Fields after the parenthesised command name: state is field 3; minflt 10,
-            // utime 14, stime 15 (1-based, as in proc(5)).
-            if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) {
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                let num = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok());
-                c[0] += num(14).unwrap_or(0.0) * tick_ms;
-                c[1] += num(15).unwrap_or(0.0) * tick_ms;
-                c[2] += num(10).unwrap_or(0.0);
-            }
-        }
-        if let Ok(status) = std::fs::read_to_string(path.join("status")) {
+        if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
             for line in status.lines() {
                 let value = |l: &str| l.split(':').nth(1).and_then(|v| v.trim().parse::<f64>().ok());
                 if line.starts_with("voluntary_ctxt_switches") {

@@ -1,7 +1,9 @@
 //! Uploads and downloads go through pinned host blocks that each device's cache hands
 //! out again (`runtime/src/cuda/pinned.rs`). These tests check that reuse never mixes up
 //! data: many transfers of random data, of sizes that share and that do not share a
-//! block size, back to back with no wait in between, each read back exactly. Runs only
+//! block size, back to back with no wait in between, each read back exactly. (That a
+//! block with a copy still pending is not lent again is checked directly, with a stream
+//! held back, by the unit test in `pinned.rs`.) Runs only
 //! where a CUDA device is present (required under `RTX_REQUIRE_CUDA=1`); its own
 //! process, so the cache counters move only with this file's transfers.
 
@@ -31,8 +33,7 @@ fn transfers_through_reused_pinned_blocks_keep_their_data() {
         .streams(2)
         .build()
         .unwrap();
-    // A zero-size upload is refused with a typed error (the staging block it took goes
-    // back with the returned op).
+    // A zero-size upload is refused with a typed error, before any staging.
     let empty: &[f32] = &[];
     assert!(matches!(
         rt.upload(empty, vec![0]),

@@ -1,5 +1,5 @@
-//! Host↔device transfers through pinned staging memory from the device's cache
-//! (`pinned.rs`): uploads on the copy stream, downloads on the tensor's stream.
+//! Host↔device transfers on the copy stream, through pinned staging memory from the
+//! device's cache (`pinned.rs`).
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -63,6 +63,10 @@ pub(crate) fn upload<T: Element>(
         .as_ref()
         .and_then(|c| c.shared.iter().find(|d| d.ordinal == ord))
         .expect("copy_stream found this device");
+    // A failed device fails the upload with its cause, before any driver call.
+    if let Some(e) = dev.poisoned() {
+        return Err(e);
+    }
     let src = dev
         .pinned
         .take(bytes)
@@ -108,26 +112,26 @@ impl<T: Element> Op for Upload<T> {
         let n = self.shape.numel();
         let scx = cx.cuda()?;
         let mut dst = scx.alloc::<T>(n)?;
-        let bytes = self.src.len();
-        if bytes > 0 {
-            let (dptr, _record) = dst.device_ptr_mut(&scx.stream);
-            // SAFETY: `dst` holds n elements = `bytes` bytes on this stream's device; the
-            // pinned source holds `bytes` written bytes and stays alive (in this op) until
-            // the op's completion, after the copy; its event is recorded right behind.
-            unsafe {
-                sys::cuMemcpyHtoDAsync_v2(
-                    dptr,
-                    self.src.as_ptr().cast::<c_void>(),
-                    bytes,
-                    scx.stream.cu_stream(),
-                )
-            }
-            .result()
-            .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
-            self.src
-                .record(&scx.stream)
-                .map_err(|e| cuda_err("cuEventRecord", e))?;
+        // (Event tracking is off for the runtime's context: the guard records nothing.)
+        let dptr = dst.device_ptr_mut(&scx.stream).0;
+        // SAFETY: `dst` holds n elements = `src.len()` bytes on this stream's device; the
+        // pinned source holds that many written bytes and stays alive (in this op) until
+        // the op's completion, after the copy; its event is recorded right behind.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dptr,
+                self.src.as_ptr().cast::<c_void>(),
+                self.src.len(),
+                scx.stream.cu_stream(),
+            )
         }
+        .result()
+        .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
+        // On failure the op (holding the block) is released only after the actor has
+        // synchronized the stream (`actor::execute`), so the copy is done by then.
+        self.src
+            .record(&scx.stream)
+            .map_err(|e| cuda_err("cuEventRecord", e))?;
         cx.set_output(0, Buffer::from_cuda(dst))
     }
 }
@@ -146,24 +150,28 @@ pub(crate) fn download<T: Element>(
         .pinned
         .take(bytes)
         .map_err(|e| cuda_err("cuMemHostAlloc", e))?;
-    if bytes > 0 {
-        let (sptr, _record) = src.device_ptr(&scx.stream);
-        // SAFETY: `src` holds `bytes` bytes on this stream's device and is kept alive by
-        // the op until completion; `dst` is a lent pinned block of at least `bytes`
-        // bytes, moved into the finisher, which waits for the event recorded right
-        // behind the copy before reading it.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                dst.as_ptr().cast::<c_void>(),
-                sptr,
-                bytes,
-                scx.stream.cu_stream(),
-            )
+    let sptr = src.device_ptr(&scx.stream).0;
+    // SAFETY: `src` holds `bytes` bytes on this stream's device and is kept alive by the
+    // op until completion; `dst` is a lent pinned block of at least `bytes` bytes, moved
+    // into the finisher, which waits for the event recorded right behind the copy before
+    // reading it.
+    unsafe {
+        sys::cuMemcpyDtoHAsync_v2(
+            dst.as_ptr().cast::<c_void>(),
+            sptr,
+            bytes,
+            scx.stream.cu_stream(),
+        )
+    }
+    .result()
+    .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
+    if let Err(e) = dst.record(&scx.stream) {
+        // The copy is enqueued but its event is not: the block may go back to the cache
+        // only once the stream has finished the copy, else it is leaked.
+        if scx.stream.synchronize().is_err() {
+            dst.leak();
         }
-        .result()
-        .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
-        dst.record(&scx.stream)
-            .map_err(|e| cuda_err("cuEventRecord", e))?;
+        return Err(cuda_err("cuEventRecord", e));
     }
     Ok(Box::new(move || {
         dst.wait().map_err(|e| cuda_err("cuEventSynchronize", e))?;

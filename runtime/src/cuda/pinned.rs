@@ -18,8 +18,9 @@
 //!   reuses a free block of that size, else pins a new one. Blocks above
 //!   [`PINNED_MAX_BLOCK`] are pinned at their exact size and freed after use.
 //! - The transfer enqueues its copy and then [`Pinned::record`]s the block's event on
-//!   that stream. When the [`Pinned`] is dropped, the block goes back to the cache (or is
-//!   freed when the cache already holds [`PINNED_MAX_BYTES`]).
+//!   that stream. When the [`Pinned`] is dropped, the block goes back to the cache; when
+//!   the cache would then hold more than [`PINNED_MAX_BYTES`], its largest free blocks
+//!   are freed to make room.
 //!
 //! # Why reuse is safe
 //!
@@ -28,7 +29,8 @@
 //! when the copy is long done, the normal case: uploads return their block when the op
 //! completes, downloads after the data is read out). So no DMA into or out of a block is
 //! pending when the next user writes or reads it, even when a transfer's op failed or
-//! its result was never collected.
+//! its result was never collected. A transfer whose event cannot be recorded after its
+//! copy was enqueued synchronizes its stream before giving the block back, or leaks it.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -68,15 +70,41 @@ struct Block {
 unsafe impl Send for Block {}
 
 impl Block {
-    /// Waits for the last copy that used the block, then frees it. Errors are ignored
-    /// (a device with a sticky error has no copy running any more).
+    /// Waits for the copies recorded on the block's event.
+    fn wait(&self, ctx: &CudaContext) -> Result<(), DriverError> {
+        bind(ctx)?;
+        // SAFETY: the event is live (owned by the block) and belongs to `ctx`, bound above.
+        unsafe { result::event::synchronize(self.event.cu_event()) }
+    }
+
+    /// Records the block's event on `stream` (a stream of `ctx`).
+    fn record(&self, ctx: &CudaContext, stream: &CudaStream) -> Result<(), DriverError> {
+        bind(ctx)?;
+        // SAFETY: event and stream are live and belong to `ctx`, bound above.
+        unsafe { result::event::record(self.event.cu_event(), stream.cu_stream()) }
+    }
+
+    /// Waits for the last copy that used the block, then frees it. When that wait fails
+    /// (a device with a sticky error), the block is leaked instead: whether a copy still
+    /// uses it cannot be known, and freeing it under one would be unsound.
     fn free(self, ctx: &CudaContext) {
-        let _ = self.event.synchronize();
-        let _ = ctx.bind_to_thread();
-        // SAFETY: `ptr` came from `cuMemHostAlloc` in this context, is freed once (the
-        // block is consumed), and no copy uses it any more (synchronized above).
+        if self.wait(ctx).is_err() {
+            std::mem::forget(self);
+            return;
+        }
+        // SAFETY: `ptr` came from `cuMemHostAlloc` in `ctx` (bound by `wait`), is freed
+        // once (the block is consumed), and no copy uses it any more (waited above).
         let _ = unsafe { result::free_host(self.ptr.cast::<c_void>()) };
     }
+}
+
+/// Makes `ctx` current on this thread. Unlike cudarc's `bind_to_thread`, this does not
+/// first return (and clear) an error that an earlier cudarc drop stashed in the context:
+/// the staging cache must really wait for its events, whatever was stashed.
+fn bind(ctx: &CudaContext) -> Result<(), DriverError> {
+    // SAFETY: `ctx` is borrowed, so its context is alive; making it current on this
+    // thread has no other effect.
+    unsafe { result::ctx::set_current(ctx.cu_ctx()) }
 }
 
 /// Free blocks by size, and their total bytes.
@@ -100,7 +128,8 @@ impl PinnedCache {
         })
     }
 
-    /// A pinned block of at least `bytes` bytes (its contents are whatever it last held).
+    /// A pinned block of at least `bytes` bytes (its contents are whatever it last held),
+    /// with no copy pending on it.
     pub(crate) fn take(self: &StdArc<Self>, bytes: usize) -> Result<Pinned, DriverError> {
         let size = class(bytes);
         if size <= PINNED_MAX_BLOCK {
@@ -109,23 +138,26 @@ impl PinnedCache {
                 let b = free.blocks.get_mut(&size).and_then(Vec::pop);
                 if b.is_some() {
                     free.bytes -= size;
+                    if free.blocks.get(&size).is_some_and(Vec::is_empty) {
+                        free.blocks.remove(&size);
+                    }
                 }
                 b
             };
             if let Some(block) = reused {
-                match block.event.synchronize() {
+                match block.wait(&self.ctx) {
                     Ok(()) => {
                         HITS.fetch_add(1, Ordering::Relaxed);
                         return Ok(self.lend(block, bytes));
                     }
-                    // A sticky device error: this block cannot be proven idle; drop it
-                    // and let the allocation below report the error.
+                    // The device failed: this block cannot be proven idle (`free` leaks
+                    // it); the allocation below reports the error.
                     Err(_) => block.free(&self.ctx),
                 }
             }
         }
         MISSES.fetch_add(1, Ordering::Relaxed);
-        self.ctx.bind_to_thread()?;
+        bind(&self.ctx)?;
         let event = self
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
@@ -143,26 +175,50 @@ impl PinnedCache {
         }
     }
 
-    /// Takes a block back: cached when it fits, else freed.
+    /// Takes a block back into the cache. When the free blocks would exceed
+    /// [`PINNED_MAX_BYTES`], the largest ones are freed to make room, so that a cache
+    /// once filled by large transfers does not turn every later small one into a fresh
+    /// pin. Blocks above [`PINNED_MAX_BLOCK`] are freed.
     fn give_back(&self, block: Block) {
-        if block.size <= PINNED_MAX_BLOCK {
-            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-            if free.bytes + block.size <= PINNED_MAX_BYTES {
-                free.bytes += block.size;
-                free.blocks.entry(block.size).or_default().push(block);
-                return;
-            }
+        if block.size > PINNED_MAX_BLOCK {
+            block.free(&self.ctx);
+            return;
         }
-        block.free(&self.ctx);
+        let mut evicted = Vec::new();
+        {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            while free.bytes + block.size > PINNED_MAX_BYTES {
+                let Some(mut largest) = free.blocks.last_entry() else {
+                    break;
+                };
+                let victim = largest.get_mut().pop().expect("no empty lists are kept");
+                if largest.get().is_empty() {
+                    largest.remove();
+                }
+                free.bytes -= victim.size;
+                evicted.push(victim);
+            }
+            free.bytes += block.size;
+            free.blocks.entry(block.size).or_default().push(block);
+        }
+        // Driver calls outside the lock.
+        for victim in evicted {
+            victim.free(&self.ctx);
+        }
     }
 }
 
 impl Drop for PinnedCache {
+    /// Frees the cached blocks, one cache at a time process-wide with the actors'
+    /// teardown (`cuMemFreeHost` was among the calls in the driver deadlock that
+    /// `actor::TEARDOWN` prevents).
     fn drop(&mut self) {
         let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
-        for block in free.blocks.into_values().flatten() {
-            block.free(&self.ctx);
-        }
+        super::actor::teardown_serialized(|| {
+            for block in free.blocks.into_values().flatten() {
+                block.free(&self.ctx);
+            }
+        });
     }
 }
 
@@ -197,11 +253,17 @@ impl Pinned {
     }
     /// Records the block's event on `stream`, right after enqueueing a copy that uses it.
     pub(crate) fn record(&self, stream: &CudaStream) -> Result<(), DriverError> {
-        self.block().event.record(stream)
+        self.block().record(&self.cache.ctx, stream)
     }
     /// Waits until the copies recorded with [`Pinned::record`] have completed.
     pub(crate) fn wait(&self) -> Result<(), DriverError> {
-        self.block().event.synchronize()
+        self.block().wait(&self.cache.ctx)
+    }
+    /// Gives up the block without returning it to the cache (leaked): for a copy whose
+    /// completion can no longer be tracked (its event could not be recorded and its
+    /// stream could not be synchronized).
+    pub(crate) fn leak(mut self) {
+        std::mem::forget(self.block.take());
     }
 }
 
@@ -216,6 +278,91 @@ impl Drop for Pinned {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// Device 0's context, or `None` (skip) without a device; `RTX_REQUIRE_CUDA=1`
+    /// makes a missing device a failure.
+    fn device() -> Option<StdArc<CudaContext>> {
+        match super::super::probe() {
+            Ok(n) if n > 0 => Some(CudaContext::new(0).expect("context")),
+            other => {
+                if std::env::var("RTX_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                    panic!("RTX_REQUIRE_CUDA=1 but CUDA is unavailable: {other:?}");
+                }
+                eprintln!("cuda: skipped (no device)");
+                None
+            }
+        }
+    }
+
+    /// Host function that holds its stream until the test's go (a boxed receiver).
+    unsafe extern "C" fn hold(arg: *mut c_void) {
+        // SAFETY: `arg` is the `Box<Receiver<()>>` leaked for this one call below.
+        let go = unsafe { Box::from_raw(arg.cast::<mpsc::Receiver<()>>()) };
+        let _ = go.recv();
+    }
+
+    /// A block given back with its copy still pending is not handed out until the copy
+    /// has completed, and then holds the copied data.
+    #[test]
+    fn a_block_is_not_lent_again_while_its_copy_is_pending() {
+        let Some(ctx) = device() else { return };
+        let stream = ctx.new_stream().expect("stream");
+        let cache = PinnedCache::new(ctx.clone());
+        let n = 1usize << 16;
+        let data: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.25 - 60.0).collect();
+        let src = stream.clone_htod(&data).expect("upload");
+        stream.synchronize().expect("sync");
+
+        // The stream stops at a host function until `go` is sent.
+        let (go, wait) = mpsc::channel::<()>();
+        let arg = Box::into_raw(Box::new(wait)).cast::<c_void>();
+        // SAFETY: `hold` takes back the box it is given, exactly once.
+        unsafe { result::stream::launch_host_function(stream.cu_stream(), hold, arg) }
+            .expect("cuLaunchHostFunc");
+        let bytes = n * 4;
+        let dst = cache.take(bytes).expect("take");
+        let first = dst.as_ptr() as usize;
+        {
+            use cudarc::driver::DevicePtr;
+            let (sptr, _record) = src.device_ptr(&stream);
+            // SAFETY: `src` holds `bytes` bytes; the block at least as many, and it is
+            // only read after its event (recorded next) has completed.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(dst.as_ptr().cast(), sptr, bytes, stream.cu_stream())
+            }
+            .result()
+            .expect("cuMemcpyDtoHAsync");
+        }
+        dst.record(&stream).expect("record");
+        drop(dst); // back in the cache, its copy stuck behind the host function
+
+        let (lent, got) = mpsc::channel();
+        let taker = {
+            let cache = cache.clone();
+            std::thread::spawn(move || {
+                let b = cache.take(bytes).expect("take again");
+                lent.send(()).expect("send");
+                b
+            })
+        };
+        assert!(
+            got.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the block was lent again while its copy was pending"
+        );
+        go.send(()).expect("release the stream");
+        got.recv_timeout(Duration::from_secs(20))
+            .expect("lent once the copy completed");
+        let again = taker.join().expect("taker");
+        assert_eq!(again.as_ptr() as usize, first, "the same block was reused");
+        // SAFETY: the block holds `bytes` bytes written by the completed copy (the taker
+        // waited for its event); page-aligned, so aligned for f32.
+        let got = unsafe { std::slice::from_raw_parts(again.as_ptr().cast::<f32>(), n) };
+        assert!(got == &data[..], "the reused block holds the copied data");
+        let (hits, _) = pinned_cache_stats();
+        assert!(hits >= 1);
+    }
 
     #[test]
     fn classes_are_powers_of_two_from_4k_up_to_the_cached_limit() {
