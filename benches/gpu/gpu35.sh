@@ -6,6 +6,7 @@
 set -uo pipefail
 source benches/gpu/env.sh
 export PYTHONUNBUFFERED=1
+RTX_REQUIRE_CUDA=1 timeout 60 .gpu/bin/test-conv 2>&1 | grep "^test result"; echo "test-conv rc=${PIPESTATUS[0]}"
 RTX_LOG=rtx_ops=debug timeout 120 .gpu/bin/bench-harness --bench conv > $OUT/dbg.jsonl 2> $OUT/dbg.log; echo "debug conv rc=$?"
 grep -E "candidate timed|engine chosen" $OUT/dbg.log | sed -E 's/^.*(DEBUG|INFO) //' | head -40
 for i in 1 2 3; do
