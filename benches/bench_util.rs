@@ -117,7 +117,11 @@ pub fn proc_counters() -> [f64; 5] {
     for task in dir.flatten() {
         if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
             for line in status.lines() {
-                let value = |l: &str| l.split(':').nth(1).and_then(|v| v.trim().parse::<f64>().ok());
+                let value = |l: &str| {
+                    l.split(':')
+                        .nth(1)
+                        .and_then(|v| v.trim().parse::<f64>().ok())
+                };
                 if line.starts_with("voluntary_ctxt_switches") {
                     c[3] += value(line).unwrap_or(0.0);
                 } else if line.starts_with("nonvoluntary_ctxt_switches") {

@@ -475,9 +475,13 @@ fn suite_rawstreams(_rt: &Runtime) {
                     )
                 }
                 .expect("epilogue");
-                let layout =
-                    lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16BF, n as u64, n as u64, n as i64)
-                        .expect("layout");
+                let layout = lt::create_matrix_layout(
+                    sys::cudaDataType::CUDA_R_16BF,
+                    n as u64,
+                    n as u64,
+                    n as i64,
+                )
+                .expect("layout");
                 let pref = lt::create_matmul_pref().expect("pref");
                 let ws = 0u64;
                 // SAFETY: the attribute takes a u64, passed with its size; `pref` is live.
@@ -492,7 +496,9 @@ fn suite_rawstreams(_rt: &Runtime) {
                 .expect("pref workspace");
                 // SAFETY: handle, descriptor, layout and preference are live.
                 let heur = unsafe {
-                    lt::get_matmul_algo_heuristic(handle, desc, layout, layout, layout, layout, pref)
+                    lt::get_matmul_algo_heuristic(
+                        handle, desc, layout, layout, layout, layout, pref,
+                    )
                 }
                 .expect("heuristic");
                 // SAFETY: created above, used only by the heuristic call.
@@ -512,7 +518,14 @@ fn suite_rawstreams(_rt: &Runtime) {
                     })
                     .collect();
                 stream.synchronize().expect("sync");
-                Lane { stream, handle, desc, layout, algo: heur.algo, chains }
+                Lane {
+                    stream,
+                    handle,
+                    desc,
+                    layout,
+                    algo: heur.algo,
+                    chains,
+                }
             })
             .collect();
         let run = || {
@@ -526,13 +539,21 @@ fn suite_rawstreams(_rt: &Runtime) {
                             .chains
                             .iter()
                             .map(|[a, b, w]| {
-                                [a.device_ptr(&lane.stream).0, b.device_ptr(&lane.stream).0, w.device_ptr(&lane.stream).0]
+                                [
+                                    a.device_ptr(&lane.stream).0,
+                                    b.device_ptr(&lane.stream).0,
+                                    w.device_ptr(&lane.stream).0,
+                                ]
                             })
                             .collect();
                         let (alpha, beta) = (1f32, 0f32);
                         for step in 0..200 {
                             for p in &ptrs {
-                                let (src, dst) = if step % 2 == 0 { (p[0], p[1]) } else { (p[1], p[0]) };
+                                let (src, dst) = if step % 2 == 0 {
+                                    (p[0], p[1])
+                                } else {
+                                    (p[1], p[0])
+                                };
                                 // SAFETY: src, dst and w are live 256×256 bf16 buffers on
                                 // this lane's stream (kept by `lanes` until after the
                                 // synchronize below); dst does not overlap the inputs;

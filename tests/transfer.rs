@@ -55,7 +55,10 @@ fn transfers_through_reused_pinned_blocks_keep_their_data() {
             .zip(sizes)
             .map(|(h, n)| rt.upload(h, vec![n]).unwrap())
             .collect();
-        let pending: Vec<_> = tensors.iter().map(|t| rt.to_vec::<f32>(t).unwrap()).collect();
+        let pending: Vec<_> = tensors
+            .iter()
+            .map(|t| rt.to_vec::<f32>(t).unwrap())
+            .collect();
         for ((p, h), n) in pending.into_iter().zip(&hosts).zip(sizes) {
             let got = p.wait().unwrap();
             assert_eq!(got.len(), n);
@@ -63,7 +66,10 @@ fn transfers_through_reused_pinned_blocks_keep_their_data() {
         }
     }
     // A second dtype through the same blocks (bytes, not elements, pick the block).
-    let h: Vec<bf16> = random(50_001, 7).iter().map(|&v| bf16::from_f32(v)).collect();
+    let h: Vec<bf16> = random(50_001, 7)
+        .iter()
+        .map(|&v| bf16::from_f32(v))
+        .collect();
     let t = rt.upload(&h, vec![50_001]).unwrap();
     assert_eq!(rt.to_vec::<bf16>(&t).unwrap().wait().unwrap(), h);
 

@@ -35,8 +35,8 @@ use super::cpu::Activation;
 use super::device::{alignment, cublas_error, dptr, dptr_mut, require_library};
 use super::epilogue;
 use super::lt::{LtHandle, LtPlan, PlanKey, Ptrs};
-use super::tune;
 use super::shape::GemmDims;
+use super::tune;
 use crate::kernels::alloc_out;
 
 static PLAN_HITS: AtomicU64 = AtomicU64::new(0);

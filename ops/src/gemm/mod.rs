@@ -19,8 +19,8 @@ pub(crate) mod device;
 pub(crate) mod epilogue;
 mod lt;
 mod op;
-mod tune;
 pub(crate) mod shape;
+mod tune;
 
 pub use cpu::Activation;
 pub use cuda::{gemm_lt_fallbacks, gemm_plan_cache_stats};

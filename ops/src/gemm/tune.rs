@@ -61,7 +61,10 @@ static CHANGED: AtomicU64 = AtomicU64::new(0);
 /// `(timed, changed)`: plans whose candidates were timed (process-wide), and how many of
 /// those chose another algorithm than the heuristic's first.
 pub fn gemm_tune_stats() -> (u64, u64) {
-    (TIMED.load(Ordering::Relaxed), CHANGED.load(Ordering::Relaxed))
+    (
+        TIMED.load(Ordering::Relaxed),
+        CHANGED.load(Ordering::Relaxed),
+    )
 }
 
 /// Whether tuning is on (`RTX_GEMM_TUNE=0` turns it off).
@@ -111,7 +114,11 @@ pub(crate) unsafe fn choose(
         .unwrap_or_else(|e| e.into_inner())
         .entry(slot)
         .or_insert(best);
-    let chosen = if is_candidate(plan, &chosen) { chosen } else { best };
+    let chosen = if is_candidate(plan, &chosen) {
+        chosen
+    } else {
+        best
+    };
     if chosen.data != plan.candidates()[0].data {
         CHANGED.fetch_add(1, Ordering::Relaxed);
     }

@@ -42,8 +42,8 @@ use dashmap::DashMap;
 
 pub(crate) use alloc::recycle;
 pub use alloc::{alloc_uninit, block_cache_stats, CACHE_MAX_BLOCK, CACHE_MAX_BYTES};
-pub use pinned::{pinned_cache_stats, PINNED_MAX_BLOCK, PINNED_MAX_BYTES};
 pub use context::StreamCx;
+pub use pinned::{pinned_cache_stats, PINNED_MAX_BLOCK, PINNED_MAX_BYTES};
 
 use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
 use crate::error::{Error, Result};
