@@ -216,18 +216,12 @@ fn suite_gemm(rt: &Runtime) {
         &[],
     );
     let (hits, misses) = gemm_plan_cache_stats();
-    let (tuned, changed) = rtx::ops::gemm::gemm_tune_stats();
     emit(
         "gemm_plan_cache",
         0.0,
         0.0,
         0.0,
-        &[
-            ("hits", hits as f64),
-            ("misses", misses as f64),
-            ("tuned", tuned as f64),
-            ("tune_changed", changed as f64),
-        ],
+        &[("hits", hits as f64), ("misses", misses as f64)],
     );
 }
 

@@ -392,10 +392,9 @@ backend_test!(
     }
 );
 
-/// One product large enough that CUDA chooses its algorithm by timing (`tune.rs`:
-/// at least 2^27 multiply-adds), submitted on every stream at once, so the streams
-/// build and time their plans concurrently: every stream's result must be bit-equal,
-/// and each must match the f64 reference.
+/// One larger product (beyond the odd sizes above), submitted on every stream at once,
+/// so the streams build their plans concurrently: every stream's result must be
+/// bit-equal, and each must match the f64 reference.
 fn large_case<T: Element>(
     rt: &Runtime,
     label: &str,
@@ -453,23 +452,9 @@ fn large_case<T: Element>(
 backend_test!(
     large_gemms_agree_across_streams_and_with_the_reference,
     |rt, label| {
-        let (timed_before, _) = rtx_ops::gemm::gemm_tune_stats();
         large_case::<bf16>(rt, label, (512, 512, 512), false, false);
         large_case::<f16>(rt, label, (640, 384, 1024), true, false);
         large_case::<f32>(rt, label, (512, 1024, 256), false, true);
-        let (timed, changed) = rtx_ops::gemm::gemm_tune_stats();
-        if rt.backend() == BackendKind::Cuda
-            && std::env::var("RTX_GEMM_TUNE").map_or(true, |v| v != "0")
-        {
-            // Other tests may tune too, so only a lower bound holds: the three problems
-            // above were new to this process, and at least the ones for which cuBLASLt
-            // offers several candidates (bf16 and f16 at these sizes) were timed.
-            assert!(
-            timed >= timed_before + 2,
-            "{label}: the large problems were timed ({timed_before} -> {timed}, {changed} changed)"
-        );
-            eprintln!("{label}: GEMM plans timed {timed}, heuristic choice replaced in {changed}");
-        }
     }
 );
 

@@ -17,9 +17,8 @@
 //!   the heuristic; hits and misses are counted process-wide
 //!   ([`gemm_plan_cache_stats`]).
 //!
-//! The same key on any stream of a device gives the same algorithm (the heuristic is
-//! a pure function of the problem, and `tune.rs` records its timed choice per device
-//! and key), so a GEMM gives bit-identical results on every stream of a device.
+//! The same key on any stream gives the same algorithm (the heuristic is a pure
+//! function of the problem), so a GEMM gives bit-identical results on every stream.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -36,7 +35,6 @@ use super::device::{alignment, cublas_error, dptr, dptr_mut, require_library};
 use super::epilogue;
 use super::lt::{LtHandle, LtPlan, PlanKey, Ptrs};
 use super::shape::GemmDims;
-use super::tune;
 use crate::kernels::alloc_out;
 
 static PLAN_HITS: AtomicU64 = AtomicU64::new(0);
@@ -80,8 +78,6 @@ pub(crate) struct GemmState {
     /// Created by the first fallback (see the module docs).
     blas: Option<CudaBlas>,
     plans: HashMap<PlanKey, Option<LtPlan>>,
-    /// The device's ordinal (tuned choices are recorded per device).
-    ordinal: usize,
 }
 
 impl GemmState {
@@ -110,7 +106,6 @@ impl GemmState {
             workspace,
             blas: None,
             plans: HashMap::new(),
-            ordinal: scx.ordinal(),
         })
     }
 
@@ -126,7 +121,6 @@ impl GemmState {
             workspace,
             blas,
             plans,
-            ordinal,
         } = self;
         let owned_stream: &Arc<CudaStream> = stream;
         let stream: &CudaStream = stream;
@@ -136,16 +130,6 @@ impl GemmState {
         let bias = g.bias.map(|s| dptr(s, stream));
         let bias_ptr = bias.as_ref().map(|(p, _)| *p);
         let (ws, _gw) = dptr_mut(workspace, stream);
-        // (Event tracking is off for the runtime's context: the guard records nothing,
-        // so it is dropped at once and `d` stays free for the fallback below.)
-        let dp = dptr_mut(d, stream).0;
-        let ptrs = Ptrs {
-            a,
-            b,
-            d: dp,
-            bias: bias_ptr,
-            workspace: (ws, ws_len),
-        };
         let dims = g.dims;
         let key = PlanKey {
             dtype: T::DTYPE,
@@ -163,7 +147,7 @@ impl GemmState {
             align: [
                 alignment(a),
                 alignment(b),
-                alignment(dp),
+                alignment(out_ptr(d, stream)),
                 bias_ptr.map_or(256, alignment),
             ],
         };
@@ -174,21 +158,23 @@ impl GemmState {
             }
             Entry::Vacant(e) => {
                 PLAN_MISSES.fetch_add(1, Ordering::Relaxed);
-                let mut plan = LtPlan::new(lt, &key, bias_ptr, ws_len)?;
-                match plan.as_mut() {
-                    // SAFETY: as for the launch below (the same buffers and handle);
-                    // the candidates it times only write `d`, which the launch below
-                    // then overwrites.
-                    Some(p) => unsafe { tune::choose(p, lt, &key, *ordinal, &ptrs, stream) }?,
-                    None => {
-                        LT_FALLBACKS.fetch_add(1, Ordering::Relaxed);
-                    }
+                let plan = LtPlan::new(lt, &key, bias_ptr, ws_len)?;
+                if plan.is_none() {
+                    LT_FALLBACKS.fetch_add(1, Ordering::Relaxed);
                 }
                 e.insert(plan)
             }
         };
         match plan {
             Some(plan) => {
+                let (dp, _gd) = dptr_mut(d, stream);
+                let ptrs = Ptrs {
+                    a,
+                    b,
+                    d: dp,
+                    bias: bias_ptr,
+                    workspace: (ws, ws_len),
+                };
                 // SAFETY: `a`, `b` (and `bias`) are the op's input buffers, validated at
                 // submit to hold `batch·m·k`, `batch·k·n` (or one matrix when broadcast)
                 // and `n` elements of `T`; `d` was allocated for `batch·m·n`; the
@@ -211,6 +197,11 @@ impl GemmState {
             }
         }
     }
+}
+
+/// The output's address (for its alignment).
+fn out_ptr<T>(d: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    dptr(d, stream).0
 }
 
 /// The fallback: cuBLAS strided-batched GEMM, same row-major trick as `lt.rs`.

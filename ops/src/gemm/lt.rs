@@ -210,15 +210,8 @@ pub(crate) struct LtPlan {
     b: Layout,
     /// C and D: the output.
     d: Layout,
-    /// The algorithm [`LtPlan::launch`] runs: the heuristic's first choice until
-    /// `tune.rs` picks another of `candidates`.
     algo: sys::cublasLtMatmulAlgo_t,
-    /// The heuristic's usable algorithms, best first (up to [`MAX_CANDIDATES`]).
-    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
-
-/// How many algorithms the heuristic is asked for (the candidates `tune.rs` times).
-pub(crate) const MAX_CANDIDATES: usize = 8;
 
 /// The device addresses of one call.
 pub(crate) struct Ptrs {
@@ -285,12 +278,11 @@ impl LtPlan {
         pref.set(PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d)?;
         pref.set(PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d)?;
         // SAFETY: an all-zero heuristic result is a valid value of the plain-data
-        // struct (status 0 is SUCCESS); only the ones cuBLASLt reports are read.
-        let mut results: [sys::cublasLtMatmulHeuristicResult_t; MAX_CANDIDATES] =
-            unsafe { std::mem::zeroed() };
+        // struct (status 0 is SUCCESS); it is only read when cuBLASLt reports one.
+        let mut result: sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
         let mut count = 0i32;
         // SAFETY: every descriptor, layout and the preference is live (owned above);
-        // `results` has room for the MAX_CANDIDATES requested and `count` is writable.
+        // `result` has room for the 1 requested result and `count` is writable.
         let status = unsafe {
             sys::cublasLtMatmulAlgoGetHeuristic(
                 handle.0,
@@ -300,8 +292,8 @@ impl LtPlan {
                 d.0,
                 d.0,
                 pref.0,
-                MAX_CANDIDATES as i32,
-                results.as_mut_ptr(),
+                1,
+                &mut result,
                 &mut count,
             )
         };
@@ -312,14 +304,10 @@ impl LtPlan {
         if status != S::CUBLAS_STATUS_SUCCESS {
             return Ok(None);
         }
-        let usable = |r: &&sys::cublasLtMatmulHeuristicResult_t| {
-            r.state == S::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= workspace
-        };
-        let reported = &results[..(count.max(0) as usize).min(MAX_CANDIDATES)];
-        let Some(result) = reported.iter().find(usable).copied() else {
+        if count < 1 || result.state != S::CUBLAS_STATUS_SUCCESS || result.workspaceSize > workspace
+        {
             return Ok(None);
-        };
-        let candidates: Vec<_> = reported.iter().filter(usable).map(|r| r.algo).collect();
+        }
         if tracing::enabled!(tracing::Level::DEBUG) {
             let cfg = |attr| algo_config(&result.algo, attr);
             use sys::cublasLtMatmulAlgoConfigAttributes_t as C;
@@ -343,20 +331,7 @@ impl LtPlan {
             b,
             d,
             algo: result.algo,
-            candidates,
         }))
-    }
-
-    /// The heuristic's usable algorithms, best first.
-    pub fn candidates(&self) -> &[sys::cublasLtMatmulAlgo_t] {
-        &self.candidates
-    }
-
-    /// Makes launches run `algo`, which must be one of [`LtPlan::candidates`] (it was
-    /// validated for this plan's descriptors and workspace by the heuristic).
-    pub fn set_algo(&mut self, algo: sys::cublasLtMatmulAlgo_t) {
-        debug_assert!(self.candidates.iter().any(|c| c.data == algo.data));
-        self.algo = algo;
     }
 
     /// Enqueues `D = A·B (+ bias, activation)` on `stream`.
@@ -406,9 +381,9 @@ impl LtPlan {
     }
 }
 
-/// One integer attribute of an algorithm's configuration (for the debug events);
+/// One integer attribute of an algorithm's configuration (for the plan's debug event);
 /// -1 when cuBLASLt does not report it.
-pub(crate) fn algo_config(
+fn algo_config(
     algo: &sys::cublasLtMatmulAlgo_t,
     attr: sys::cublasLtMatmulAlgoConfigAttributes_t,
 ) -> i64 {

@@ -7,8 +7,6 @@
 //! - `cpu.rs`: the CPU kernels (the `gemm` crate, then [`cpu::linear_epilogue`]);
 //! - `cuda.rs`: per-stream cuBLAS / cuBLASLt state and the plan cache;
 //! - `lt.rs`: cuBLASLt descriptors, layouts and plans at the `result`/`sys` level;
-//! - `tune.rs`: the choice among cuBLASLt's candidate algorithms by timing, once per
-//!   large problem and device;
 //! - `epilogue.rs` + `epilogue.cu`: the bias + activation kernel where no library
 //!   epilogue applies (cuBLAS fallback, convolution);
 //! - `device.rs`: what GEMM and convolution share (pointers, workspaces, library
@@ -20,9 +18,7 @@ pub(crate) mod epilogue;
 mod lt;
 mod op;
 pub(crate) mod shape;
-mod tune;
 
 pub use cpu::Activation;
 pub use cuda::{gemm_lt_fallbacks, gemm_plan_cache_stats};
 pub use op::{linear, matmul, Linear, Matmul};
-pub use tune::gemm_tune_stats;
