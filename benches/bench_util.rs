@@ -39,7 +39,8 @@ pub fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Median over `samples` of the per-op device time (ms) of `batch` back-to-back ops made
-/// by `make`, on one stream, between two markers; after a warm-up batch.
+/// by `make`, on one stream, between two markers; after a warm-up batch. See
+/// [`time_with`] for how the samples are laid out.
 pub fn time_op<O: Op>(
     rt: &Runtime,
     batch: usize,
@@ -57,6 +58,14 @@ pub fn time_op<O: Op>(
 }
 
 /// Like [`time_op`] for a body that submits several ops itself on stream `s`.
+///
+/// The samples are back to back on the device: one batch is enqueued ahead of the
+/// first marker, and the host stays up to two batches ahead, so every marker is reached
+/// while the next batch is already queued. A sample then measures the device's time for
+/// its batch, not the delay between a marker and the launch of the op behind it (which
+/// counted once per sample when each sample started on an idle device, and was a few
+/// percent of a 25 µs convolution's time; `benches/RESULTS.md`, run 37). The PyTorch
+/// baseline (`time_cuda` in `torch_baseline.py`) lays its samples out the same way.
 pub fn time_with(
     rt: &Runtime,
     batch: usize,
@@ -64,17 +73,30 @@ pub fn time_with(
     mut body: impl FnMut(&Runtime, StreamId),
 ) -> f64 {
     let s = rt.compute_streams(rt.device())[0];
-    let mut one = |n: usize| {
-        let m0 = rt.mark(s).expect("mark");
+    let mut enqueue = |n: usize| {
         for _ in 0..n {
             body(rt, s);
         }
-        let m1 = rt.mark(s).expect("mark");
-        let (m0, m1) = (m0.wait().expect("marker"), m1.wait().expect("marker"));
-        m0.elapsed_ms(&m1).expect("elapsed") / n as f64
     };
-    one(batch.min(3));
-    let mut t: Vec<f64> = (0..samples).map(|_| one(batch)).collect();
+    // Warm-up (first-call searches and plans), waited for.
+    enqueue(batch.min(3));
+    rt.mark(s).expect("mark").wait().expect("marker");
+    enqueue(batch);
+    let mut pending = std::collections::VecDeque::from([rt.mark(s).expect("mark")]);
+    let mut reached = Vec::with_capacity(samples + 1);
+    for _ in 0..samples {
+        enqueue(batch);
+        pending.push_back(rt.mark(s).expect("mark"));
+        if pending.len() > 2 {
+            let m = pending.pop_front().expect("three pending");
+            reached.push(m.wait().expect("marker"));
+        }
+    }
+    reached.extend(pending.into_iter().map(|m| m.wait().expect("marker")));
+    let mut t: Vec<f64> = reached
+        .windows(2)
+        .map(|w| w[0].elapsed_ms(&w[1]).expect("elapsed") / batch as f64)
+        .collect();
     median(&mut t)
 }
 

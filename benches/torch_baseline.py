@@ -28,20 +28,30 @@ def emit(case, ms, bytes_=0.0, flops=0.0, **extra):
 
 def time_cuda(fn, batch=10, reps=15):
     """Median over reps of the per-call milliseconds of `batch` back-to-back fn() calls
-    between two CUDA events, after warm-up (the same method as the rtx harness)."""
+    between two CUDA events, after warm-up (the same method as the rtx harness's
+    `time_with`): one batch runs ahead of the first event and the host stays up to two
+    batches ahead, so each sample measures back-to-back device work, not the delay from
+    an event to the first launch behind it."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
+
+    def event():
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    for _ in range(batch):
+        fn()
+    events = [event()]
+    for i in range(reps):
         for _ in range(batch):
             fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / batch)
+        events.append(event())
+        if len(events) > 2:
+            events[-3].synchronize()
+    events[-1].synchronize()
+    times = [a.elapsed_time(b) / batch for a, b in zip(events, events[1:])]
     return statistics.median(times)
 
 
