@@ -10,7 +10,7 @@ K='regex:nvjet_sm90_tst_256x128'
 M=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed
 for cc in base none; do
   echo "== clock-control $cc: rtx"
-  timeout 150 $N --clock-control $cc -k "$K" --launch-skip 5 --launch-count 3 --metrics $M --csv .gpu/bin/bench-harness --bench gemm 2>/dev/null | grep -E "nvjet" | awk -F'","' '{print $5, $(NF-2), $(NF-1), $NF}' | cut -c1-200
+  timeout 70 $N --clock-control $cc -k "$K" --launch-skip 5 --launch-count 3 --metrics $M --csv .gpu/bin/bench-harness --bench gemm 2>/dev/null | grep -E "nvjet" | awk -F'","' '{print $5, $(NF-2), $(NF-1), $NF}' | cut -c1-200
   echo "== clock-control $cc: torch"
-  timeout 150 $N --clock-control $cc -k "$K" --launch-skip 5 --launch-count 3 --metrics $M --csv python3 benches/torch_baseline.py gemm 2>/dev/null | grep -E "nvjet" | awk -F'","' '{print $5, $(NF-2), $(NF-1), $NF}' | cut -c1-200
+  timeout 70 $N --clock-control $cc -k "$K" --launch-skip 5 --launch-count 3 --metrics $M --csv python3 benches/torch_baseline.py gemm 2>/dev/null | grep -E "nvjet" | awk -F'","' '{print $5, $(NF-2), $(NF-1), $NF}' | cut -c1-200
 done
