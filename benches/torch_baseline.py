@@ -26,6 +26,15 @@ def emit(case, ms, bytes_=0.0, flops=0.0, **extra):
     print(json.dumps(d), flush=True)
 
 
+def uniform(*shape, dtype):
+    """Uniform in [-1, 1), drawn in f32 and rounded to `dtype`: the distribution the rtx
+    harness uses (`random_f32`, then rounded). Drawing f16/bf16 directly (`torch.rand(...,
+    dtype=bf16)`) leaves the low mantissa bits mostly zero; the tensor cores then draw
+    less power and the GPU holds a higher clock, about 1 % on a bf16 4096³ GEMM
+    (`benches/RESULTS.md`, run 39)."""
+    return (torch.rand(*shape, device=DEV) * 2 - 1).to(dtype)
+
+
 def time_cuda(fn, batch=10, reps=15):
     """Median over reps of the per-call milliseconds of `batch` back-to-back fn() calls
     between two CUDA events, after warm-up (the same method as the rtx harness's
@@ -109,13 +118,13 @@ def suite_gemm():
                             ("f16", torch.float16, False), ("bf16", torch.bfloat16, False)):
         torch.backends.cuda.matmul.allow_tf32 = tf32
         for n in (1024, 4096, 8192):
-            a = torch.rand(n, n, device=DEV, dtype=dt) * 2 - 1
-            b = torch.rand(n, n, device=DEV, dtype=dt) * 2 - 1
+            a = uniform(n, n, dtype=dt)
+            b = uniform(n, n, dtype=dt)
             reps = 5 if n >= 4096 else 20
             emit(f"gemm_{label}_{n}", time_cuda(lambda: torch.matmul(a, b), batch=reps, reps=9), 0, 2.0 * n ** 3)
         torch.backends.cuda.matmul.allow_tf32 = False
-    a = torch.rand(64, 512, 512, device=DEV, dtype=torch.bfloat16) * 2 - 1
-    b = torch.rand(64, 512, 512, device=DEV, dtype=torch.bfloat16) * 2 - 1
+    a = uniform(64, 512, 512, dtype=torch.bfloat16)
+    b = uniform(64, 512, 512, dtype=torch.bfloat16)
     emit("bmm_bf16_64x512", time_cuda(lambda: torch.bmm(a, b), reps=9), 0, 2.0 * 64 * 512 ** 3)
 
 
@@ -132,8 +141,8 @@ CONV_LAYERS = [
 def suite_conv():
     n = 32
     for name, hw, cin, cout, k, stride in CONV_LAYERS:
-        x = (torch.rand(n, cin, hw, hw, device=DEV, dtype=torch.float16) * 2 - 1).to(memory_format=torch.channels_last)
-        w = (torch.rand(cout, cin, k, k, device=DEV, dtype=torch.float16) * 2 - 1).to(memory_format=torch.channels_last)
+        x = uniform(n, cin, hw, hw, dtype=torch.float16).to(memory_format=torch.channels_last)
+        w = uniform(cout, cin, k, k, dtype=torch.float16).to(memory_format=torch.channels_last)
         ho = (hw + 2 * (k // 2) - k) // stride + 1
         f = lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=k // 2)
         emit(name, time_cuda(f, reps=9), 0, 2.0 * n * cout * ho * ho * cin * k * k)
