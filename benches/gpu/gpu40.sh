@@ -39,3 +39,9 @@ for c in ("gemm_plan_cache", "conv_algo_cache"):
     print(c, {k: v for k, v in runs["rtx"][0].get(c, {}).items() if k not in ("case", "rtx_ms", "bytes", "flops")})
 PY
 python3 benches/compare.py /tmp/p/rtxs.jsonl /tmp/p/torchs.jsonl | grep -E "streams_8x200|speedup" | cut -d'|' -f2-7
+# The bf16 4096³ kernel in both processes with the new inputs (ncu, boost clocks).
+N=/usr/local/cuda/bin/ncu; K='regex:nvjet_sm90_tst_256x128'; M=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second
+for side in rtx torch; do
+  if [ $side = rtx ]; then cmd=".gpu/bin/bench-harness --bench gemm"; else cmd="python3 benches/torch_baseline.py gemm"; fi
+  echo "== ncu $side"; timeout 70 $N --clock-control none -k "$K" --launch-skip 5 --launch-count 3 --metrics $M --csv $cmd 2>/dev/null | grep nvjet | awk -F'","' '{print $(NF-2), $NF}'
+done
