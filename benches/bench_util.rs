@@ -38,9 +38,9 @@ pub fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Median over `samples` of the per-op device time (ms) of `batch` back-to-back ops made
-/// by `make`, on one stream, between two markers; after a warm-up batch. See
-/// [`time_with`] for how the samples are laid out.
+/// Median over `samples` of the per-op time (ms) of `batch` back-to-back ops made by
+/// `make`, on one stream, between two markers; after a warm-up of up to 3 ops. See
+/// [`time_with`] for how the samples are laid out and what they measure.
 pub fn time_op<O: Op>(
     rt: &Runtime,
     batch: usize,
@@ -59,13 +59,15 @@ pub fn time_op<O: Op>(
 
 /// Like [`time_op`] for a body that submits several ops itself on stream `s`.
 ///
-/// The samples are back to back on the device: one batch is enqueued ahead of the
-/// first marker, and the host stays up to two batches ahead, so every marker is reached
-/// while the next batch is already queued. A sample then measures the device's time for
-/// its batch, not the delay between a marker and the launch of the op behind it (which
-/// counted once per sample when each sample started on an idle device, and was a few
-/// percent of a 25 µs convolution's time; `benches/RESULTS.md`, run 37). The PyTorch
-/// baseline (`time_cuda` in `torch_baseline.py`) lays its samples out the same way.
+/// The samples are back to back on the device: one untimed batch is enqueued ahead of
+/// the first marker, and the host stays up to two batches ahead, so every marker is
+/// reached while the next batch is already queued. A sample then measures the steady
+/// state of its batch, not the delay between a marker and the launch of the op behind
+/// it (which counted once per sample when each sample started on an idle device;
+/// `benches/RESULTS.md`, run 37). That is the device time when the host enqueues faster
+/// than the device runs, and the host's enqueue rate (throughput) when it does not. The
+/// PyTorch baseline (`time_cuda` in `torch_baseline.py`) lays its samples out the same
+/// way; its `graph_ms` (CUDA-graph replays) is PyTorch's device time without its host.
 pub fn time_with(
     rt: &Runtime,
     batch: usize,

@@ -8,10 +8,11 @@
 //!
 //! Device cases are timed with the runtime's markers (CUDA events on the op's stream)
 //! after warm-up: each sample is a batch of back-to-back ops between two markers, the
-//! samples follow each other on the device with no idle gap (`bench_util::time_with`),
-//! and the reported time is the median over samples of the per-op mean. Inputs are
-//! random, uniform in [-1, 1) drawn in f32 and rounded to the case's dtype (the PyTorch
-//! baseline draws the same way).
+//! samples follow each other on the device (`bench_util::time_with`: device time when
+//! the host keeps up, enqueue throughput when it does not), and the reported time is the
+//! median over samples of the per-op mean. Inputs are random, uniform in [-1, 1) drawn
+//! in f32 and rounded to the case's dtype (the PyTorch baseline draws its gemm and conv
+//! inputs the same way; its element-wise, reduction and attention inputs are `randn`).
 //! `RTX_LOG=rtx_ops=debug` prints the library's tracing events (e.g. why a cuDNN engine
 //! was skipped) on stderr; `RTX_PROFILE=1` adds the actors' phase timers to some cases.
 

@@ -1,9 +1,11 @@
 //! Timing markers: a point in a stream's order, timed on the device.
 //!
 //! `rt.mark(stream)` enqueues a marker; once it completes it yields a [`Marker`]. The time
-//! between two markers on one stream is the device time of the ops between them (CUDA:
-//! timing events; CPU: host clock when the actor reached the marker). Benchmarks use
-//! this to time with CUDA events after warm-up.
+//! between two markers on one stream is the time the stream took from one to the other
+//! (CUDA: timing events; CPU: host clock when the actor reached the marker): the device
+//! time of the ops between them when the host enqueued them faster than the device ran
+//! them, and otherwise also the gaps where the device waited for the next op.
+//! Benchmarks use this to time with CUDA events after warm-up.
 
 use std::time::Instant;
 

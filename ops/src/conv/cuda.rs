@@ -8,13 +8,16 @@
 //!
 //! - a cuDNN handle bound to the stream;
 //! - the algorithm cache: (direction, dtype, geometry incl. layout, TF32) → the
-//!   descriptors and the chosen algorithm. The first call of a key benchmarks every
-//!   algorithm on the real buffers with `cudnnFind*AlgorithmEx` (PyTorch's
-//!   `cudnn.benchmark`), using a temporary workspace as large as the hungriest
-//!   algorithm asks (at most [`SEARCH_CAP`]); if that fails, cuDNN's heuristic
-//!   (`*_v7`) chooses. Later calls reuse the choice. Hits and misses are counted
-//!   process-wide ([`conv_algo_cache_stats`]). The search blocks this actor once per
-//!   key (cuDNN synchronizes while it times).
+//!   descriptors and the chosen algorithm. The first call of a key searches on the real
+//!   buffers (PyTorch's `cudnn.benchmark`): the legacy API's best by
+//!   `cudnnFind*AlgorithmEx` (cuDNN's heuristic, `*_v7`, if that fails), and the plans
+//!   of the graph API's engines (`graph.rs`), all timed against each other
+//!   ([`ConvState::fastest`]), with a temporary workspace as large as the hungriest
+//!   candidate asks (at most [`SEARCH_CAP`]). Later calls reuse the choice. Hits and
+//!   misses are counted process-wide ([`conv_algo_cache_stats`]). The search blocks
+//!   this actor once per key. Each stream searches for itself, so two streams can pick
+//!   different engines for one key, and a convolution's results can differ between
+//!   streams in the last bits (GEMMs cannot: their heuristic choice is deterministic).
 //! - a workspace, grown (never shrunk) to the largest need of the chosen algorithms;
 //!   the old one is freed stream-ordered, after the work that used it.
 //!
@@ -69,6 +72,10 @@ const TIMED_REPS: usize = 10;
 /// land on one: with one round of 5 launches (runs 19-34) the 56²·64→64 3×3 layer read
 /// 0.88-1.21× PyTorch from run to run.
 const TIMED_ROUNDS: usize = 3;
+/// Rounds after the first time again only the candidates within this factor of the
+/// best so far (a search of ~40 candidates then costs about twice the launches of the
+/// old single round, not 5.5 times).
+const RETIME_WITHIN: f32 = 1.3;
 
 /// `(graph, legacy)`: how many algorithm searches (process-wide) chose a plan of cuDNN's
 /// graph API and how many a legacy-API algorithm.
@@ -278,10 +285,10 @@ impl ConvState {
     }
 
     /// Times the legacy choice and every graph plan on the real buffers (CUDA events,
-    /// [`TIMED_ROUNDS`] rounds over the candidates of [`TIMED_REPS`] launches after one
-    /// warm-up each, a candidate's best round counting; blocks this actor) and returns
-    /// the fastest; a candidate whose launch fails is skipped, and the legacy choice is
-    /// kept when nothing could be timed.
+    /// [`TIMED_ROUNDS`] rounds of [`TIMED_REPS`] launches after one warm-up each, the
+    /// later rounds over the contenders only, a candidate's best round counting; blocks
+    /// this actor) and returns the fastest; a candidate whose launch fails is skipped,
+    /// and the legacy choice is kept when nothing could be timed.
     ///
     /// # Safety
     /// As [`ConvState::run`] (every candidate writes the output buffer).
@@ -310,9 +317,15 @@ impl ConvState {
         };
         // Each candidate's best round; `None` once a launch of it failed.
         let mut times: Vec<Option<f32>> = vec![Some(f32::INFINITY); all.len()];
-        for _ in 0..TIMED_ROUNDS {
+        for round in 0..TIMED_ROUNDS {
+            // After the first round only the contenders are timed again: those within
+            // [`RETIME_WITHIN`] of the best so far.
+            let leader = times.iter().flatten().copied().fold(f32::INFINITY, f32::min);
             for (cand, t) in all.iter().zip(times.iter_mut()) {
                 let Some(prev) = *t else { continue };
+                if round > 0 && prev > leader * RETIME_WITHIN {
+                    continue;
+                }
                 // SAFETY: buffers as guaranteed by the caller; `ws` addresses `most`
                 // bytes, at least what this candidate needs, alive until after the
                 // timing syncs.
