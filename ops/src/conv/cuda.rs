@@ -320,7 +320,11 @@ impl ConvState {
         for round in 0..TIMED_ROUNDS {
             // After the first round only the contenders are timed again: those within
             // [`RETIME_WITHIN`] of the best so far.
-            let leader = times.iter().flatten().copied().fold(f32::INFINITY, f32::min);
+            let leader = times
+                .iter()
+                .flatten()
+                .copied()
+                .fold(f32::INFINITY, f32::min);
             for (cand, t) in all.iter().zip(times.iter_mut()) {
                 let Some(prev) = *t else { continue };
                 if round > 0 && prev > leader * RETIME_WITHIN {
