@@ -157,5 +157,15 @@ pub fn proc_counters() -> [f64; 5] {
     c
 }
 
-/// Names of [`proc_counters`]' fields, per run, for `emit`'s extras.
-pub const PROC_FIELDS: [&str; 5] = ["cpu_user_ms", "cpu_sys_ms", "minflt", "vcsw", "ivcsw"];
+/// Names of [`proc_counters`]' fields, for `emit`'s extras.
+const PROC_FIELDS: [&str; 5] = ["cpu_user_ms", "cpu_sys_ms", "minflt", "vcsw", "ivcsw"];
+
+/// `emit` extras: the [`proc_counters`] that moved from `before` to `after`, per run of
+/// `runs`.
+pub fn proc_per_run(before: [f64; 5], after: [f64; 5], runs: usize) -> Vec<(&'static str, f64)> {
+    PROC_FIELDS
+        .iter()
+        .zip(before.iter().zip(after))
+        .map(|(name, (b, a))| (*name, (a - b) / runs as f64))
+        .collect()
+}
