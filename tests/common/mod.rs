@@ -3,20 +3,10 @@
 
 use rtx::{Buffer, Cost, ExecCx, Op, Plan, PlanCx, Result, Tensor, TensorSpec};
 
-/// Whether a CUDA device is present. Without one the caller skips its CUDA part
-/// (printing `cuda: skipped (no device)`), unless `RTX_REQUIRE_CUDA=1`, which makes it
-/// panic instead.
+/// Whether a CUDA device is present (`rtx::cuda::present_for_tests`: skips with a
+/// message without one, panics instead under `RTX_REQUIRE_CUDA=1`).
 pub fn cuda_present() -> bool {
-    match rtx::cuda::probe() {
-        Ok(n) if n > 0 => true,
-        other => {
-            if std::env::var("RTX_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-                panic!("RTX_REQUIRE_CUDA=1 but CUDA is unavailable: {other:?}");
-            }
-            eprintln!("cuda: skipped (no device)");
-            false
-        }
-    }
+    rtx::cuda::present_for_tests()
 }
 
 /// Declares an output of `n` f32 elements (shape `[n]`) and allocates it on the

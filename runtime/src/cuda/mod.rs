@@ -69,6 +69,23 @@ pub fn probe() -> std::result::Result<usize, String> {
     })
 }
 
+/// For tests that need a device: whether a CUDA device is present. Without one the
+/// caller should skip its CUDA part (this prints `cuda: skipped (no device)`), unless
+/// `RTX_REQUIRE_CUDA=1` is set, which makes a missing device a panic (a failed test)
+/// instead of a skip.
+pub fn present_for_tests() -> bool {
+    match probe() {
+        Ok(n) if n > 0 => true,
+        other => {
+            if std::env::var("RTX_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("RTX_REQUIRE_CUDA=1 but CUDA is unavailable: {other:?}");
+            }
+            eprintln!("cuda: skipped (no device)");
+            false
+        }
+    }
+}
+
 /// A device's shared state: context, poison flag, loaded modules, pinned staging cache.
 pub(crate) struct DeviceShared {
     pub(crate) ordinal: usize,

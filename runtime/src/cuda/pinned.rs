@@ -281,19 +281,9 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    /// Device 0's context, or `None` (skip) without a device; `RTX_REQUIRE_CUDA=1`
-    /// makes a missing device a failure.
+    /// Device 0's context, or `None` (skip) without a device (see `present_for_tests`).
     fn device() -> Option<StdArc<CudaContext>> {
-        match super::super::probe() {
-            Ok(n) if n > 0 => Some(CudaContext::new(0).expect("context")),
-            other => {
-                if std::env::var("RTX_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-                    panic!("RTX_REQUIRE_CUDA=1 but CUDA is unavailable: {other:?}");
-                }
-                eprintln!("cuda: skipped (no device)");
-                None
-            }
-        }
+        super::super::present_for_tests().then(|| CudaContext::new(0).expect("context"))
     }
 
     /// Host function that holds its stream until the test's go (a boxed receiver).
