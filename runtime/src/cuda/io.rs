@@ -137,8 +137,8 @@ impl<T: Element> Op for Upload<T> {
 }
 
 /// Enqueues a device-to-host copy into a pinned block from the device's cache; the
-/// returned finisher (run after the copy's event completes) hands the data over as a
-/// `Vec<T>` and gives the block back.
+/// returned finisher (run after the op's completion, so after the copy) hands the data
+/// over as a `Vec<T>` and gives the block back.
 pub(crate) fn download<T: Element>(
     scx: &mut StreamCx,
     src: &CudaSlice<T>,
@@ -153,8 +153,7 @@ pub(crate) fn download<T: Element>(
     let sptr = src.device_ptr(&scx.stream).0;
     // SAFETY: `src` holds `bytes` bytes on this stream's device and is kept alive by the
     // op until completion; `dst` is a lent pinned block of at least `bytes` bytes, moved
-    // into the finisher, which waits for the event recorded right behind the copy before
-    // reading it.
+    // into the finisher, which reads it only after the op's completion (after the copy).
     unsafe {
         sys::cuMemcpyDtoHAsync_v2(
             dst.as_ptr().cast::<c_void>(),
@@ -174,9 +173,10 @@ pub(crate) fn download<T: Element>(
         return Err(cuda_err("cuEventRecord", e));
     }
     Ok(Box::new(move || {
-        dst.wait().map_err(|e| cuda_err("cuEventSynchronize", e))?;
         let mut v = Vec::<T>::with_capacity(n);
-        // SAFETY: the copy into `dst` completed (waited above) and wrote `n` elements of
+        // SAFETY: the watcher runs the finisher only after it has synchronized an event
+        // recorded behind the copy (`actor::finish`; on failure the finisher is dropped
+        // unrun), so the copy into `dst` completed and wrote `n` elements of
         // `T` (plain numbers, any bit pattern valid) from the device tensor; the pinned
         // block is page-aligned, so aligned for `T`; `v` has capacity `n` and does not
         // overlap pinned memory.

@@ -255,10 +255,6 @@ impl Pinned {
     pub(crate) fn record(&self, stream: &CudaStream) -> Result<(), DriverError> {
         self.block().record(&self.cache.ctx, stream)
     }
-    /// Waits until the copies recorded with [`Pinned::record`] have completed.
-    pub(crate) fn wait(&self) -> Result<(), DriverError> {
-        self.block().wait(&self.cache.ctx)
-    }
     /// Gives up the block without returning it to the cache (leaked): for a copy whose
     /// completion can no longer be tracked (its event could not be recorded and its
     /// stream could not be synchronized).
