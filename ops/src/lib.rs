@@ -25,7 +25,7 @@ pub use elementwise::{
     abs, abs_, add, add_, cos, cos_, div, div_, exp, exp_, log, log_, maximum, maximum_, minimum,
     minimum_, mul, mul_, neg, neg_, relu, relu_, sin, sin_, sqrt, sqrt_, sub, sub_,
 };
-pub use gemm::{linear, matmul, Activation};
+pub use gemm::{linear, linear_backward, linear_train, matmul, Activation};
 pub use reduce::{
     argmax, argmax_dim, argmin, argmin_dim, max, max_dim, mean, mean_dim, min, min_dim, prod,
     prod_dim, sum, sum_dim,

@@ -37,8 +37,8 @@ use super::lt::{LtHandle, LtPlan, PlanKey, Ptrs};
 use super::shape::GemmDims;
 use crate::kernels::alloc_out;
 
-static PLAN_HITS: AtomicU64 = AtomicU64::new(0);
-static PLAN_MISSES: AtomicU64 = AtomicU64::new(0);
+pub(super) static PLAN_HITS: AtomicU64 = AtomicU64::new(0);
+pub(super) static PLAN_MISSES: AtomicU64 = AtomicU64::new(0);
 static LT_FALLBACKS: AtomicU64 = AtomicU64::new(0);
 
 /// `(hits, misses)` of the per-stream cuBLASLt plan caches, summed over every stream
@@ -71,13 +71,15 @@ pub(crate) struct GemmArgs<'a, T> {
 }
 
 /// A stream's cuBLAS / cuBLASLt handles, workspace and plan cache.
+/// (The fields are visible to `backward_cuda.rs`, which plans the training epilogues
+/// through the same handle, workspace and cache.)
 pub(crate) struct GemmState {
-    stream: Arc<CudaStream>,
-    lt: LtHandle,
-    workspace: CudaSlice<u32>,
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) lt: LtHandle,
+    pub(super) workspace: CudaSlice<u32>,
     /// Created by the first fallback (see the module docs).
     blas: Option<CudaBlas>,
-    plans: HashMap<PlanKey, Option<LtPlan>>,
+    pub(super) plans: HashMap<PlanKey, Option<LtPlan>>,
 }
 
 impl GemmState {
@@ -150,6 +152,7 @@ impl GemmState {
                 alignment(out_ptr(d, stream)),
                 bias_ptr.map_or(256, alignment),
             ],
+            fused: None,
         };
         let plan = match plans.entry(key) {
             Entry::Occupied(e) => {

@@ -49,6 +49,36 @@ pub(crate) struct PlanKey {
     pub tf32: bool,
     /// Alignment in bytes of our A, our B, the output and the bias pointers.
     pub align: [u32; 4],
+    /// A training epilogue (aux input/output or bias gradient) replacing the one that
+    /// `bias` and `act` select; see [`Fusion`].
+    pub fused: Option<Fusion>,
+}
+
+/// Which training epilogue a plan uses (`backward_cuda.rs` decides where each applies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum FusedKind {
+    /// `GELU_AUX` / `GELU_AUX_BIAS` (with `bias`): `D = gelu(A·B + bias)` and the aux
+    /// matrix `A·B + bias` (the pre-activation) in D's dtype and layout.
+    GeluAux,
+    /// `DGELU`: `D = (A·B) ⊙ gelu'(aux)`, the aux matrix in D's dtype and layout.
+    DGelu,
+    /// `BGRADB`: `D = A·B` and, through the bias pointer, the bias gradient: the sums
+    /// of cuBLASLt's `op(B)` over `k`, one per column of D — with our operands swapped
+    /// (see the module docs), the sums over `k` of our `op(A)`, one per row of our
+    /// output.
+    BgradB,
+}
+
+/// A training epilogue and what its aux matrix needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Fusion {
+    /// The epilogue.
+    pub kind: FusedKind,
+    /// The aux matrix's leading dimension in elements (cuBLASLt requires a multiple of
+    /// 8 for GELU aux); 0 for `BgradB`.
+    pub aux_ld: usize,
+    /// The alignment in bytes of the aux pointer (256 when there is none).
+    pub aux_align: u32,
 }
 
 /// An owned cuBLASLt handle (destroyed on drop).
@@ -187,9 +217,17 @@ fn data_type(dt: DType) -> sys::cudaDataType {
     }
 }
 
-/// The epilogue for (bias?, activation).
-fn epilogue(bias: bool, act: Activation) -> sys::cublasLtEpilogue_t {
+/// The epilogue for (bias?, activation), or the training epilogue when there is one.
+fn epilogue(bias: bool, act: Activation, fused: Option<Fusion>) -> sys::cublasLtEpilogue_t {
     use sys::cublasLtEpilogue_t as E;
+    if let Some(f) = fused {
+        return match (f.kind, bias) {
+            (FusedKind::GeluAux, false) => E::CUBLASLT_EPILOGUE_GELU_AUX,
+            (FusedKind::GeluAux, true) => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+            (FusedKind::DGelu, _) => E::CUBLASLT_EPILOGUE_DGELU,
+            (FusedKind::BgradB, _) => E::CUBLASLT_EPILOGUE_BGRADB,
+        };
+    }
     match (bias, act) {
         (false, Activation::None) => E::CUBLASLT_EPILOGUE_DEFAULT,
         (false, Activation::Relu) => E::CUBLASLT_EPILOGUE_RELU,
@@ -238,6 +276,19 @@ impl LtPlan {
         bias: Option<u64>,
         workspace: usize,
     ) -> Result<Option<Self>> {
+        Self::with_aux(handle, key, bias, None, workspace)
+    }
+
+    /// [`LtPlan::new`] for a plan with a training epilogue (`key.fused`): `bias` is then
+    /// the bias-gradient output for `BgradB`, and `aux` the aux matrix's address (for
+    /// its alignment) for `GeluAux` / `DGelu`.
+    pub fn with_aux(
+        handle: &LtHandle,
+        key: &PlanKey,
+        bias: Option<u64>,
+        aux: Option<u64>,
+        workspace: usize,
+    ) -> Result<Option<Self>> {
         use sys::cublasComputeType_t as C;
         let compute = match (key.dtype, key.tf32) {
             (DType::F32, true) => C::CUBLAS_COMPUTE_32F_FAST_TF32,
@@ -251,10 +302,20 @@ impl LtPlan {
         desc.set(DescAttr::CUBLASLT_MATMUL_DESC_TRANSB, &(key.trans_a as i32))?;
         desc.set(
             DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE,
-            &epilogue(key.bias, key.act),
+            &epilogue(key.bias, key.act, key.fused),
         )?;
         if let Some(ptr) = bias {
             desc.set(DescAttr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr)?;
+        }
+        if let (Some(f), Some(ptr)) = (key.fused, aux) {
+            // The aux dtype is left at its default (D's dtype: cuBLASLt takes another
+            // only for narrow-precision kernels); the pointer is set now because the
+            // heuristic reads its alignment, and again at every launch.
+            desc.set(DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ptr)?;
+            desc.set(
+                DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                &(f.aux_ld as i64),
+            )?;
         }
         let dt = data_type(key.dtype);
         let (m, n, k) = (key.m, key.n, key.k);
@@ -348,6 +409,30 @@ impl LtPlan {
         p: &Ptrs,
         stream: sys::cudaStream_t,
     ) -> Result<()> {
+        // SAFETY: forwarded from the caller (same contract, no aux matrix).
+        unsafe { self.launch_aux(handle, p, None, stream) }
+    }
+
+    /// [`LtPlan::launch`] for a plan with a training epilogue: `aux` is the aux matrix
+    /// (written by `GeluAux`, read by `DGelu`), `p.bias` the bias-gradient output of
+    /// `BgradB`.
+    ///
+    /// # Safety
+    /// As [`LtPlan::launch`]; besides, `aux` (when given) must be a live allocation of
+    /// the plan's dtype holding the plan's output shape with its leading dimension, not
+    /// overlapping the output, and for `BgradB` `p.bias` must hold one element per row
+    /// of our output (written, so it must overlap no input).
+    pub unsafe fn launch_aux(
+        &self,
+        handle: &LtHandle,
+        p: &Ptrs,
+        aux: Option<u64>,
+        stream: sys::cudaStream_t,
+    ) -> Result<()> {
+        if let Some(aux) = aux {
+            self.desc
+                .set(DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux)?;
+        }
         if let Some(bias) = p.bias {
             self.desc
                 .set(DescAttr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;

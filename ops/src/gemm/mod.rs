@@ -10,7 +10,13 @@
 //! - `epilogue.rs` + `epilogue.cu`: the bias + activation kernel where no library
 //!   epilogue applies (cuBLAS fallback, convolution);
 //! - `device.rs`: what GEMM and convolution share (pointers, workspaces, library
-//!   status codes to errors).
+//!   status codes to errors);
+//! - `backward.rs` (+ `backward_cpu.rs`, `backward_cuda.rs`): the training forms,
+//!   [`linear_train`] (forward saving the pre-activation) and [`linear_backward`]
+//!   (`dx`, `dw`, `db`), with cuBLASLt's training epilogues on CUDA.
+mod backward;
+mod backward_cpu;
+mod backward_cuda;
 pub mod cpu;
 pub(crate) mod cuda;
 pub(crate) mod device;
@@ -19,6 +25,11 @@ mod lt;
 mod op;
 pub(crate) mod shape;
 
+pub use backward::{
+    linear_backward, linear_train, LinearBackward, LinearGrads, LinearSaved, LinearTrain,
+};
+pub use backward_cpu::activation_grad;
+pub use backward_cuda::linear_fused_fallbacks;
 pub use cpu::Activation;
 pub use cuda::{gemm_lt_fallbacks, gemm_plan_cache_stats};
 pub use op::{linear, matmul, Linear, Matmul};

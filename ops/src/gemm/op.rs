@@ -175,6 +175,12 @@ impl Linear {
     pub fn into_inputs(self) -> (Tensor, Tensor, Option<Tensor>) {
         (self.x, self.w, self.bias)
     }
+    /// The same layer, also returning its pre-activation (for the backward): see
+    /// [`super::linear_train`].
+    pub fn save_pre_activation(self) -> super::LinearTrain {
+        let (act, tf32) = (self.act, self.tf32);
+        super::linear_train(&self.x, &self.w, self.bias.as_ref(), act).with_tf32(tf32)
+    }
 
     fn dims(&self) -> Result<GemmDims> {
         let bias = self.bias.as_ref().map(|b| b.shape());
