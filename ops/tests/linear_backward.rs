@@ -369,17 +369,17 @@ fn fd_case<T: Element>(acts: &[Activation], bias: bool, rows: usize, widths: &[u
         tol,
         seed,
     );
-    for l in 0..layers.len() {
+    for (l, gl) in grads.iter().enumerate() {
         let want = fd(&mut layers, &mut x, &g, rows, (1, l));
         check_fd(
             &format!("{what} layer {l} dw"),
-            &download::<T>(&rt, &grads[l].dw),
+            &download::<T>(&rt, &gl.dw),
             &want,
             tol,
             seed,
         );
-        assert_eq!(grads[l].db.is_some(), bias, "{what}");
-        if let Some(db) = &grads[l].db {
+        assert_eq!(gl.db.is_some(), bias, "{what}");
+        if let Some(db) = &gl.db {
             let want = fd(&mut layers, &mut x, &g, rows, (2, l));
             check_fd(
                 &format!("{what} layer {l} db"),
