@@ -59,3 +59,4 @@ pub use rtx_kernels as kernels;
 pub use rtx_ops as ops;
 pub use rtx_runtime::*;
 pub use rtx_scheduler as scheduler;
+pub mod timeline;

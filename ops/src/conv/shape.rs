@@ -180,6 +180,30 @@ pub(crate) fn check_params(op: &str, p: &Conv2dParams) -> Result<()> {
             "stride and dilation must be at least 1",
         ));
     }
+    // Params are public fields: bound every size before any arithmetic on them, so
+    // that no sum or product below can overflow (cuDNN takes 32-bit values anyway).
+    let limit = i32::MAX as usize;
+    let geometry = [
+        p.h,
+        p.w,
+        p.kh,
+        p.kw,
+        p.stride.0,
+        p.stride.1,
+        p.pad.0,
+        p.pad.1,
+        p.dilation.0,
+        p.dilation.1,
+        p.n,
+        p.c_in,
+        p.c_out,
+    ];
+    if geometry.iter().any(|&v| v > limit) {
+        return Err(Error::invalid_dim(
+            op,
+            format!("sizes, strides, padding and dilation must be below 2^31: {p:?}"),
+        ));
+    }
     let (oh, ow) = p.out_hw();
     if oh == 0 || ow == 0 {
         let detail = format!(
@@ -191,8 +215,13 @@ pub(crate) fn check_params(op: &str, p: &Conv2dParams) -> Result<()> {
         );
         return Err(Error::shape(op, &xs, &ws, detail));
     }
-    let limit = i32::MAX as usize;
-    if [p.x_len(), p.w_len(), p.y_len()].iter().any(|&l| l > limit) {
+    let len = |dims: [usize; 4]| dims.iter().try_fold(1usize, |a, d| a.checked_mul(*d));
+    let lens = [
+        len([p.n, p.c_in, p.h, p.w]),
+        len([p.c_out, p.c_in / p.groups, p.kh, p.kw]),
+        len([p.n, p.c_out, oh, ow]),
+    ];
+    if lens.iter().any(|l| l.is_none_or(|l| l > limit)) {
         return Err(Error::invalid_dim(
             op,
             format!("tensors above 2^31 elements: {p:?}"),
