@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Correctness and speed check of kernels/cuda/attention.cu (FlashAttention-2 fwd/bwd).
 
-Runs on the GPU host:  python3 benches/attention_check.py [--quick] [--no-bench] [--no-check]
+Runs on the GPU host:  python3 kernels/checks/attention_check.py [--quick] [--no-bench] [--no-check]
 
 1. ABI check: a tiny kernel echoes every FlashParams field it receives by value.
 2. Correctness against float64 PyTorch math (not SDPA), gradients from float64 autograd,
@@ -50,7 +50,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import cupy  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # kernels/checks/ -> root
 KDIR = os.path.join(ROOT, "kernels", "cuda")
 TOL = 2e-2
 

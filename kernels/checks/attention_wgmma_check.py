@@ -4,12 +4,12 @@ wgmma, sm_90a) next to the mma.sync forward of attention.cu and PyTorch SDPA.
 
 Two steps, because the GPU host has no Rust and the kernel needs the sm_90a target:
 
-1. Here (Rust + NVRTC, no GPU):   python3 benches/attention_wgmma_check.py --build [DIR]
+1. Here (Rust + NVRTC, no GPU):   python3 kernels/checks/attention_wgmma_check.py --build [DIR]
    compiles attention_wgmma.cu once per VARIANT (-D tunables) and attention.cu (the mma.sync
    baseline) with the ptxas example (NVRTC 13.0; sm_90a resp. sm_90) into DIR (default
-   .wgmma_cubin/, git-ignored through .git/info/exclude) with manifest.json (defines,
+   .wgmma_cubin/, git-ignored) with manifest.json (defines,
    registers, spills).
-2. On the GPU host:               python3 benches/attention_wgmma_check.py [--cubins DIR]
+2. On the GPU host:               python3 kernels/checks/attention_wgmma_check.py [--cubins DIR]
    loads the CUBINs with cupy and, for every variant, checks the forward against float64
    PyTorch math (fresh torch.randn inputs, o and lse poisoned with NaN): dtype {f16, bf16} x
    D {64, 128} x causal {0, 1} x mask {none, [Lq,Lk], [B,H,Lq,Lk] with -inf entries and one
@@ -31,10 +31,10 @@ attention.cu's preprocess and convert kernels): dq, dk, dv against float64 autog
 causal 0/1, no mask / [Lq,Lk] / [B,H,Lq,Lk] masks with -inf entries and a fully masked row, odd
 lengths, Lq != Lk, GQA; outputs NaN-poisoned), then backward-only and forward + backward time
 next to the mma.sync backward and SDPA (bf16, B*L = 16384, H = 16, L 4096 / 16384, causal 0/1):
-  PYTHONUNBUFFERED=1 timeout 185 python3 benches/attention_wgmma_check.py --bwd --child-timeout 60
+  PYTHONUNBUFFERED=1 timeout 185 python3 kernels/checks/attention_wgmma_check.py --bwd --child-timeout 60
 (about 60 s on the H200 with 4 variants).
-Device tool: carry [".wgmma_cubin"], command
-  PYTHONUNBUFFERED=1 timeout 285 python3 benches/attention_wgmma_check.py 2>&1 | tee $OUT/log.txt
+On the GPU host, with .wgmma_cubin/ copied into its checkout:
+  PYTHONUNBUFFERED=1 timeout 285 python3 kernels/checks/attention_wgmma_check.py 2>&1 | tee $OUT/log.txt
 (about 60 s with 9 variants on the H200).
 """
 import argparse
@@ -48,7 +48,7 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))  # kernels/checks/ -> root
 DEFAULT_CUBINS = os.path.join(ROOT, ".wgmma_cubin")
 TOL = 2e-2
 
