@@ -51,6 +51,13 @@ def num(x):
     return "" if x is None else str(x)
 
 
+def note(x):
+    """A note's value: counts as integers, times with 4 decimals."""
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return num(x)
+
+
 def main():
     rtx, order, rinfo = load(sys.argv[1])
     torch, torder, tinfo = load(sys.argv[2]) if len(sys.argv) > 2 else ({}, [], [])
@@ -62,7 +69,7 @@ def main():
         r, t = rtx.get(c, {}), torch.get(c, {})
         rm, tm = r.get("rtx_ms"), t.get("torch_ms")
         ratio = f"{tm / rm:.2f}" if rm and tm else ""
-        notes = [f"{k}={num(v)}" for k, v in {**t, **r}.items()
+        notes = [f"{k}={note(v)}" for k, v in {**t, **r}.items()
                  if k not in ("case", "rtx_ms", "torch_ms", "bytes", "flops", "best_form")]
         eager = t.get("best_eager_ms")
         if rm and eager:
