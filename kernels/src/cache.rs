@@ -158,7 +158,7 @@ impl KernelCache {
     /// # Examples
     ///
     /// ```
-    /// use rtx_kernels::{nvrtc_present, Arch, KernelCache, Options};
+    /// use rtx::kernels::{nvrtc_present, Arch, KernelCache, Options};
     /// if nvrtc_present() {
     ///     let cache = KernelCache::in_memory();
     ///     let cubin = cache.cubin("fault", Arch::SM_90, &Options::default())?;
@@ -166,7 +166,7 @@ impl KernelCache {
     ///     assert!(std::sync::Arc::ptr_eq(&cubin, &again));
     ///     assert_eq!(cache.stats().memory_hits, 1);
     /// }
-    /// # Ok::<(), rtx_kernels::KernelError>(())
+    /// # Ok::<(), rtx::kernels::KernelError>(())
     /// ```
     pub fn cubin(
         &self,

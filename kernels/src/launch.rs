@@ -200,7 +200,7 @@ impl StridedArgs {
     /// # Examples
     ///
     /// ```
-    /// use rtx_kernels::launch::StridedArgs;
+    /// use rtx::kernels::launch::StridedArgs;
     /// // [4, 1, 3, 5] + a bias of [3, 1] broadcast over dims 0 and 3:
     /// let args = StridedArgs::new(&[4, 1, 3, 5], &[15, 15, 5, 1], &[0, 0, 1, 0]).unwrap();
     /// assert_eq!(args.ndim, 3);

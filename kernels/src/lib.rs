@@ -24,12 +24,12 @@
 //! # Examples
 //!
 //! ```
-//! use rtx_kernels::{nvrtc_present, Arch, KernelCache, Options};
+//! use rtx::kernels::{nvrtc_present, Arch, KernelCache, Options};
 //! if nvrtc_present() {
 //!     let cubin = KernelCache::global().cubin("softmax", Arch::SM_90, &Options::default())?;
 //!     assert!(cubin.starts_with(b"\x7fELF"));
 //! }
-//! # Ok::<(), rtx_kernels::KernelError>(())
+//! # Ok::<(), rtx::kernels::KernelError>(())
 //! ```
 //!
 #![doc = include_str!("../KERNELS.md")]

@@ -32,9 +32,9 @@ impl KernelSource {
     /// # Examples
     ///
     /// ```
-    /// let wgmma = rtx_kernels::source("attention_wgmma").unwrap();
+    /// let wgmma = rtx::kernels::source("attention_wgmma").unwrap();
     /// assert!(wgmma.arch_specific());
-    /// assert!(!rtx_kernels::source("attention").unwrap().arch_specific());
+    /// assert!(!rtx::kernels::source("attention").unwrap().arch_specific());
     /// ```
     pub fn arch_specific(&self) -> bool {
         self.source
@@ -63,7 +63,7 @@ include!(concat!(env!("OUT_DIR"), "/sources.rs"));
 /// # Examples
 ///
 /// ```
-/// let names: Vec<_> = rtx_kernels::sources().iter().map(|s| s.name).collect();
+/// let names: Vec<_> = rtx::kernels::sources().iter().map(|s| s.name).collect();
 /// assert!(names.contains(&"elementwise"));
 /// ```
 pub fn sources() -> &'static [KernelSource] {
@@ -75,9 +75,9 @@ pub fn sources() -> &'static [KernelSource] {
 /// # Examples
 ///
 /// ```
-/// let softmax = rtx_kernels::source("softmax").expect("softmax.cu is built in");
+/// let softmax = rtx::kernels::source("softmax").expect("softmax.cu is built in");
 /// assert!(softmax.source.contains("softmax_"));
-/// assert!(rtx_kernels::source("no_such_kernel").is_none());
+/// assert!(rtx::kernels::source("no_such_kernel").is_none());
 /// ```
 pub fn source(name: &str) -> Option<&'static KernelSource> {
     SOURCES.iter().find(|s| s.name == name)

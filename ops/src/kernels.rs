@@ -11,10 +11,10 @@
 //!
 //! # Poisoned outputs
 //!
-//! CUDA outputs are uninitialized memory. With [`set_poison_outputs`]`(true)` (or
-//! `RTX_POISON_OUTPUTS=1` in the environment) every freshly allocated output is filled
-//! with `0xFF` bytes first (NaN for floats, `u32::MAX` for indices), and CPU outputs with
-//! NaN, so a test catches any element an op forgets to write.
+//! CUDA outputs are uninitialized memory. With `set_poison_outputs(true)` (feature
+//! `test-util`) or `RTX_POISON_OUTPUTS=1` in the environment, every freshly allocated
+//! output is filled with `0xFF` bytes first (NaN for floats, `u32::MAX` for indices), and
+//! CPU outputs with NaN, so a test catches any element an op forgets to write.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,9 +75,9 @@ pub(crate) fn check_float(op: &str, dtype: DType) -> Result<()> {
 
 static DONATIONS: AtomicU64 = AtomicU64::new(0);
 
-/// Test hook: how many ops of this crate have written into a donated input's memory
-/// (process-wide, since start).
-#[doc(hidden)]
+/// Test hook (feature `test-util`): how many ops of this crate have written into a
+/// donated input's memory (process-wide, since start).
+#[cfg(feature = "test-util")]
 pub fn donations() -> u64 {
     DONATIONS.load(Ordering::Relaxed)
 }
@@ -93,15 +93,16 @@ pub(crate) fn count_donation<T>(donated: &Option<T>) {
 
 static POISON: AtomicBool = AtomicBool::new(false);
 
-/// Test hook: when on, ops fill every freshly allocated output with NaN (`0xFF` bytes on
-/// CUDA) before computing it, so an element an op fails to write shows up in a parity
-/// test. Also turned on by `RTX_POISON_OUTPUTS=1`. Costs one memset per output.
-#[doc(hidden)]
+/// Test hook (feature `test-util`): when on, ops fill every freshly allocated output
+/// with NaN (`0xFF` bytes on CUDA) before computing it, so an element an op fails to
+/// write shows up in a parity test. Also turned on by `RTX_POISON_OUTPUTS=1`. Costs one
+/// memset per output.
+#[cfg(feature = "test-util")]
 pub fn set_poison_outputs(on: bool) {
     POISON.store(on, Ordering::Relaxed);
 }
 
-/// Whether outputs are poisoned (see [`set_poison_outputs`]).
+/// Whether outputs are poisoned (see `set_poison_outputs`).
 pub(crate) fn poisoning() -> bool {
     static ENV: OnceLock<bool> = OnceLock::new();
     POISON.load(Ordering::Relaxed)

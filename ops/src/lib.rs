@@ -1,9 +1,9 @@
 //! rtx-ops: the op library of rtx.
 //!
-//! One module per family — [`elementwise`], [`reduce`], [`softmax`], [`gemm`], [`conv`],
-//! [`attention`] — each with its validation (at submit time), its CPU implementation
+//! One module per family — [`elementwise`], [`reduce`], [`softmax`](mod@softmax), [`gemm`], [`conv`],
+//! [`attention`](mod@attention) — each with its validation (at submit time), its CPU implementation
 //! (`cpu.rs`, also the reference) and its CUDA implementation. The common constructors are
-//! re-exported here: `rtx_ops::add(&a, &b)`, `rtx_ops::matmul(&a, &b)`, ...
+//! re-exported here: `rtx::ops::add(&a, &b)`, `rtx::ops::matmul(&a, &b)`, ...
 //!
 //! Ops that take an input by value (the `*_` forms, e.g. [`add_`], [`relu_`]) may write
 //! into that input's memory when the handle they were given is the last one; otherwise
@@ -12,7 +12,7 @@
 
 pub mod attention;
 pub mod conv;
-pub mod cpu_util;
+mod cpu_util;
 pub mod elementwise;
 pub mod gemm;
 mod kernels;
@@ -21,6 +21,7 @@ pub mod softmax;
 
 pub use attention::{attention, attention_backward};
 pub use conv::{conv2d, conv2d_backward_data, conv2d_backward_filter, Conv2dOpts, Layout};
+pub use cpu_util::{Float, FloatKind};
 pub use elementwise::{
     abs, abs_, add, add_, cos, cos_, div, div_, exp, exp_, log, log_, maximum, maximum_, minimum,
     minimum_, mul, mul_, neg, neg_, relu, relu_, sin, sin_, sqrt, sqrt_, sub, sub_,
@@ -32,5 +33,5 @@ pub use reduce::{
 };
 pub use softmax::softmax;
 
-#[doc(hidden)]
+#[cfg(feature = "test-util")]
 pub use kernels::{donations, set_poison_outputs};

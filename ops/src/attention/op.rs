@@ -49,8 +49,8 @@ const BWD: &str = "attention_backward";
 /// # Examples
 ///
 /// ```
-/// use rtx_ops::attention::attention;
-/// use rtx_runtime::Runtime;
+/// use rtx::ops::attention::attention;
+/// use rtx::Runtime;
 ///
 /// let rt = Runtime::cpu(1);
 /// // One head, two queries, two keys, D = 2.
@@ -204,8 +204,8 @@ fn forward_cpu<T: Float + Element>(
 /// # Examples
 ///
 /// ```
-/// use rtx_ops::attention::{attention, attention_backward};
-/// use rtx_runtime::Runtime;
+/// use rtx::ops::attention::{attention, attention_backward};
+/// use rtx::Runtime;
 ///
 /// let rt = Runtime::cpu(1);
 /// let q = rt.upload(&[0.5f32, -1.0, 2.0, 0.0], [1, 1, 2, 2])?;

@@ -30,8 +30,8 @@ use crate::kernels::{cpu_out, float_dispatch};
 /// # Examples
 ///
 /// ```
-/// use rtx_ops::conv::{conv2d, Conv2dOpts};
-/// use rtx_runtime::Runtime;
+/// use rtx::ops::conv::{conv2d, Conv2dOpts};
+/// use rtx::Runtime;
 ///
 /// let rt = Runtime::cpu(1);
 /// let x = rt.upload(&[1.0f32; 16], [1, 1, 4, 4])?;
@@ -39,7 +39,7 @@ use crate::kernels::{cpu_out, float_dispatch};
 /// let y = rt.submit(conv2d(&x, &w, Conv2dOpts::default().pad(1))).map_err(|e| e.error)?.wait()?;
 /// assert_eq!(y.dims(), [1, 1, 4, 4]);
 /// assert_eq!(rt.to_vec::<f32>(&y)?.wait()?[5], 9.0);
-/// # Ok::<(), rtx_runtime::Error>(())
+/// # Ok::<(), rtx::Error>(())
 /// ```
 pub struct Conv2d {
     x: Tensor,

@@ -1,7 +1,7 @@
 //! CPU element-wise kernels: unary maps and binary ops with numpy broadcasting.
 //!
 //! Small tensors run serially on the caller's thread (a 16-element add does no
-//! allocation and no dispatch); large ones are split into [`PAR_CHUNK`]-element
+//! allocation and no dispatch); large ones are split into `PAR_CHUNK`-element
 //! rayon tasks.
 
 use rayon::prelude::*;
@@ -168,7 +168,7 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 ///
 /// # Examples
 /// ```
-/// use rtx_ops::elementwise::cpu::{binary, broadcast_shape, BinaryOp};
+/// use rtx::ops::elementwise::cpu::{binary, broadcast_shape, BinaryOp};
 /// let (a, b) = ([1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [10.0f32, 20.0]);
 /// let y_shape = broadcast_shape(&[3, 1, 2], &[2]).unwrap(); // [3, 1, 2]
 /// let mut y = [0.0f32; 6];

@@ -78,7 +78,7 @@ macro_rules! binary_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let a = rt.upload(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3])?;
         /// let b = rt.upload(&[2.0f32, 4.0, 8.0], [3])?;
@@ -103,7 +103,7 @@ macro_rules! binary_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let a = rt.upload(&[1.0f32, 2.0, 3.0], [3])?;
         /// let b = rt.upload(&[4.0f32], [])?;
@@ -141,7 +141,7 @@ macro_rules! unary_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let x = rt.upload(&[0.5f32, -1.5], [2])?;
         #[doc = concat!("let y = rt.submit(rtx_ops::elementwise::", stringify!($name), "(&x))?.wait()?;")]
@@ -163,7 +163,7 @@ macro_rules! unary_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let x = rt.upload(&[0.5f32, -1.5], [2])?;
         #[doc = concat!("let y = rt.submit(rtx_ops::elementwise::", stringify!($name_), "(x))?.wait()?;")]

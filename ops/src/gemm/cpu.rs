@@ -176,7 +176,7 @@ pub(crate) fn gemm_into<U: Float>(
 ///
 /// # Examples
 /// ```
-/// use rtx_ops::gemm::cpu::matmul;
+/// use rtx::ops::gemm::cpu::matmul;
 /// // Two batches of A (2x3) times one shared B stored transposed (2x3, i.e. n x k).
 /// let a = [1.0f32, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
 /// let b = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];

@@ -22,15 +22,15 @@ use crate::kernels::{cpu_out, float_dispatch};
 /// # Examples
 ///
 /// ```
-/// use rtx_ops::gemm::matmul;
-/// use rtx_runtime::Runtime;
+/// use rtx::ops::gemm::matmul;
+/// use rtx::Runtime;
 ///
 /// let rt = Runtime::cpu(1);
 /// let a = rt.upload(&[1.0f32, 2.0, 3.0, 4.0], [2, 2])?;
 /// let b = rt.upload(&[1.0f32, 0.0, 0.0, 1.0], [2, 2])?;
 /// let c = rt.submit(matmul(&a, &b).trans_a()).map_err(|e| e.error)?.wait()?;
 /// assert_eq!(rt.to_vec::<f32>(&c)?.wait()?, vec![1.0, 3.0, 2.0, 4.0]);
-/// # Ok::<(), rtx_runtime::Error>(())
+/// # Ok::<(), rtx::Error>(())
 /// ```
 pub struct Matmul {
     a: Tensor,
@@ -134,8 +134,8 @@ impl Op for Matmul {
 /// # Examples
 ///
 /// ```
-/// use rtx_ops::gemm::{linear, Activation};
-/// use rtx_runtime::Runtime;
+/// use rtx::ops::gemm::{linear, Activation};
+/// use rtx::Runtime;
 ///
 /// let rt = Runtime::cpu(1);
 /// let x = rt.upload(&[1.0f32, -2.0], [1, 2])?;
@@ -143,7 +143,7 @@ impl Op for Matmul {
 /// let b = rt.upload(&[0.5f32, 0.0], [2])?;
 /// let y = rt.submit(linear(&x, &w, Some(&b), Activation::Relu)).map_err(|e| e.error)?.wait()?;
 /// assert_eq!(rt.to_vec::<f32>(&y)?.wait()?, vec![0.0, 0.0]);
-/// # Ok::<(), rtx_runtime::Error>(())
+/// # Ok::<(), rtx::Error>(())
 /// ```
 pub struct Linear {
     x: Tensor,

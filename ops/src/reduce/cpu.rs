@@ -133,7 +133,7 @@ fn fold<T: Float>(x: &[T], init: f64, f: impl Fn(f64, f64) -> f64) -> f64 {
 /// # Examples
 /// ```
 /// use half::bf16;
-/// use rtx_ops::reduce::cpu::{reduce_all, ReduceOp};
+/// use rtx::ops::reduce::cpu::{reduce_all, ReduceOp};
 /// let x: Vec<bf16> = [1.0f32, 2.0, 3.0, 6.0].iter().map(|&v| bf16::from_f32(v)).collect();
 /// assert_eq!(reduce_all(ReduceOp::Mean, &x).to_f32(), 3.0);
 /// ```

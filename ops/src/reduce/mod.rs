@@ -95,7 +95,7 @@ macro_rules! reduce_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let x = rt.upload(&[3.0f32, 1.0, 4.0, 1.0, 5.0, 9.0], [2, 3])?;
         #[doc = concat!("let y = rt.submit(rtx_ops::reduce::", stringify!($all), "(&x))?.wait()?;")]
@@ -118,7 +118,7 @@ macro_rules! reduce_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let x = rt.upload(&[3.0f32, 1.0, 4.0, 1.0, 5.0, 9.0], [2, 3])?;
         #[doc = concat!("let y = rt.submit(rtx_ops::reduce::", stringify!($dim), "(&x, 1, true))?.wait()?;")]
