@@ -2,7 +2,7 @@
 
 use rtx_runtime::{Error, Result, Shape};
 
-use super::cpu::{Conv2dParams, Layout};
+use super::{Conv2dParams, Layout};
 
 /// The options of a 2-D convolution: everything but the sizes, which come from the
 /// tensors. Defaults: stride 1, no padding, dilation 1, one group, NCHW.

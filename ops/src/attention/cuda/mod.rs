@@ -28,15 +28,17 @@
 //! rules as the forward (its own failure flag per stream; `RTX_ATTN_WGMMA=0` turns it off
 //! too); otherwise it is `attention.cu`'s `flash_bwd_dq_dk_dv_*` (64 keys per block).
 
+mod launch;
+
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
-use super::geometry::Geometry;
-use super::launch::{
+use self::launch::{
     backward_function, forward_function, function, state, FlashParams, Kernel, BWD, FWD,
 };
+use super::geometry::Geometry;
 use crate::gemm::device::{dptr, dptr_mut};
 use crate::kernels;
 

@@ -15,7 +15,7 @@ use cudarc::driver::{
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Error, Result};
 
-use super::geometry::{Geometry, MaskLayout};
+use crate::attention::geometry::{Geometry, MaskLayout};
 use crate::kernels::{self, launch_error};
 
 const MODULE: &str = "attention";
@@ -295,7 +295,7 @@ fn configure(
             kernel.op(),
             format!(
                 "{name} allows {max_threads} threads per block but is launched with {}: \
-                 {}.cu and ops/src/attention/cuda.rs disagree on the launch",
+                 {}.cu and ops/src/attention/cuda/ disagree on the launch",
                 kernel.threads(d),
                 kernel.module()
             ),
