@@ -55,8 +55,8 @@ pub fn nvrtc_version() -> Option<(i32, i32)> {
 /// ```
 /// use rtx::kernels::{compile, nvrtc_present, source, Arch, Options};
 /// if nvrtc_present() {
-///     let fault = source("fault").unwrap();
-///     let built = compile(fault, Arch::SM_90, &Options::default())?;
+///     let softmax = source("softmax").unwrap();
+///     let built = compile(softmax, Arch::SM_90, &Options::default())?;
 ///     assert!(built.cubin.starts_with(b"\x7fELF"));
 /// }
 /// # Ok::<(), rtx::kernels::KernelError>(())

@@ -58,7 +58,8 @@ impl KernelSource {
 
 include!(concat!(env!("OUT_DIR"), "/sources.rs"));
 
-/// Every kernel program in `kernels/cuda/*.cu`, sorted by name.
+/// Every kernel program in `kernels/cuda/*.cu` (and, with the `test-util` feature,
+/// `kernels/cuda/testing/*.cu`), sorted by name.
 ///
 /// # Examples
 ///
@@ -151,9 +152,11 @@ mod tests {
 
     #[test]
     fn every_program_is_listed_and_named_by_its_stem() {
-        for name in ["elementwise", "reduce", "softmax", "fault"] {
+        for name in ["elementwise", "reduce", "softmax", "epilogue"] {
             assert!(source(name).is_some(), "{name}.cu missing from sources()");
         }
+        // The test-only kernel exists exactly with the `test-util` feature.
+        assert_eq!(source("fault").is_some(), cfg!(feature = "test-util"));
         assert!(sources().windows(2).all(|w| w[0].name < w[1].name));
     }
 }

@@ -29,11 +29,10 @@ use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
 use crate::cpu_util::Float;
 
-/// Threads per block of every rtx kernel (`RTX_BLOCK` in `common.cuh`).
-pub(crate) const BLOCK: u32 = 256;
-
-/// Resident 256-thread blocks per SM used to cap grid-stride grids (2048 threads/SM).
-pub(crate) const BLOCKS_PER_SM: u32 = 8;
+// The launch ABI of the built-in kernels (block size, grid caps, argument structs) is
+// defined once, in `rtx_kernels::launch`; these are its names here.
+pub(crate) use rtx_kernels::launch::MAX_BLOCKS_PER_SM as BLOCKS_PER_SM;
+pub(crate) use rtx_kernels::launch::{self, BLOCK};
 
 /// Runs `$body` with `$t` a type alias for the element type of the float dtype `$dtype`
 /// (f32, f16, bf16); any other dtype is `Error::DTypeMismatch` for op `$op`.
@@ -212,17 +211,37 @@ fn kernel_error(module: &str, arch: Arch, e: KernelError) -> Error {
 
 // ---- launch geometry -------------------------------------------------------------------
 
-/// A grid-stride grid: `blocks` wanted, capped at the blocks the device keeps resident.
-pub(crate) fn grid(scx: &StreamCx, blocks: usize) -> u32 {
-    let cap = (scx.sm_count() * BLOCKS_PER_SM) as usize;
-    blocks.clamp(1, cap) as u32
+/// Blocks of [`BLOCK`] threads the device keeps resident at [`BLOCKS_PER_SM`] per SM
+/// ([`launch::resident_blocks`]): the cap of every grid-stride grid.
+pub(crate) fn resident(scx: &StreamCx) -> u32 {
+    launch::resident_blocks(scx.sm_count(), BLOCKS_PER_SM)
 }
 
-/// The grid for an element-wise kernel over `n` elements of `elem` bytes: each thread
-/// handles 4 vectors of 16 bytes per step.
+/// A grid-stride grid: `blocks` wanted, capped at the blocks the device keeps resident.
+pub(crate) fn grid(scx: &StreamCx, blocks: usize) -> u32 {
+    blocks.clamp(1, resident(scx) as usize) as u32
+}
+
+/// The element type of the built-in kernels for a float `dtype` (`None` otherwise).
+pub(crate) fn kernel_dtype(dtype: DType) -> Option<launch::Dtype> {
+    match dtype {
+        DType::F32 => Some(launch::Dtype::F32),
+        DType::F16 => Some(launch::Dtype::F16),
+        DType::BF16 => Some(launch::Dtype::Bf16),
+        _ => None,
+    }
+}
+
+/// The grid for an element-wise kernel over `n` elements of `elem` bytes (2 or 4)
+/// ([`launch::elementwise_grid`]: each thread handles 4 vectors of 16 bytes per step).
 pub(crate) fn elementwise_grid(scx: &StreamCx, n: usize, elem: usize) -> u32 {
-    let per_block = BLOCK as usize * 4 * (16 / elem).max(1);
-    grid(scx, n.div_ceil(per_block))
+    // Only the vector width (16 / elem) matters: f16 and bf16 share it.
+    let dtype = if elem == 4 {
+        launch::Dtype::F32
+    } else {
+        launch::Dtype::F16
+    };
+    launch::elementwise_grid(n, dtype, resident(scx))
 }
 
 /// A one-dimensional launch of `grid` blocks of [`BLOCK`] threads.
