@@ -2,7 +2,7 @@
 
 use rtx_runtime::{Error, Result, Shape};
 
-use super::cpu::{Conv2dParams, Layout};
+use super::{Conv2dParams, Layout};
 
 /// The options of a 2-D convolution: everything but the sizes, which come from the
 /// tensors. Defaults: stride 1, no padding, dilation 1, one group, NCHW.
@@ -10,14 +10,14 @@ use super::cpu::{Conv2dParams, Layout};
 /// # Examples
 ///
 /// ```
-/// use rtx_ops::conv::{Conv2dOpts, Layout};
-/// use rtx_runtime::Shape;
+/// use rtx::ops::conv::{Conv2dOpts, Layout};
+/// use rtx::Shape;
 ///
 /// let opts = Conv2dOpts::default().stride(2).pad(1).layout(Layout::Nhwc);
 /// // x [n, h, w, c_in], w [c_out, kh, kw, c_in/groups]
 /// let p = opts.params(&Shape::new(vec![2, 9, 9, 4]), &Shape::new(vec![8, 3, 3, 4]))?;
 /// assert_eq!(p.out_hw(), (5, 5));
-/// # Ok::<(), rtx_runtime::Error>(())
+/// # Ok::<(), rtx::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Conv2dOpts {

@@ -20,6 +20,10 @@
 //! The same key on any stream gives the same algorithm (the heuristic is a pure
 //! function of the problem), so a GEMM gives bit-identical results on every stream.
 
+pub(crate) mod device;
+pub(crate) mod epilogue;
+mod lt;
+
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,11 +34,10 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Element, Error, Result};
 
-use super::cpu::Activation;
-use super::device::{alignment, cublas_error, dptr, dptr_mut, require_library};
-use super::epilogue;
-use super::lt::{LtHandle, LtPlan, PlanKey, Ptrs};
+use self::device::{alignment, cublas_error, dptr, dptr_mut, require_library};
+use self::lt::{LtHandle, LtPlan, PlanKey, Ptrs};
 use super::shape::GemmDims;
+use super::Activation;
 use crate::kernels::alloc_out;
 
 static PLAN_HITS: AtomicU64 = AtomicU64::new(0);

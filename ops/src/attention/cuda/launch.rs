@@ -1,5 +1,5 @@
-//! The launch side of the attention kernels: the `FlashParams` mirror of
-//! `attention_common.cuh`, the kernel table (names, blocks, dynamic shared memory, grids
+//! The launch side of the attention kernels: [`FlashParams`] from a validated call
+//! (the struct itself is `rtx_kernels::launch::FlashParams`), the kernel table (names, blocks, dynamic shared memory, grids
 //! per kernel and head dim: the ABI documented at the top of `attention.cu`,
 //! `attention_wgmma.cu` and `attention_wgmma_bwd.cu`), which kernel runs on this device
 //! (the sm_90a ones on compute capability 9.0, with the fallback rules of `cuda.rs`), and
@@ -9,13 +9,12 @@
 use std::collections::HashSet;
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+pub(crate) use rtx_kernels::launch::FlashParams;
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Error, Result};
 
-use super::geometry::{Geometry, MaskLayout};
+use crate::attention::geometry::{Geometry, MaskLayout};
 use crate::kernels::{self, launch_error};
 
 const MODULE: &str = "attention";
@@ -26,70 +25,26 @@ const WGMMA_BWD_MODULE: &str = "attention_wgmma_bwd";
 pub(super) const FWD: &str = "attention";
 pub(super) const BWD: &str = "attention_backward";
 
-/// Mirrors `struct FlashParams` of `attention_common.cuh` field for field: twelve
-/// device pointers, three `long long` mask strides, five `int` sizes, a `float` scale,
-/// the `int` causal flag and an `int` of padding; 152 bytes, 8-aligned, no implicit
-/// padding on either side. Unused pointers are 0 (NULL).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct FlashParams {
-    pub(super) q: u64,
-    pub(super) k: u64,
-    pub(super) v: u64,
-    pub(super) mask: u64,
-    pub(super) o: u64,
-    pub(super) lse: u64,
-    pub(super) dout: u64,
-    pub(super) dsum: u64,
-    pub(super) dq_accum: u64,
-    pub(super) dq: u64,
-    pub(super) dk: u64,
-    pub(super) dv: u64,
-    pub(super) mask_stride_b: i64,
-    pub(super) mask_stride_h: i64,
-    pub(super) mask_stride_q: i64,
-    pub(super) b: i32,
-    pub(super) h: i32,
-    pub(super) h_kv: i32,
-    pub(super) lq: i32,
-    pub(super) lk: i32,
-    pub(super) scale: f32,
-    pub(super) causal: i32,
-    pub(super) pad_: i32,
-}
-
-const _: () = assert!(std::mem::size_of::<FlashParams>() == 152);
-const _: () = assert!(std::mem::align_of::<FlashParams>() == 8);
-
-// SAFETY: `FlashParams` is `repr(C)` with the field types, order and therefore layout
-// of the C struct the kernels take by value (152 bytes, 8-aligned; the size is checked
-// above, each offset by `tests::offsets_match_the_c_header`): `CUdeviceptr` (u64) for
-// each `void*`, i64 for `long long`, i32 for `int`, f32 for `float`. It is plain old
-// data, valid for any bit pattern.
-unsafe impl DeviceRepr for FlashParams {}
-
-impl FlashParams {
-    /// Sizes, flags and mask strides of `g`; every pointer NULL.
-    pub(super) fn new(g: &Geometry) -> Self {
-        let p = &g.p;
-        // The sizes fit `int` and the strides `long long`: checked at submit.
-        let MaskLayout { stride_b, stride_h } = g.mask.unwrap_or(MaskLayout {
-            stride_b: 0,
-            stride_h: 0,
-        });
-        FlashParams {
-            mask_stride_b: stride_b as i64,
-            mask_stride_h: stride_h as i64,
-            mask_stride_q: if g.mask.is_some() { p.lk as i64 } else { 0 },
-            b: p.b as i32,
-            h: p.h as i32,
-            h_kv: p.h_kv as i32,
-            lq: p.lq as i32,
-            lk: p.lk as i32,
-            scale: p.scale,
-            causal: p.causal as i32,
-            ..FlashParams::default()
-        }
+/// The [`FlashParams`] of `g`: sizes, flags and mask strides; every pointer NULL.
+pub(super) fn flash_params(g: &Geometry) -> FlashParams {
+    let p = &g.p;
+    // The sizes fit `int` and the strides `long long`: checked at submit.
+    let MaskLayout { stride_b, stride_h } = g.mask.unwrap_or(MaskLayout {
+        stride_b: 0,
+        stride_h: 0,
+    });
+    FlashParams {
+        mask_stride_b: stride_b as i64,
+        mask_stride_h: stride_h as i64,
+        mask_stride_q: if g.mask.is_some() { p.lk as i64 } else { 0 },
+        b: p.b as i32,
+        h: p.h as i32,
+        h_kv: p.h_kv as i32,
+        lq: p.lq as i32,
+        lk: p.lk as i32,
+        scale: p.scale,
+        causal: p.causal as i32,
+        ..FlashParams::default()
     }
 }
 
@@ -295,7 +250,7 @@ fn configure(
             kernel.op(),
             format!(
                 "{name} allows {max_threads} threads per block but is launched with {}: \
-                 {}.cu and ops/src/attention/cuda.rs disagree on the launch",
+                 {}.cu and ops/src/attention/cuda/ disagree on the launch",
                 kernel.threads(d),
                 kernel.module()
             ),
@@ -349,72 +304,7 @@ impl Launch {
 
 #[cfg(test)]
 mod tests {
-    use std::mem::offset_of;
-
     use super::*;
-
-    /// The `ATTN_CHECK_OFFSET(field, offset)` lines of `attention_common.cuh`.
-    fn header_offsets() -> Vec<(String, usize)> {
-        let header = rtx_kernels::headers()
-            .iter()
-            .find(|h| h.name == "attention_common.cuh")
-            .expect("attention_common.cuh is built into rtx-kernels");
-        header
-            .source
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("ATTN_CHECK_OFFSET("))
-            .filter_map(|l| l.split_once(')'))
-            .map(|(args, _)| {
-                let (f, off) = args.split_once(',').expect("field, offset");
-                (f.trim().to_string(), off.trim().parse().expect("offset"))
-            })
-            .collect()
-    }
-
-    #[test]
-    fn offsets_match_the_c_header() {
-        let rust: [(&str, usize); 23] = [
-            ("q", offset_of!(FlashParams, q)),
-            ("k", offset_of!(FlashParams, k)),
-            ("v", offset_of!(FlashParams, v)),
-            ("mask", offset_of!(FlashParams, mask)),
-            ("o", offset_of!(FlashParams, o)),
-            ("lse", offset_of!(FlashParams, lse)),
-            ("dout", offset_of!(FlashParams, dout)),
-            ("dsum", offset_of!(FlashParams, dsum)),
-            ("dq_accum", offset_of!(FlashParams, dq_accum)),
-            ("dq", offset_of!(FlashParams, dq)),
-            ("dk", offset_of!(FlashParams, dk)),
-            ("dv", offset_of!(FlashParams, dv)),
-            ("mask_stride_b", offset_of!(FlashParams, mask_stride_b)),
-            ("mask_stride_h", offset_of!(FlashParams, mask_stride_h)),
-            ("mask_stride_q", offset_of!(FlashParams, mask_stride_q)),
-            ("B", offset_of!(FlashParams, b)),
-            ("H", offset_of!(FlashParams, h)),
-            ("Hkv", offset_of!(FlashParams, h_kv)),
-            ("Lq", offset_of!(FlashParams, lq)),
-            ("Lk", offset_of!(FlashParams, lk)),
-            ("scale", offset_of!(FlashParams, scale)),
-            ("causal", offset_of!(FlashParams, causal)),
-            ("pad_", offset_of!(FlashParams, pad_)),
-        ];
-        // The offsets documented at the top of attention.cu.
-        let documented = [
-            0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 124, 128, 132, 136,
-            140, 144, 148,
-        ];
-        for ((name, off), doc) in rust.iter().zip(documented) {
-            assert_eq!(*off, doc, "FlashParams::{name}");
-        }
-        let header = header_offsets();
-        let names: Vec<&str> = header.iter().map(|(n, _)| n.as_str()).collect();
-        let ours: Vec<&str> = rust.iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, ours, "the C struct's fields, in order");
-        for ((name, off), (_, c)) in rust.iter().zip(&header) {
-            assert_eq!(off, c, "FlashParams::{name} vs attention_common.cuh");
-        }
-        assert_eq!(std::mem::size_of::<FlashParams>(), 152);
-    }
 
     /// The number after `{cfg}::{field} == ` in a static_assert of program `module`.
     fn asserted(module: &str, cfg: &str, field: &str) -> u32 {
@@ -480,7 +370,7 @@ mod tests {
 
     #[test]
     fn params_from_geometry() {
-        use crate::attention::cpu::{AttnParams, MaskKind};
+        use crate::attention::{AttnParams, MaskKind};
         let g = Geometry {
             p: AttnParams {
                 b: 2,
@@ -498,7 +388,7 @@ mod tests {
                 stride_h: 17 * 33,
             }),
         };
-        let f = FlashParams::new(&g);
+        let f = flash_params(&g);
         assert_eq!((f.b, f.h, f.h_kv, f.lq, f.lk), (2, 4, 2, 17, 33));
         assert_eq!(
             (f.mask_stride_b, f.mask_stride_h, f.mask_stride_q),

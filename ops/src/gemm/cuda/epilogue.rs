@@ -1,52 +1,20 @@
-//! The in-place bias + activation kernel (`epilogue.cu`), compiled by NVRTC through
-//! `rtx-kernels`' CUBIN cache and loaded once per stream.
+//! The in-place bias + activation kernel (`kernels/cuda/epilogue.cu`), compiled by NVRTC
+//! through `rtx-kernels`' CUBIN cache and loaded once per stream.
 //!
 //! Used where a library cannot fuse the epilogue: `linear` on the cuBLAS fallback path,
-//! and `conv2d` with a bias or an activation (see `conv/cuda.rs` for why cuDNN's own
+//! and `conv2d` with a bias or an activation (see `conv/cuda/mod.rs` for why cuDNN's own
 //! fused call is not used).
 
-use std::collections::HashMap;
-
-use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
-use rtx_kernels::{Arch, KernelCache, KernelSource, Options};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Element, Error, Result};
 
-use super::cpu::Activation;
 use super::device::dptr;
-use crate::kernels::{config, grid, launch_error, BLOCK};
+use crate::gemm::Activation;
+use crate::kernels::{self, config, grid, launch_error, BLOCK};
 
-/// The kernel program (its own NVRTC program; only CUDA headers included).
-static SOURCE: KernelSource = KernelSource {
-    name: "ops_bias_act",
-    source: include_str!("epilogue.cu"),
-};
-
-/// This stream's loaded kernels, by dtype (no string keys on the hot path).
-#[derive(Default)]
-struct Loaded(HashMap<DType, CudaFunction>);
-
-/// The kernel `name` for `dtype`, loaded once per stream (compiled once per device and
-/// architecture through the CUBIN cache).
-fn function(scx: &mut StreamCx, dtype: DType, name: &str) -> Result<CudaFunction> {
-    if let Some(f) = scx.ext::<Loaded>(|_| Ok(Loaded::default()))?.0.get(&dtype) {
-        return Ok(f.clone());
-    }
-    let f = scx.function(SOURCE.name, name, |(major, minor)| {
-        let arch = Arch::new(major.max(0) as u32, minor.max(0) as u32);
-        KernelCache::global()
-            .cubin_for(&SOURCE, arch, &Options::default())
-            .map_err(|e| Error::KernelCompile {
-                kernel: SOURCE.name.to_string(),
-                arch: arch.to_string(),
-                log: e.to_string(),
-            })
-    })?;
-    scx.ext::<Loaded>(|_| Ok(Loaded::default()))?
-        .0
-        .insert(dtype, f.clone());
-    Ok(f)
-}
+/// The kernel program, `kernels/cuda/epilogue.cu`.
+const MODULE: &str = "epilogue";
 
 /// `y[i] = act(y[i] + bias[(i / inner) % channels])` over all of `y`, enqueued on
 /// `scx`'s stream. `bias` (if any) has `channels` elements.
@@ -68,7 +36,7 @@ pub(crate) fn bias_act<T: Element>(
         DType::BF16 => "bias_act_bf16",
         other => return Err(Error::dtype("bias_act", DType::F32, other)),
     };
-    let f = function(scx, T::DTYPE, name)?;
+    let f = kernels::function(scx, MODULE, 0, T::DTYPE, || name.to_owned())?;
     let stream = scx.stream().clone();
     let n = y.len() as u64;
     let cfg = config(grid(scx, y.len().div_ceil(BLOCK as usize)), 0);
@@ -104,6 +72,7 @@ pub(crate) fn bias_act<T: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rtx_kernels::{Arch, Options};
 
     /// The kernel compiles to CUBIN for Hopper, without spills (skipped without NVRTC:
     /// `.ci/nvrtc-setup` installs it).
@@ -113,8 +82,9 @@ mod tests {
             eprintln!("nvrtc: skipped (not installed)");
             return;
         }
+        let source = rtx_kernels::source(MODULE).expect("epilogue.cu is built in");
         let c = rtx_kernels::compile(
-            &SOURCE,
+            source,
             Arch::SM_90,
             &Options {
                 verbose: true,

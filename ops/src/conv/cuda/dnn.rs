@@ -14,9 +14,9 @@ use cudarc::cudnn::sys;
 use cudarc::driver::CudaStream;
 use rtx_runtime::{DType, Result};
 
-use super::cpu::{Conv2dParams, Layout};
 pub(crate) use super::perf::Filter;
 use super::perf::{pick, zeroed, DATA_ALGOS, FILTER_ALGOS, FWD_ALGOS};
+use crate::conv::{Conv2dParams, Layout};
 use crate::gemm::device::cudnn_error;
 
 use sys::cudnnConvolutionBwdDataAlgo_t as DataAlgo;

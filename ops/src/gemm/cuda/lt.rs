@@ -21,8 +21,8 @@ use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
 use rtx_runtime::{DType, Result};
 
-use super::cpu::Activation;
 use super::device::cublas_error;
+use crate::gemm::Activation;
 
 use sys::cublasLtMatmulDescAttributes_t as DescAttr;
 use sys::cublasLtMatmulPreferenceAttributes_t as PrefAttr;

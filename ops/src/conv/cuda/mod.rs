@@ -34,8 +34,12 @@
 //! identity (no GELU), identity only with `IMPLICIT_PRECOMP_GEMM` (which would
 //! override the benchmarked algorithm), and restricts dtypes. Instead the forward
 //! convolution is followed by one in-place bias + activation kernel
-//! (`gemm/epilogue.cu`) on the same stream: one extra pass over `y`, any activation,
+//! (`kernels/cuda/epilogue.cu`) on the same stream: one extra pass over `y`, any activation,
 //! any dtype, either layout.
+
+pub(super) mod dnn;
+mod graph;
+mod perf;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,9 +49,9 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Element, Error, Result};
 
-use super::cpu::Conv2dParams;
-use super::dnn::{Choice, ConvDescs, Dir, Filter, Handle, Io};
-use super::graph::{self, GraphPlan};
+use self::dnn::{Choice, ConvDescs, Dir, Filter, Handle, Io};
+use self::graph::GraphPlan;
+use super::Conv2dParams;
 use crate::gemm::device::{dptr, dptr_mut, require_library, scratch};
 use crate::kernels::alloc_out;
 

@@ -2,9 +2,9 @@
 //! of `kernels/cuda/attention_wgmma.cu` (the Hopper forward) and of
 //! `kernels/cuda/attention_wgmma_bwd.cu` (the Hopper backward main kernel, D 128).
 //!
-//! Every kernel takes one `FlashParams` by value; its mirror, the kernel table (grids,
-//! blocks, dynamic shared memory: the ABI documented at the top of each `.cu` file) and
-//! the per-stream state are in `launch.rs`. The backward's f32 workspace (dq_accum, then
+//! Every kernel takes one `FlashParams` (`rtx_kernels::launch`) by value; the kernel
+//! table (grids, blocks, dynamic shared memory: the ABI documented at the top of each
+//! `.cu` file) and the per-stream state are in `launch.rs`. The backward's f32 workspace (dq_accum, then
 //! dsum) is kept per stream for the next call: every use of it is ordered on that one
 //! stream, and the preprocess kernel rewrites all of it before the other two read it.
 //!
@@ -28,15 +28,18 @@
 //! rules as the forward (its own failure flag per stream; `RTX_ATTN_WGMMA=0` turns it off
 //! too); otherwise it is `attention.cu`'s `flash_bwd_dq_dk_dv_*` (64 keys per block).
 
+mod launch;
+
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
-use super::geometry::Geometry;
-use super::launch::{
-    backward_function, forward_function, function, state, FlashParams, Kernel, BWD, FWD,
+use self::launch::{
+    backward_function, flash_params, forward_function, function, state, FlashParams, Kernel, BWD,
+    FWD,
 };
+use super::geometry::Geometry;
 use crate::gemm::device::{dptr, dptr_mut};
 use crate::kernels;
 
@@ -88,7 +91,7 @@ fn forward_t<T: Element>(
             mask: mp.unwrap_or(0),
             o: op,
             lse: lp,
-            ..FlashParams::new(g)
+            ..flash_params(g)
         };
         let rows = f.kernel.rows_per_block(p.d);
         let grid = (p.lq.div_ceil(rows) as u32, p.h as u32, p.b as u32);
@@ -186,7 +189,7 @@ fn backward_t<T: Element>(
             dq: dqp,
             dk: dkp,
             dv: dvp,
-            ..FlashParams::new(g)
+            ..flash_params(g)
         };
         let rows = p.b * p.h * p.lq;
         let rows_per_block = 256 / (d / 8);

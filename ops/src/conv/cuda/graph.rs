@@ -18,8 +18,8 @@ use std::ffi::c_void;
 use cudarc::cudnn::sys;
 use rtx_runtime::{DType, Result};
 
-use super::cpu::{Conv2dParams, Layout};
 use super::dnn::{check, data_type, Dir, Filter, Handle, Io};
+use crate::conv::{Conv2dParams, Layout};
 
 use sys::cudnnBackendAttributeName_t as Attr;
 use sys::cudnnBackendAttributeType_t as Ty;
