@@ -64,7 +64,7 @@ pub fn time_op<O: Op>(
 /// reached while the next batch is already queued. A sample then measures the steady
 /// state of its batch, not the delay between a marker and the launch of the op behind
 /// it (which counted once per sample when each sample started on an idle device;
-/// `benches/RESULTS.md`, run 37). That is the device time when the host enqueues faster
+/// `docs/performance-notes.md`, "Timing"). That is the device time when the host enqueues faster
 /// than the device runs, and the host's enqueue rate (throughput) when it does not. The
 /// PyTorch baseline (`time_cuda` in `torch_baseline.py`) lays its samples out the same
 /// way; its `graph_ms` (CUDA-graph replays) is PyTorch's device time without its host.

@@ -1,7 +1,7 @@
 //! The harness's multi-stream workload (8 chains × 200 steps of GEMM 256³ bf16 + relu on
-//! 1-8 streams, the "multi-stream thesis") and the cases that investigated it
-//! (`benches/RESULTS.md`, runs 24-33): the same workload through cuBLASLt with no
-//! runtime, and one tiny convolution (cuDNN's first use).
+//! 1-8 streams) and the cases that investigated it (`docs/performance-notes.md`,
+//! "Pinned-memory page faults"): the same workload through cuBLASLt with no runtime, and
+//! one tiny convolution (cuDNN's first use).
 
 use std::time::Instant;
 
@@ -116,7 +116,7 @@ pub fn suite_streams(_rt: &Runtime) {
 }
 
 /// One small convolution (f16 NHWC, 2×16×16×32 → 32, 3×3), for the streams
-/// investigation of `benches/RESULTS.md` (runs 24-29): whether the first cuDNN use in a
+/// investigation (`docs/performance-notes.md`, "Pinned-memory page faults"): whether the first cuDNN use in a
 /// process is what changes the streams suite's time. Prints its time like any case.
 pub fn suite_convtiny(rt: &Runtime) {
     let host = random_f32(2 * 16 * 16 * 32, 12);
@@ -133,12 +133,12 @@ pub fn suite_convtiny(rt: &Runtime) {
     );
 }
 
-/// The streams workload without the runtime (the "raw prototype"): 8 chains ×
+/// The streams workload without the runtime (a raw prototype): 8 chains ×
 /// 200 steps of GEMM 256³ bf16 with the relu epilogue through cuBLASLt, chain c on
 /// stream c % k, one launching thread per stream with its own handle and plan, no
 /// events (the chains are independent). Wall time from the threads' start to the last
 /// stream's synchronize, median of 9 after a warm-up. For the streams investigation
-/// (`benches/RESULTS.md`, runs 24-32): whether the driver's and cuBLASLt's per-call cost
+/// (`docs/performance-notes.md`, "Pinned-memory page faults"): whether the driver's and cuBLASLt's per-call cost
 /// depends on what the process ran before, with the runtime out of the picture.
 pub fn suite_rawstreams(_rt: &Runtime) {
     use cudarc::cublaslt::{result as lt, sys};

@@ -1,6 +1,10 @@
 //! Discovers every `cuda/*.cu` kernel source and `cuda/*.cuh` header and generates the
 //! tables behind `rtx_kernels::sources()` and `rtx_kernels::headers()`, so a new `.cu`
 //! file dropped into `cuda/` is picked up without touching any Rust code.
+//!
+//! Kernels that exist only for tests (`cuda/testing/*.cu`, e.g. `fault.cu`, which traps
+//! on purpose) are added only with the `test-util` feature: a production build does not
+//! contain them.
 
 use std::{env, fs, path::Path};
 
@@ -10,10 +14,16 @@ fn main() {
     // A directory here makes cargo rescan it: an added, removed or edited file reruns us.
     println!("cargo:rerun-if-changed={}", dir.display());
 
+    let testing = dir.join("testing");
+    println!("cargo:rerun-if-changed={}", testing.display());
+    let mut files = list(&dir);
+    if env::var_os("CARGO_FEATURE_TEST_UTIL").is_some() {
+        files.extend(list(&testing));
+    }
+
     let mut sources = Vec::new();
     let mut headers = Vec::new();
-    for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
-        let path = entry.expect("directory entry").path();
+    for path in files {
         println!("cargo:rerun-if-changed={}", path.display());
         let (Some(stem), Some(name), Some(ext)) = (
             path.file_stem().and_then(|s| s.to_str()),
@@ -50,4 +60,13 @@ fn main() {
     );
     let out = Path::new(&env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("sources.rs");
     fs::write(&out, code).unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
+}
+
+/// The files directly in `dir`.
+fn list(dir: &Path) -> Vec<std::path::PathBuf> {
+    fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|path| path.is_file())
+        .collect()
 }

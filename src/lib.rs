@@ -16,6 +16,45 @@
 //! assert_eq!(v, [11.0, 22.0, 33.0]);
 //! ```
 //!
+//! # What is here
+//!
+//! - The runtime (this crate's root): [`Runtime`] and its [`Builder`], [`Tensor`],
+//!   [`Submission`], [`Op`] for writing ops, [`Error`]; the CUDA backend's pieces under
+//!   [`cuda`].
+//! - [`ops`]: the op library, one module per family, each with a CPU and a CUDA
+//!   implementation:
+//!
+//!   | family | ops |
+//!   |---|---|
+//!   | [`ops::elementwise`] | unary [`neg`](ops::neg), [`exp`](ops::exp), [`log`](ops::log), [`sin`](ops::sin), [`cos`](ops::cos), [`sqrt`](ops::sqrt), [`abs`](ops::abs), [`relu`](ops::relu); binary with broadcasting [`add`](ops::add), [`sub`](ops::sub), [`mul`](ops::mul), [`div`](ops::div), [`maximum`](ops::maximum), [`minimum`](ops::minimum); each with an in-place `*_` form ([`add_`](ops::add_), ...) |
+//!   | [`ops::reduce`] | [`sum`](ops::sum), [`mean`](ops::mean), [`prod`](ops::prod), [`max`](ops::max), [`min`](ops::min), [`argmax`](ops::argmax), [`argmin`](ops::argmin): over all elements or one dim (`*_dim`) |
+//!   | [`ops::softmax`](mod@ops::softmax) | [`softmax`](fn@ops::softmax) over the last dim |
+//!   | [`ops::gemm`] | [`matmul`](ops::matmul) (batched, transposed, broadcast batch dims), [`linear`](ops::linear) (+ bias + [`Activation`](ops::Activation)) |
+//!   | [`ops::conv`] | [`conv2d`](ops::conv2d) (NCHW or NHWC; stride, padding, dilation, groups; bias + activation), [`conv2d_backward_data`](ops::conv2d_backward_data), [`conv2d_backward_filter`](ops::conv2d_backward_filter) |
+//!   | [`ops::attention`](mod@ops::attention) | [`attention`](fn@ops::attention) (scaled dot-product; causal, masks, grouped KV heads), [`attention_backward`](ops::attention_backward) |
+//!
+//! - [`scheduler`]: placement policies ([`EarliestFinish`](scheduler::EarliestFinish),
+//!   [`LeastLoaded`](scheduler::LeastLoaded), [`RoundRobin`](scheduler::RoundRobin))
+//!   and the [`CostModel`](scheduler::CostModel) they use.
+//! - [`kernels`]: the CUDA C kernels, their NVRTC build and on-disk CUBIN cache, and
+//!   their launch conventions ([`kernels::launch`]).
+//!
+//! # Dtypes
+//!
+//! Tensors hold [`DType::F32`], [`DType::F16`], [`DType::BF16`], [`DType::I32`] or
+//! [`DType::U32`]. The ops compute on the three float types (accumulating in f32;
+//! [`f16`](struct@f16) and [`bf16`] are the `half` crate's types, re-exported); `argmax`/`argmin`
+//! return `u32` indices. On CUDA, attention takes f16 or bf16 with a head dim of 64 or
+//! 128 (the CPU backend also takes f32 and any head dim). A dtype an op does not take
+//! is an error at submit ([`Error::DTypeMismatch`]).
+//!
+//! # Seeing what ran
+//!
+//! Every op runs inside a `tracing` span named `op` (fields: `kind`, `stream`,
+//! `queue_wait_us`, `run_us`) at debug level. Install any `tracing` subscriber to see
+//! them, e.g. with `tracing-subscriber`:
+//! `tracing_subscriber::fmt().with_max_level(tracing::Level::DEBUG).init()`.
+//!
 //! Ownership rules are enforced by the types. An op that writes in place takes its input
 //! by value, so the caller's handle is gone:
 //!
@@ -54,9 +93,15 @@
 //! let cx = rtx::ExecCx { name: "x" };          // error: private fields
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
 
+#[doc(inline)]
 pub use rtx_kernels as kernels;
+#[doc(inline)]
 pub use rtx_ops as ops;
 pub use rtx_runtime::*;
+#[doc(inline)]
 pub use rtx_scheduler as scheduler;
+pub mod timeline;
+#[doc(inline)]
 pub use rtx_train as train;

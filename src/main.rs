@@ -1,23 +1,64 @@
-//! The `rtx` command line: `rtx info`, `rtx demo`.
+//! The `rtx` command line: `rtx info`, `rtx demo` (`rtx --help` lists them).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use rtx::ops::{elementwise as ew, reduce, softmax};
-use rtx::{block_on, Runtime, Submission, Tensor};
+use rtx::{block_on, Backend, Runtime, Submission, Tensor};
 
-const USAGE: &str = "usage: rtx <info | demo>
-  info   what rtx found: backend, devices, streams, CUDA libraries, NVRTC
-  demo   run a multi-stream DAG of ops on the best backend present and show what ran
-         where and how long (the quickstart)";
+/// rtx: an actor-based multi-stream execution runtime for CUDA GPUs, with a CPU backend.
+///
+/// Each command runs on the backend `--backend` names; by default the best one present
+/// (CUDA when a driver and a device are found, else the CPU backend).
+#[derive(Parser, Debug)]
+#[command(name = "rtx", version, about, long_about)]
+struct Cli {
+    /// The backend to run on.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto, global = true)]
+    backend: BackendArg,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// `--backend` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    /// CUDA when a device is usable, else the CPU.
+    Auto,
+    /// The CPU backend (rayon).
+    Cpu,
+    /// Every CUDA device (an error when there is none).
+    Cuda,
+}
+
+impl BackendArg {
+    fn backend(self) -> Backend {
+        match self {
+            BackendArg::Auto => Backend::Auto,
+            BackendArg::Cpu => Backend::Cpu,
+            BackendArg::Cuda => Backend::Cuda(Vec::new()),
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// What rtx found: backend, devices, streams, CUDA libraries, NVRTC.
+    Info,
+    /// Run a multi-stream DAG of ops on the chosen backend and show what ran
+    /// where and how long (the quickstart).
+    Demo,
+}
 
 fn main() -> ExitCode {
-    let cmd = std::env::args().nth(1).unwrap_or_default();
-    let r = match cmd.as_str() {
-        "info" => info(),
-        "demo" => demo(),
-        _ => {
-            eprintln!("{USAGE}");
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Some(Command::Info) => info(cli.backend.backend()),
+        Some(Command::Demo) => demo(cli.backend.backend()),
+        None => {
+            // No subcommand: the usage on stderr, as a usage error.
+            eprint!("{}", Cli::command().render_help());
             return ExitCode::from(2);
         }
     };
@@ -38,8 +79,8 @@ fn present(f: unsafe fn() -> bool) -> &'static str {
     }
 }
 
-fn info() -> rtx::Result<()> {
-    let rt = Runtime::builder().build()?;
+fn info(backend: Backend) -> rtx::Result<()> {
+    let rt = Runtime::builder().backend(backend).build()?;
     print!("{}", rt.info());
     match rtx::cuda::probe() {
         Ok(n) => println!("CUDA driver: found, {n} device(s)"),
@@ -74,8 +115,9 @@ struct Ran {
 /// Four independent branches, each a short chain of element-wise ops on its own data,
 /// joined by a sum and reduced: the scheduler spreads the branches over the streams and
 /// the join waits on their ready events.
-fn demo() -> rtx::Result<()> {
+fn demo(backend: Backend) -> rtx::Result<()> {
     let rt = Runtime::builder()
+        .backend(backend)
         .streams(4)
         .policy(rtx::scheduler::EarliestFinish::new())
         .build()?;

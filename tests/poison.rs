@@ -13,7 +13,8 @@ use rtx::{
     Backend, BackendCx, Cost, Error, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor, TensorSpec,
 };
 
-/// Launches `fault_trap` (kernels/cuda/fault.cu), which executes `__trap()`.
+/// Launches `fault_trap` (kernels/cuda/testing/fault.cu, built in with the `test-util`
+/// feature), which executes `__trap()`.
 struct Fault(Tensor);
 
 impl Op for Fault {

@@ -46,7 +46,7 @@ struct FlashParams {
 
 // ABI guard: the offsets above are what the Rust #[repr(C)] mirror and the check script use.
 // (NVRTC has no offsetof; the offsets are checked by host builds of this header and, on the
-// device, by the echo kernel of benches/attention_check.py.)
+// device, by the echo kernel of kernels/checks/attention_check.py.)
 static_assert(sizeof(FlashParams) == 152 && alignof(FlashParams) == 8, "FlashParams ABI size");
 #if defined(__GNUC__) && !defined(__CUDACC_RTC__)
 #define ATTN_CHECK_OFFSET(f, off) static_assert(__builtin_offsetof(FlashParams, f) == off, "FlashParams ABI: " #f)

@@ -459,7 +459,7 @@ __device__ __forceinline__ void flash_fwd_wgmma_body(const FlashParams& p, unsig
 // top): BC keys per K/V tile (64 | 128), NWG warpgroups (BR = 64 NWG query rows per block),
 // PIPE (S_j overlapped with P_{j-1} V_{j-1}; 3 V stages instead of 2), ORDER (warpgroups issue
 // their GEMMs in turn), MINB (blocks per SM asked of the compiler: register cap 65536 /
-// (MINB * 128 NWG)). Measured on the H200 (benches/attention_wgmma_check.py, 2026-11-29):
+// (MINB * 128 NWG)). Measured on the H200 (kernels/checks/attention_wgmma_check.py, 2026-11-29):
 // D=128: 2 WG x 128 keys, PIPE, ORDER: 0.71-0.77x SDPA at L >= 4096 (ORDER +3-7%; PIPE on or
 // off within noise); D=64: 2 WG x 64 keys, no PIPE, 2 blocks per SM: 0.80-0.88x (one block
 // of 3 WG: 0.60-0.69x; moving a quarter of exp2 to the FMA pipe: -10%).

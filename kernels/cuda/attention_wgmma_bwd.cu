@@ -445,7 +445,7 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
 //     +34816 bytes) and bulk reductions (cp.reduce.async.bulk .add.f32, one per warp row and
 //     64-column half); 0: red.global.add.v2.f32 from the accumulators (smem 149504 bytes).
 //   ATTN_WGB_DQ_MMA = 1: dQ = dS K with mma.sync + ldmatrix instead of wgmma (same smem).
-// Measured on the H200 (benches/attention_wgmma_check.py --bwd, 2026-11-29; bf16, B*L = 16384,
+// Measured on the H200 (kernels/checks/attention_wgmma_check.py --bwd, 2026-11-29; bf16, B*L = 16384,
 // H = 16, L 4096 / 16384, causal 0/1; all four passed the gradient check): backward
 // (preprocess + this + convert) 292-347 TFLOP/s with BULK (0.57-0.66x SDPA's backward), 286-337
 // with red.v2, 265-319 with the mma.sync dQ; the mma.sync kernel of attention.cu 203-225.

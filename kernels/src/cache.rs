@@ -158,15 +158,15 @@ impl KernelCache {
     /// # Examples
     ///
     /// ```
-    /// use rtx_kernels::{nvrtc_present, Arch, KernelCache, Options};
+    /// use rtx::kernels::{nvrtc_present, Arch, KernelCache, Options};
     /// if nvrtc_present() {
     ///     let cache = KernelCache::in_memory();
-    ///     let cubin = cache.cubin("fault", Arch::SM_90, &Options::default())?;
-    ///     let again = cache.cubin("fault", Arch::SM_90, &Options::default())?;
+    ///     let cubin = cache.cubin("softmax", Arch::SM_90, &Options::default())?;
+    ///     let again = cache.cubin("softmax", Arch::SM_90, &Options::default())?;
     ///     assert!(std::sync::Arc::ptr_eq(&cubin, &again));
     ///     assert_eq!(cache.stats().memory_hits, 1);
     /// }
-    /// # Ok::<(), rtx_kernels::KernelError>(())
+    /// # Ok::<(), rtx::kernels::KernelError>(())
     /// ```
     pub fn cubin(
         &self,

@@ -53,13 +53,13 @@ pub fn nvrtc_version() -> Option<(i32, i32)> {
 /// # Examples
 ///
 /// ```
-/// use rtx_kernels::{compile, nvrtc_present, source, Arch, Options};
+/// use rtx::kernels::{compile, nvrtc_present, source, Arch, Options};
 /// if nvrtc_present() {
-///     let fault = source("fault").unwrap();
-///     let built = compile(fault, Arch::SM_90, &Options::default())?;
+///     let softmax = source("softmax").unwrap();
+///     let built = compile(softmax, Arch::SM_90, &Options::default())?;
 ///     assert!(built.cubin.starts_with(b"\x7fELF"));
 /// }
-/// # Ok::<(), rtx_kernels::KernelError>(())
+/// # Ok::<(), rtx::kernels::KernelError>(())
 /// ```
 pub fn compile(source: &KernelSource, arch: Arch, opts: &Options) -> Result<Compiled, KernelError> {
     nvrtc::probe().map_err(|detail| KernelError::NvrtcMissing { detail })?;

@@ -91,6 +91,7 @@ pub fn entry_points(program: &str) -> Option<Vec<String>> {
             per_dtype(all)
         }
         "softmax" => per_dtype(vec!["softmax".to_owned()]),
+        "epilogue" => per_dtype(vec!["bias_act".to_owned()]),
         "fault" => vec!["fault_trap".to_owned()],
         _ => return None,
     };
@@ -186,10 +187,12 @@ const _: () = assert!(
     std::mem::size_of::<StridedArgs>() == 200,
     "must match the C layout"
 );
+const _: () = assert!(std::mem::align_of::<StridedArgs>() == 8);
 
-// SAFETY: StridedArgs is `repr(C)` plain data (integers only, no pointers), 200 bytes
-// laid out exactly as the C struct the kernels declare, so its bytes are a valid
-// kernel argument.
+// SAFETY: StridedArgs is `repr(C)` plain data (integers only, no pointers), 200 bytes,
+// 8-aligned (4 bytes of padding after `ndim`, as C puts them), laid out exactly as the
+// C struct the `ews_*` kernels take by value, so its bytes are a valid kernel argument
+// for any value.
 unsafe impl cudarc::driver::DeviceRepr for StridedArgs {}
 
 impl StridedArgs {
@@ -200,7 +203,7 @@ impl StridedArgs {
     /// # Examples
     ///
     /// ```
-    /// use rtx_kernels::launch::StridedArgs;
+    /// use rtx::kernels::launch::StridedArgs;
     /// // [4, 1, 3, 5] + a bias of [3, 1] broadcast over dims 0 and 3:
     /// let args = StridedArgs::new(&[4, 1, 3, 5], &[15, 15, 5, 1], &[0, 0, 1, 0]).unwrap();
     /// assert_eq!(args.ndim, 3);
@@ -239,6 +242,74 @@ impl StridedArgs {
         Some(args)
     }
 }
+
+/// The by-value argument of every attention kernel (`attention.cu`,
+/// `attention_wgmma.cu`, `attention_wgmma_bwd.cu`), field for field the C struct
+/// `FlashParams` of `attention_common.cuh`: twelve device pointers, three `long long`
+/// mask strides, five `int` sizes, a `float` scale, the `int` causal flag and an `int`
+/// of padding; 152 bytes, 8-aligned, no implicit padding on either side. Unused
+/// pointers are 0 (NULL). Shapes: q, o, dout, dq `[B, H, Lq, D]`; k, v, dk, dv
+/// `[B, Hkv, Lk, D]`; lse, dsum `[B, H, Lq]` (f32); dq_accum `[B, H, Lq, D]` (f32).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FlashParams {
+    /// Queries.
+    pub q: u64,
+    /// Keys.
+    pub k: u64,
+    /// Values.
+    pub v: u64,
+    /// The additive mask (NULL: none), laid out by the `mask_stride_*` fields.
+    pub mask: u64,
+    /// The output (forward) or the forward's output (backward).
+    pub o: u64,
+    /// Log-sum-exp per query row (forward output, backward input).
+    pub lse: u64,
+    /// The output's gradient (backward).
+    pub dout: u64,
+    /// Backward workspace: `rowsum(dO * O)`.
+    pub dsum: u64,
+    /// Backward workspace: the unscaled dQ in f32.
+    pub dq_accum: u64,
+    /// The queries' gradient (backward).
+    pub dq: u64,
+    /// The keys' gradient (backward).
+    pub dk: u64,
+    /// The values' gradient (backward).
+    pub dv: u64,
+    /// Mask element stride between batches (0: broadcast).
+    pub mask_stride_b: i64,
+    /// Mask element stride between heads (0: broadcast).
+    pub mask_stride_h: i64,
+    /// Mask element stride between query rows (keys are contiguous).
+    pub mask_stride_q: i64,
+    /// Batch size.
+    pub b: i32,
+    /// Query heads.
+    pub h: i32,
+    /// Key/value heads; `h % h_kv == 0`.
+    pub h_kv: i32,
+    /// Query length, at least 1.
+    pub lq: i32,
+    /// Key length, at least 1.
+    pub lk: i32,
+    /// Softmax scale, > 0.
+    pub scale: f32,
+    /// 1: top-left causal (query `i` sees key `j` iff `j <= i`); 0: none.
+    pub causal: i32,
+    /// Unused; keeps the size at 152 bytes.
+    pub pad_: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<FlashParams>() == 152);
+const _: () = assert!(std::mem::align_of::<FlashParams>() == 8);
+
+// SAFETY: `FlashParams` is `repr(C)` with the field types, order and therefore layout
+// of the C struct the kernels take by value (152 bytes, 8-aligned; the size is checked
+// above, each offset by `tests::flash_params_offsets_match_the_c_header`):
+// `CUdeviceptr` (u64) for each `void*`, i64 for `long long`, i32 for `int`, f32 for
+// `float`. It is plain old data, valid for any bit pattern.
+unsafe impl cudarc::driver::DeviceRepr for FlashParams {}
 
 #[cfg(test)]
 mod tests {
@@ -293,5 +364,90 @@ mod tests {
         let red = entry_points("reduce").unwrap();
         assert!(red.contains(&"argreduce_dim_argmin_f16".to_owned()));
         assert!(entry_points("attention").is_none());
+    }
+
+    #[test]
+    fn strided_args_match_the_c_layout() {
+        use std::mem::{align_of, offset_of, size_of};
+        // struct StridedArgs { int ndim; long long shape[8]; long long sa[8]; long long sb[8]; }
+        assert_eq!(size_of::<StridedArgs>(), 8 + 3 * 8 * 8);
+        assert_eq!(align_of::<StridedArgs>(), 8);
+        assert_eq!(
+            (
+                offset_of!(StridedArgs, shape),
+                offset_of!(StridedArgs, sa),
+                offset_of!(StridedArgs, sb)
+            ),
+            (8, 72, 136)
+        );
+        let cu = crate::source("elementwise").expect("elementwise.cu is built in");
+        let decl = "struct StridedArgs {\n    int ndim;\n    long long shape[8];\n    \
+                    long long sa[8];\n    long long sb[8];\n};";
+        assert!(cu.source.contains(decl), "elementwise.cu declares {decl}");
+    }
+
+    /// The `ATTN_CHECK_OFFSET(field, offset)` lines of `attention_common.cuh`.
+    fn header_offsets() -> Vec<(String, usize)> {
+        let header = crate::headers()
+            .iter()
+            .find(|h| h.name == "attention_common.cuh")
+            .expect("attention_common.cuh is built in");
+        header
+            .source
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("ATTN_CHECK_OFFSET("))
+            .filter_map(|l| l.split_once(')'))
+            .map(|(args, _)| {
+                let (f, off) = args.split_once(',').expect("field, offset");
+                (f.trim().to_string(), off.trim().parse().expect("offset"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn flash_params_offsets_match_the_c_header() {
+        use std::mem::offset_of;
+        let rust: [(&str, usize); 23] = [
+            ("q", offset_of!(FlashParams, q)),
+            ("k", offset_of!(FlashParams, k)),
+            ("v", offset_of!(FlashParams, v)),
+            ("mask", offset_of!(FlashParams, mask)),
+            ("o", offset_of!(FlashParams, o)),
+            ("lse", offset_of!(FlashParams, lse)),
+            ("dout", offset_of!(FlashParams, dout)),
+            ("dsum", offset_of!(FlashParams, dsum)),
+            ("dq_accum", offset_of!(FlashParams, dq_accum)),
+            ("dq", offset_of!(FlashParams, dq)),
+            ("dk", offset_of!(FlashParams, dk)),
+            ("dv", offset_of!(FlashParams, dv)),
+            ("mask_stride_b", offset_of!(FlashParams, mask_stride_b)),
+            ("mask_stride_h", offset_of!(FlashParams, mask_stride_h)),
+            ("mask_stride_q", offset_of!(FlashParams, mask_stride_q)),
+            ("B", offset_of!(FlashParams, b)),
+            ("H", offset_of!(FlashParams, h)),
+            ("Hkv", offset_of!(FlashParams, h_kv)),
+            ("Lq", offset_of!(FlashParams, lq)),
+            ("Lk", offset_of!(FlashParams, lk)),
+            ("scale", offset_of!(FlashParams, scale)),
+            ("causal", offset_of!(FlashParams, causal)),
+            ("pad_", offset_of!(FlashParams, pad_)),
+        ];
+        // The offsets documented in the struct's comment in attention_common.cuh.
+        let documented = [
+            0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 124, 128, 132, 136,
+            140, 144, 148,
+        ];
+        for ((name, off), doc) in rust.iter().zip(documented) {
+            assert_eq!(*off, doc, "FlashParams::{name}");
+        }
+        let header = header_offsets();
+        let names: Vec<&str> = header.iter().map(|(n, _)| n.as_str()).collect();
+        let ours: Vec<&str> = rust.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ours, "the C struct's fields, in order");
+        for ((name, off), (_, c)) in rust.iter().zip(&header) {
+            assert_eq!(off, c, "FlashParams::{name} vs attention_common.cuh");
+        }
+        assert_eq!(std::mem::size_of::<FlashParams>(), 152);
+        assert_eq!(std::mem::align_of::<FlashParams>(), 8);
     }
 }

@@ -3,7 +3,8 @@
 //! without compiling.
 //!
 //! - [`sources`] / [`source`]: every `kernels/cuda/*.cu` file, found by `build.rs`, so a
-//!   new `.cu` file needs no Rust change. Headers (`*.cuh`) in that folder are given to
+//!   new `.cu` file needs no Rust change (the test-only `kernels/cuda/testing/*.cu`
+//!   only with the `test-util` feature). Headers (`kernels/cuda/*.cuh`) are given to
 //!   NVRTC as named headers: `#include "common.cuh"` works. Programs are compiled for the
 //!   portable target (`sm_90`), except those with an [`ARCH_SPECIFIC_MARKER`] line
 //!   (`attention_wgmma`, which needs `wgmma`), always compiled for `sm_90a`.
@@ -24,12 +25,12 @@
 //! # Examples
 //!
 //! ```
-//! use rtx_kernels::{nvrtc_present, Arch, KernelCache, Options};
+//! use rtx::kernels::{nvrtc_present, Arch, KernelCache, Options};
 //! if nvrtc_present() {
 //!     let cubin = KernelCache::global().cubin("softmax", Arch::SM_90, &Options::default())?;
 //!     assert!(cubin.starts_with(b"\x7fELF"));
 //! }
-//! # Ok::<(), rtx_kernels::KernelError>(())
+//! # Ok::<(), rtx::kernels::KernelError>(())
 //! ```
 //!
 #![doc = include_str!("../KERNELS.md")]

@@ -32,9 +32,9 @@ impl KernelSource {
     /// # Examples
     ///
     /// ```
-    /// let wgmma = rtx_kernels::source("attention_wgmma").unwrap();
+    /// let wgmma = rtx::kernels::source("attention_wgmma").unwrap();
     /// assert!(wgmma.arch_specific());
-    /// assert!(!rtx_kernels::source("attention").unwrap().arch_specific());
+    /// assert!(!rtx::kernels::source("attention").unwrap().arch_specific());
     /// ```
     pub fn arch_specific(&self) -> bool {
         self.source
@@ -58,12 +58,13 @@ impl KernelSource {
 
 include!(concat!(env!("OUT_DIR"), "/sources.rs"));
 
-/// Every kernel program in `kernels/cuda/*.cu`, sorted by name.
+/// Every kernel program in `kernels/cuda/*.cu` (and, with the `test-util` feature,
+/// `kernels/cuda/testing/*.cu`), sorted by name.
 ///
 /// # Examples
 ///
 /// ```
-/// let names: Vec<_> = rtx_kernels::sources().iter().map(|s| s.name).collect();
+/// let names: Vec<_> = rtx::kernels::sources().iter().map(|s| s.name).collect();
 /// assert!(names.contains(&"elementwise"));
 /// ```
 pub fn sources() -> &'static [KernelSource] {
@@ -75,9 +76,9 @@ pub fn sources() -> &'static [KernelSource] {
 /// # Examples
 ///
 /// ```
-/// let softmax = rtx_kernels::source("softmax").expect("softmax.cu is built in");
+/// let softmax = rtx::kernels::source("softmax").expect("softmax.cu is built in");
 /// assert!(softmax.source.contains("softmax_"));
-/// assert!(rtx_kernels::source("no_such_kernel").is_none());
+/// assert!(rtx::kernels::source("no_such_kernel").is_none());
 /// ```
 pub fn source(name: &str) -> Option<&'static KernelSource> {
     SOURCES.iter().find(|s| s.name == name)
@@ -151,9 +152,11 @@ mod tests {
 
     #[test]
     fn every_program_is_listed_and_named_by_its_stem() {
-        for name in ["elementwise", "reduce", "softmax", "fault"] {
+        for name in ["elementwise", "reduce", "softmax", "epilogue"] {
             assert!(source(name).is_some(), "{name}.cu missing from sources()");
         }
+        // The test-only kernel exists exactly with the `test-util` feature.
+        assert_eq!(source("fault").is_some(), cfg!(feature = "test-util"));
         assert!(sources().windows(2).all(|w| w[0].name < w[1].name));
     }
 }

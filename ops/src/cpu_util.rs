@@ -3,6 +3,10 @@
 //!
 //! Every CPU kernel is written once, generic over [`Float`]. Storage types narrower
 //! than f32 are widened on load and rounded once on store.
+//!
+//! Crate-private: [`Float`] and [`FloatKind`] are re-exported at the crate root (the
+//! public CPU kernels are generic over them), and `Float` is sealed: only f32, f16 and
+//! bf16 implement it.
 
 use std::borrow::Cow;
 use std::fmt::Debug;
@@ -11,11 +15,11 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// Work (elements) per rayon task for element-wise and reduction kernels.
-pub const PAR_CHUNK: usize = 64 * 1024;
+pub(crate) const PAR_CHUNK: usize = 64 * 1024;
 
 /// Below this many elements a kernel runs serially on the calling thread: a rayon
 /// dispatch costs a few microseconds, more than the work itself.
-pub const PAR_MIN_LEN: usize = 64 * 1024;
+pub(crate) const PAR_MIN_LEN: usize = 64 * 1024;
 
 /// Which concrete type implements [`Float`]; lets a kernel pick a native path
 /// (for instance `gemm`'s f32 and f16 kernels) without `TypeId` tricks.
@@ -31,7 +35,9 @@ pub enum FloatKind {
 
 /// A floating-point storage element: f32, f16 or bf16. Kernels compute in f32
 /// (or f64 where they accumulate) and round once when they store.
-pub trait Float: Copy + Send + Sync + Default + PartialOrd + Debug + 'static {
+pub trait Float:
+    sealed::Sealed + Copy + Send + Sync + Default + PartialOrd + Debug + 'static
+{
     /// The concrete type.
     const KIND: FloatKind;
     /// Widens to f32 (exact for all three types).
@@ -55,6 +61,14 @@ pub trait Float: Copy + Send + Sync + Default + PartialOrd + Debug + 'static {
     fn as_f32_slice_mut(_s: &mut [Self]) -> Option<&mut [f32]> {
         None
     }
+}
+
+mod sealed {
+    /// Keeps [`Float`](super::Float) to the three types below.
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
 }
 
 impl Float for f32 {
@@ -114,7 +128,7 @@ impl Float for bf16 {
 }
 
 /// Widens `x` to f32, in parallel for large inputs.
-pub fn to_f32_vec<T: Float>(x: &[T]) -> Vec<f32> {
+pub(crate) fn to_f32_vec<T: Float>(x: &[T]) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
     if x.len() < PAR_MIN_LEN {
         out.iter_mut().zip(x).for_each(|(o, v)| *o = v.to_f32());
@@ -127,7 +141,7 @@ pub fn to_f32_vec<T: Float>(x: &[T]) -> Vec<f32> {
 }
 
 /// `x` as f32: borrowed when `T` is f32, a widened copy otherwise.
-pub fn to_f32_cow<T: Float>(x: &[T]) -> Cow<'_, [f32]> {
+pub(crate) fn to_f32_cow<T: Float>(x: &[T]) -> Cow<'_, [f32]> {
     match T::as_f32_slice(x) {
         Some(s) => Cow::Borrowed(s),
         None => Cow::Owned(to_f32_vec(x)),
@@ -135,7 +149,7 @@ pub fn to_f32_cow<T: Float>(x: &[T]) -> Cow<'_, [f32]> {
 }
 
 /// Rounds `src` into `dst` (same length), in parallel for large inputs.
-pub fn store_f32<T: Float>(src: &[f32], dst: &mut [T]) {
+pub(crate) fn store_f32<T: Float>(src: &[f32], dst: &mut [T]) {
     debug_assert_eq!(src.len(), dst.len());
     if dst.len() < PAR_MIN_LEN {
         dst.iter_mut()
@@ -151,7 +165,7 @@ pub fn store_f32<T: Float>(src: &[f32], dst: &mut [T]) {
 /// Runs `f` on `y` viewed as f32: `y` itself when `T` is f32, otherwise a
 /// zero-filled f32 scratch buffer that is rounded into `y` afterwards. `f` must
 /// write every element: it cannot rely on what the buffer holds on entry.
-pub fn with_f32_out<T: Float, R>(y: &mut [T], f: impl FnOnce(&mut [f32]) -> R) -> R {
+pub(crate) fn with_f32_out<T: Float, R>(y: &mut [T], f: impl FnOnce(&mut [f32]) -> R) -> R {
     if let Some(s) = T::as_f32_slice_mut(y) {
         return f(s);
     }
@@ -164,7 +178,7 @@ pub fn with_f32_out<T: Float, R>(y: &mut [T], f: impl FnOnce(&mut [f32]) -> R) -
 /// Calls `f(i, a_i, b_i)` for the `i`-th chunks of `a` (chunks of `ca`) and `b`
 /// (chunks of `cb`), with rayon when `par`, in order on this thread otherwise.
 /// Both slices must split into the same number of chunks; `ca` and `cb` > 0.
-pub fn for_chunk_pairs<A: Send, B: Send>(
+pub(crate) fn for_chunk_pairs<A: Send, B: Send>(
     a: &mut [A],
     ca: usize,
     b: &mut [B],

@@ -11,10 +11,10 @@
 //!
 //! # Poisoned outputs
 //!
-//! CUDA outputs are uninitialized memory. With [`set_poison_outputs`]`(true)` (or
-//! `RTX_POISON_OUTPUTS=1` in the environment) every freshly allocated output is filled
-//! with `0xFF` bytes first (NaN for floats, `u32::MAX` for indices), and CPU outputs with
-//! NaN, so a test catches any element an op forgets to write.
+//! CUDA outputs are uninitialized memory. With `set_poison_outputs(true)` (feature
+//! `test-util`) or `RTX_POISON_OUTPUTS=1` in the environment, every freshly allocated
+//! output is filled with `0xFF` bytes first (NaN for floats, `u32::MAX` for indices), and
+//! CPU outputs with NaN, so a test catches any element an op forgets to write.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,11 +29,10 @@ use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
 use crate::cpu_util::Float;
 
-/// Threads per block of every rtx kernel (`RTX_BLOCK` in `common.cuh`).
-pub(crate) const BLOCK: u32 = 256;
-
-/// Resident 256-thread blocks per SM used to cap grid-stride grids (2048 threads/SM).
-pub(crate) const BLOCKS_PER_SM: u32 = 8;
+// The launch ABI of the built-in kernels (block size, grid caps, argument structs) is
+// defined once, in `rtx_kernels::launch`; these are its names here.
+pub(crate) use rtx_kernels::launch::MAX_BLOCKS_PER_SM as BLOCKS_PER_SM;
+pub(crate) use rtx_kernels::launch::{self, BLOCK};
 
 /// Runs `$body` with `$t` a type alias for the element type of the float dtype `$dtype`
 /// (f32, f16, bf16); any other dtype is `Error::DTypeMismatch` for op `$op`.
@@ -75,9 +74,9 @@ pub(crate) fn check_float(op: &str, dtype: DType) -> Result<()> {
 
 static DONATIONS: AtomicU64 = AtomicU64::new(0);
 
-/// Test hook: how many ops of this crate have written into a donated input's memory
-/// (process-wide, since start).
-#[doc(hidden)]
+/// Test hook (feature `test-util`): how many ops of this crate have written into a
+/// donated input's memory (process-wide, since start).
+#[cfg(feature = "test-util")]
 pub fn donations() -> u64 {
     DONATIONS.load(Ordering::Relaxed)
 }
@@ -93,15 +92,16 @@ pub(crate) fn count_donation<T>(donated: &Option<T>) {
 
 static POISON: AtomicBool = AtomicBool::new(false);
 
-/// Test hook: when on, ops fill every freshly allocated output with NaN (`0xFF` bytes on
-/// CUDA) before computing it, so an element an op fails to write shows up in a parity
-/// test. Also turned on by `RTX_POISON_OUTPUTS=1`. Costs one memset per output.
-#[doc(hidden)]
+/// Test hook (feature `test-util`): when on, ops fill every freshly allocated output
+/// with NaN (`0xFF` bytes on CUDA) before computing it, so an element an op fails to
+/// write shows up in a parity test. Also turned on by `RTX_POISON_OUTPUTS=1`. Costs one
+/// memset per output.
+#[cfg(feature = "test-util")]
 pub fn set_poison_outputs(on: bool) {
     POISON.store(on, Ordering::Relaxed);
 }
 
-/// Whether outputs are poisoned (see [`set_poison_outputs`]).
+/// Whether outputs are poisoned (see `set_poison_outputs`).
 pub(crate) fn poisoning() -> bool {
     static ENV: OnceLock<bool> = OnceLock::new();
     POISON.load(Ordering::Relaxed)
@@ -211,17 +211,37 @@ fn kernel_error(module: &str, arch: Arch, e: KernelError) -> Error {
 
 // ---- launch geometry -------------------------------------------------------------------
 
-/// A grid-stride grid: `blocks` wanted, capped at the blocks the device keeps resident.
-pub(crate) fn grid(scx: &StreamCx, blocks: usize) -> u32 {
-    let cap = (scx.sm_count() * BLOCKS_PER_SM) as usize;
-    blocks.clamp(1, cap) as u32
+/// Blocks of [`BLOCK`] threads the device keeps resident at [`BLOCKS_PER_SM`] per SM
+/// ([`launch::resident_blocks`]): the cap of every grid-stride grid.
+pub(crate) fn resident(scx: &StreamCx) -> u32 {
+    launch::resident_blocks(scx.sm_count(), BLOCKS_PER_SM)
 }
 
-/// The grid for an element-wise kernel over `n` elements of `elem` bytes: each thread
-/// handles 4 vectors of 16 bytes per step.
+/// A grid-stride grid: `blocks` wanted, capped at the blocks the device keeps resident.
+pub(crate) fn grid(scx: &StreamCx, blocks: usize) -> u32 {
+    blocks.clamp(1, resident(scx) as usize) as u32
+}
+
+/// The element type of the built-in kernels for a float `dtype` (`None` otherwise).
+pub(crate) fn kernel_dtype(dtype: DType) -> Option<launch::Dtype> {
+    match dtype {
+        DType::F32 => Some(launch::Dtype::F32),
+        DType::F16 => Some(launch::Dtype::F16),
+        DType::BF16 => Some(launch::Dtype::Bf16),
+        _ => None,
+    }
+}
+
+/// The grid for an element-wise kernel over `n` elements of `elem` bytes (2 or 4)
+/// ([`launch::elementwise_grid`]: each thread handles 4 vectors of 16 bytes per step).
 pub(crate) fn elementwise_grid(scx: &StreamCx, n: usize, elem: usize) -> u32 {
-    let per_block = BLOCK as usize * 4 * (16 / elem).max(1);
-    grid(scx, n.div_ceil(per_block))
+    // Only the vector width (16 / elem) matters: f16 and bf16 share it.
+    let dtype = if elem == 4 {
+        launch::Dtype::F32
+    } else {
+        launch::Dtype::F16
+    };
+    launch::elementwise_grid(n, dtype, resident(scx))
 }
 
 /// A one-dimensional launch of `grid` blocks of [`BLOCK`] threads.

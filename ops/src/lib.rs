@@ -1,18 +1,38 @@
 //! rtx-ops: the op library of rtx.
 //!
-//! One module per family — [`elementwise`], [`reduce`], [`softmax`], [`gemm`], [`conv`],
-//! [`attention`] — each with its validation (at submit time), its CPU implementation
-//! (`cpu.rs`, also the reference) and its CUDA implementation. The common constructors are
-//! re-exported here: `rtx_ops::add(&a, &b)`, `rtx_ops::matmul(&a, &b)`, ...
+//! One module per family — [`elementwise`], [`reduce`], [`softmax`](mod@softmax),
+//! [`gemm`], [`conv`], [`attention`](mod@attention) — each with its validation (at
+//! submit time), its CPU implementation (also the reference) and its CUDA
+//! implementation. The common constructors are re-exported here:
+//! `rtx::ops::add(&a, &b)`, `rtx::ops::matmul(&a, &b)`, ...
 //!
 //! Ops that take an input by value (the `*_` forms, e.g. [`add_`], [`relu_`]) may write
 //! into that input's memory when the handle they were given is the last one; otherwise
 //! they allocate. The result is the same either way.
+//!
+//! # Layout of a family
+//!
+//! Every family is a folder `src/<family>/` with the same three parts:
+//!
+//! | file | holds |
+//! |---|---|
+//! | `mod.rs` | the family's public face: its parameter types (`Activation`, `Conv2dParams`, `AttnParams`, the op kinds), the op structs and their constructors, validation (`plan`, at submit) and the one `match` on the backend in `run` |
+//! | `cpu.rs` (or `cpu.rs` + `cpu/`) | the CPU kernels, public as the reference implementation; they re-export the parameter types they take |
+//! | `cuda.rs` (or `cuda/mod.rs` + `cuda/`) | the CUDA side: kernel launches, library (cuBLAS, cuDNN) state and plans; crate-private |
+//!
+//! A family whose front end outgrows `mod.rs` moves its submit-time rules into one
+//! sibling file named for them (`gemm/shape.rs`, `conv/shape.rs`,
+//! `attention/geometry.rs`). The CUDA C of every kernel is in `kernels/cuda/*.cu` (the
+//! `rtx-kernels` crate), and its launch ABI — block size, grid caps, by-value argument
+//! structs — in `rtx_kernels::launch`; a family's `cuda.rs` launches through it and
+//! through the helpers of this crate's private `kernels.rs` (function cache, output
+//! allocation and poisoning, launch configuration). `docs/writing-an-op.md` walks
+//! through a new op.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod attention;
 pub mod conv;
-pub mod cpu_util;
+mod cpu_util;
 pub mod elementwise;
 pub mod gemm;
 mod kernels;
@@ -21,6 +41,7 @@ pub mod softmax;
 
 pub use attention::{attention, attention_backward};
 pub use conv::{conv2d, conv2d_backward_data, conv2d_backward_filter, Conv2dOpts, Layout};
+pub use cpu_util::{Float, FloatKind};
 pub use elementwise::{
     abs, abs_, add, add_, cos, cos_, div, div_, exp, exp_, log, log_, maximum, maximum_, minimum,
     minimum_, mul, mul_, neg, neg_, relu, relu_, sin, sin_, sqrt, sqrt_, sub, sub_,
@@ -32,5 +53,5 @@ pub use reduce::{
 };
 pub use softmax::softmax;
 
-#[doc(hidden)]
+#[cfg(feature = "test-util")]
 pub use kernels::{donations, set_poison_outputs};

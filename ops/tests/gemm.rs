@@ -368,9 +368,9 @@ backend_test!(
                 .enumerate()
                 .map(|(i, (_, a, b, tb))| {
                     let op = if *tb {
-                        matmul(&a, &b).trans_b()
+                        matmul(a, b).trans_b()
                     } else {
-                        matmul(&a, &b)
+                        matmul(a, b)
                     };
                     rt.submit_on(streams[pick(i)], op)
                         .map_err(|e| e.error)

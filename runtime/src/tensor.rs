@@ -73,7 +73,8 @@ impl Tensor {
     /// The same storage under another shape with the same number of elements.
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
-        if shape.numel() != self.numel() {
+        // Checked: a product that wraps (say `[(1 << 62) + 1, 4]`) must not pass for 4.
+        if shape.checked_numel() != Some(self.numel()) {
             return Err(Error::shape(
                 "reshape",
                 &self.shape,

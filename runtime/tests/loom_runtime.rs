@@ -1,5 +1,4 @@
-//! Loom models of the runtime's protocol, end to end through the public API (DESIGN.md,
-//! "Concurrency checking"): submit → actor → completion → wake; keep-alive release after
+//! Loom models of the runtime's protocol, end to end through the public API: submit → actor → completion → wake; keep-alive release after
 //! the last use; cross-stream ready waits; shutdown with ops in flight; a full mailbox.
 //!
 //! Run with
@@ -10,8 +9,8 @@
 //! every interleaving. Waiting uses `Submission::wait` or a poll loop with a loom-aware
 //! waker ([`drive`]), never `block_on` (which parks with std, invisible to loom).
 //!
-//! `docs/loom-plants.md` records, for each model, a bug planted in the runtime and
-//! what loom reported.
+//! `docs/loom-plants.md` lists, for each model, a bug planted in the runtime (a patch in
+//! `docs/loom-plants/`), the command that shows loom catching it, and what loom reports.
 #![cfg(loom)]
 
 use std::future::Future;
@@ -412,10 +411,11 @@ fn shutdown_races_submit() {
 }
 
 /// Like [`shutdown_races_submit`], but the racing submitter keeps its runtime handle while
-/// it waits (a server thread that owns a runtime clone). Ignored: loom finds a hang in
-/// the committed runtime — the op is sent after the actor's post-shutdown drain saw an
-/// empty mailbox but before the actor dropped its receiver, so it stays queued until the
-/// last runtime handle goes, and that handle is the waiter's. See `docs/loom-plants.md`.
+/// it waits (a server thread that owns a runtime clone). Without the shutdown gate
+/// (`Inner::gate` in `runtime/src/runtime.rs`) loom finds a hang here: the op is sent
+/// after the actor's post-shutdown drain saw an empty mailbox but before the actor
+/// dropped its receiver, so it stays queued until the last runtime handle goes, and that
+/// handle is the waiter's. See `docs/loom-plants.md` (plant 12).
 #[test]
 fn shutdown_races_submitter_holding_runtime() {
     loom::model(|| {

@@ -84,8 +84,8 @@ pub struct Calibration {
 ///
 /// ```
 /// use std::time::Duration;
-/// use rtx_runtime::Cost;
-/// use rtx_scheduler::CostModel;
+/// use rtx::Cost;
+/// use rtx::scheduler::CostModel;
 ///
 /// let m = CostModel::new();
 /// let c = Cost { bytes: 3e9, flops: 0.0 };

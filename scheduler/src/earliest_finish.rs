@@ -52,8 +52,8 @@ const WAIT_PENALTY: Duration = Duration::from_micros(2);
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use rtx_runtime::{Backend, Runtime};
-/// use rtx_scheduler::{CostModel, EarliestFinish};
+/// use rtx::{Backend, Runtime};
+/// use rtx::scheduler::{CostModel, EarliestFinish};
 ///
 /// // Keep a handle on the model to inspect its calibration later.
 /// let model = Arc::new(CostModel::new());
@@ -66,7 +66,7 @@ const WAIT_PENALTY: Duration = Duration::from_micros(2);
 ///     .build()?;
 /// assert_eq!(rt.info().policy, "earliest-finish");
 /// assert_eq!(model.total_observations(), 0);
-/// # Ok::<(), rtx_runtime::Error>(())
+/// # Ok::<(), rtx::Error>(())
 /// ```
 #[derive(Debug)]
 pub struct EarliestFinish {

@@ -12,8 +12,8 @@ use rtx_runtime::placement::{OpInfo, Policy, StreamLoad};
 /// # Examples
 ///
 /// ```
-/// use rtx_runtime::{Backend, Runtime};
-/// use rtx_scheduler::LeastLoaded;
+/// use rtx::{Backend, Runtime};
+/// use rtx::scheduler::LeastLoaded;
 ///
 /// let rt = Runtime::builder()
 ///     .backend(Backend::Cpu)
@@ -21,7 +21,7 @@ use rtx_runtime::placement::{OpInfo, Policy, StreamLoad};
 ///     .policy(LeastLoaded)
 ///     .build()?;
 /// assert_eq!(rt.info().policy, "least-loaded");
-/// # Ok::<(), rtx_runtime::Error>(())
+/// # Ok::<(), rtx::Error>(())
 /// ```
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LeastLoaded;

@@ -19,8 +19,8 @@
 //! A policy is installed with the builder:
 //!
 //! ```
-//! use rtx_runtime::{Backend, Runtime};
-//! use rtx_scheduler::EarliestFinish;
+//! use rtx::{Backend, Runtime};
+//! use rtx::scheduler::EarliestFinish;
 //!
 //! let rt = Runtime::builder()
 //!     .backend(Backend::Cpu)
@@ -28,7 +28,7 @@
 //!     .policy(EarliestFinish::default())
 //!     .build()?;
 //! assert_eq!(rt.info().policy, "earliest-finish");
-//! # Ok::<(), rtx_runtime::Error>(())
+//! # Ok::<(), rtx::Error>(())
 //! ```
 //!
 //! # Pinning
@@ -41,13 +41,13 @@
 //! [`CostModel`].
 //!
 //! ```
-//! # use rtx_runtime::{Backend, Runtime};
+//! # use rtx::{Backend, Runtime};
 //! # let rt = Runtime::builder().backend(Backend::Cpu).streams(2).build()?;
 //! let streams = rt.compute_streams(rt.device());
 //! let pinned_to = streams[1];
 //! // rt.submit_on(pinned_to, op)? runs `op` on `pinned_to` whatever the policy says.
 //! # let _ = pinned_to;
-//! # Ok::<(), rtx_runtime::Error>(())
+//! # Ok::<(), rtx::Error>(())
 //! ```
 //!
 //! # Writing a policy

@@ -12,8 +12,8 @@ use rtx_runtime::placement::{OpInfo, Policy, StreamLoad};
 /// # Examples
 ///
 /// ```
-/// use rtx_runtime::{Backend, Runtime};
-/// use rtx_scheduler::RoundRobin;
+/// use rtx::{Backend, Runtime};
+/// use rtx::scheduler::RoundRobin;
 ///
 /// let rt = Runtime::builder()
 ///     .backend(Backend::Cpu)
@@ -21,7 +21,7 @@ use rtx_runtime::placement::{OpInfo, Policy, StreamLoad};
 ///     .policy(RoundRobin::default())
 ///     .build()?;
 /// assert_eq!(rt.info().policy, "round-robin");
-/// # Ok::<(), rtx_runtime::Error>(())
+/// # Ok::<(), rtx::Error>(())
 /// ```
 #[derive(Debug, Default)]
 pub struct RoundRobin {

@@ -25,6 +25,7 @@ mod tests;
 
 pub use backward::attention_backward;
 
+pub use super::{AttnParams, MaskKind};
 use crate::cpu_util::{for_chunk_pairs, store_f32, to_f32_cow, to_f32_vec, Float};
 use crate::gemm::cpu::{gemm_into, MatMut, MatRef, GEMM_PAR_MIN};
 use ::gemm::Parallelism;
@@ -32,66 +33,7 @@ use ::gemm::Parallelism;
 /// Query rows per block.
 pub const Q_BLOCK: usize = 64;
 
-/// Which additive mask accompanies the call.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum MaskKind {
-    /// No mask.
-    #[default]
-    None,
-    /// `[lq, lk]`, shared by all batches and heads.
-    Broadcast,
-    /// `[b, h, lq, lk]`.
-    Full,
-}
-
-/// The geometry of an attention call.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttnParams {
-    /// Batch size.
-    pub b: usize,
-    /// Query heads.
-    pub h: usize,
-    /// Key/value heads (divides `h`).
-    pub h_kv: usize,
-    /// Query length.
-    pub lq: usize,
-    /// Key/value length.
-    pub lk: usize,
-    /// Head dimension.
-    pub d: usize,
-    /// Score scale, usually `1 / sqrt(d)`.
-    pub scale: f32,
-    /// Top-left causal masking (`j <= i`).
-    pub causal: bool,
-    /// The kind of additive mask passed with the call.
-    pub mask: MaskKind,
-}
-
 impl AttnParams {
-    /// Elements of q, o, dq and do.
-    pub fn q_len(&self) -> usize {
-        self.b * self.h * self.lq * self.d
-    }
-
-    /// Elements of k, v, dk and dv.
-    pub fn kv_len(&self) -> usize {
-        self.b * self.h_kv * self.lk * self.d
-    }
-
-    /// Elements of lse.
-    pub fn lse_len(&self) -> usize {
-        self.b * self.h * self.lq
-    }
-
-    /// Elements of the mask (0 for [`MaskKind::None`]).
-    pub fn mask_len(&self) -> usize {
-        match self.mask {
-            MaskKind::None => 0,
-            MaskKind::Broadcast => self.lq * self.lk,
-            MaskKind::Full => self.b * self.h * self.lq * self.lk,
-        }
-    }
-
     /// Query heads per KV head.
     fn group(&self) -> usize {
         self.h / self.h_kv

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use rtx_runtime::{Buffer, DType, Device, Element, Error, Result, Shape, Tensor};
 
-use super::cpu::{AttnParams, MaskKind};
+use super::{AttnParams, MaskKind};
 use crate::cpu_util::Float;
 
 /// Head dims the CUDA kernels are built for.

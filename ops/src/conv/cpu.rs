@@ -21,6 +21,7 @@ mod tests;
 
 use rayon::prelude::*;
 
+pub use super::{Conv2dParams, Layout};
 use crate::cpu_util::{to_f32_cow, to_f32_vec, with_f32_out, Float};
 use crate::gemm::cpu::{
     gemm_into, linear_epilogue, parallelism, Activation, MatMut, MatRef, GEMM_PAR_MIN,
@@ -28,82 +29,7 @@ use crate::gemm::cpu::{
 use ::gemm::Parallelism;
 use im2col::{col2im_nchw, col2im_nhwc, im2col_nchw, im2col_nhwc};
 
-/// Memory layout of activations (and, correspondingly, of the filter).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Layout {
-    /// Channels first: `[n, c, h, w]`.
-    #[default]
-    Nchw,
-    /// Channels last: `[n, h, w, c]`.
-    Nhwc,
-}
-
-/// The geometry of a 2-D convolution. `c_in` and `c_out` are multiples of `groups`;
-/// all sizes, strides and dilations are at least 1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Conv2dParams {
-    /// Batch size.
-    pub n: usize,
-    /// Input channels.
-    pub c_in: usize,
-    /// Input height.
-    pub h: usize,
-    /// Input width.
-    pub w: usize,
-    /// Output channels.
-    pub c_out: usize,
-    /// Kernel height.
-    pub kh: usize,
-    /// Kernel width.
-    pub kw: usize,
-    /// (vertical, horizontal) stride.
-    pub stride: (usize, usize),
-    /// (top/bottom, left/right) zero padding.
-    pub pad: (usize, usize),
-    /// (vertical, horizontal) dilation.
-    pub dilation: (usize, usize),
-    /// Channel groups (`c_in` for depthwise).
-    pub groups: usize,
-    /// Activation and filter layout.
-    pub layout: Layout,
-}
-
 impl Conv2dParams {
-    /// Output `(oh, ow)`: `(h + 2·pad − dilation·(k − 1) − 1) / stride + 1`, or 0
-    /// when the dilated kernel does not fit in the padded input.
-    pub fn out_hw(&self) -> (usize, usize) {
-        let dim = |i: usize, k: usize, s: usize, p: usize, d: usize| {
-            (i + 2 * p)
-                .checked_sub(d * (k - 1) + 1)
-                .map_or(0, |v| v / s + 1)
-        };
-        (
-            dim(self.h, self.kh, self.stride.0, self.pad.0, self.dilation.0),
-            dim(self.w, self.kw, self.stride.1, self.pad.1, self.dilation.1),
-        )
-    }
-
-    /// Elements of x (and dx).
-    pub fn x_len(&self) -> usize {
-        self.n * self.c_in * self.h * self.w
-    }
-
-    /// Elements of the filter (and dw).
-    pub fn w_len(&self) -> usize {
-        self.c_out * self.k_len()
-    }
-
-    /// Elements of y (and dy).
-    pub fn y_len(&self) -> usize {
-        let (oh, ow) = self.out_hw();
-        self.n * self.c_out * oh * ow
-    }
-
-    /// Filter taps per output channel: `c_in/groups · kh · kw` (the GEMM depth).
-    fn k_len(&self) -> usize {
-        self.c_in / self.groups * self.kh * self.kw
-    }
-
     /// Output channels per group.
     fn cog(&self) -> usize {
         self.c_out / self.groups

@@ -2,7 +2,7 @@
 
 use rtx_runtime::{Error, Result, Shape};
 
-use super::cpu::{Conv2dParams, Layout};
+use super::{Conv2dParams, Layout};
 
 /// The options of a 2-D convolution: everything but the sizes, which come from the
 /// tensors. Defaults: stride 1, no padding, dilation 1, one group, NCHW.
@@ -10,14 +10,14 @@ use super::cpu::{Conv2dParams, Layout};
 /// # Examples
 ///
 /// ```
-/// use rtx_ops::conv::{Conv2dOpts, Layout};
-/// use rtx_runtime::Shape;
+/// use rtx::ops::conv::{Conv2dOpts, Layout};
+/// use rtx::Shape;
 ///
 /// let opts = Conv2dOpts::default().stride(2).pad(1).layout(Layout::Nhwc);
 /// // x [n, h, w, c_in], w [c_out, kh, kw, c_in/groups]
 /// let p = opts.params(&Shape::new(vec![2, 9, 9, 4]), &Shape::new(vec![8, 3, 3, 4]))?;
 /// assert_eq!(p.out_hw(), (5, 5));
-/// # Ok::<(), rtx_runtime::Error>(())
+/// # Ok::<(), rtx::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Conv2dOpts {
@@ -180,6 +180,30 @@ pub(crate) fn check_params(op: &str, p: &Conv2dParams) -> Result<()> {
             "stride and dilation must be at least 1",
         ));
     }
+    // Params are public fields: bound every size before any arithmetic on them, so
+    // that no sum or product below can overflow (cuDNN takes 32-bit values anyway).
+    let limit = i32::MAX as usize;
+    let geometry = [
+        p.h,
+        p.w,
+        p.kh,
+        p.kw,
+        p.stride.0,
+        p.stride.1,
+        p.pad.0,
+        p.pad.1,
+        p.dilation.0,
+        p.dilation.1,
+        p.n,
+        p.c_in,
+        p.c_out,
+    ];
+    if geometry.iter().any(|&v| v > limit) {
+        return Err(Error::invalid_dim(
+            op,
+            format!("sizes, strides, padding and dilation must be below 2^31: {p:?}"),
+        ));
+    }
     let (oh, ow) = p.out_hw();
     if oh == 0 || ow == 0 {
         let detail = format!(
@@ -191,8 +215,13 @@ pub(crate) fn check_params(op: &str, p: &Conv2dParams) -> Result<()> {
         );
         return Err(Error::shape(op, &xs, &ws, detail));
     }
-    let limit = i32::MAX as usize;
-    if [p.x_len(), p.w_len(), p.y_len()].iter().any(|&l| l > limit) {
+    let len = |dims: [usize; 4]| dims.iter().try_fold(1usize, |a, d| a.checked_mul(*d));
+    let lens = [
+        len([p.n, p.c_in, p.h, p.w]),
+        len([p.c_out, p.c_in / p.groups, p.kh, p.kw]),
+        len([p.n, p.c_out, oh, ow]),
+    ];
+    if lens.iter().any(|l| l.is_none_or(|l| l > limit)) {
         return Err(Error::invalid_dim(
             op,
             format!("tensors above 2^31 elements: {p:?}"),

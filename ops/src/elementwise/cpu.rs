@@ -1,85 +1,16 @@
 //! CPU element-wise kernels: unary maps and binary ops with numpy broadcasting.
 //!
 //! Small tensors run serially on the caller's thread (a 16-element add does no
-//! allocation and no dispatch); large ones are split into [`PAR_CHUNK`]-element
+//! allocation and no dispatch); large ones are split into `PAR_CHUNK`-element
 //! rayon tasks.
 
 use rayon::prelude::*;
 
+pub use super::{BinaryOp, UnaryOp};
 use crate::cpu_util::{Float, PAR_CHUNK, PAR_MIN_LEN};
 
-/// A unary element-wise operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    /// `-x`.
-    Neg,
-    /// `e^x`.
-    Exp,
-    /// Natural logarithm (NaN below 0, -inf at 0).
-    Log,
-    /// Sine.
-    Sin,
-    /// Cosine.
-    Cos,
-    /// Square root (NaN below 0).
-    Sqrt,
-    /// `|x|`.
-    Abs,
-    /// `max(x, 0)`; NaN stays NaN (as in PyTorch).
-    Relu,
-}
-
-/// A binary element-wise operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    /// `a + b`.
-    Add,
-    /// `a - b`.
-    Sub,
-    /// `a * b`.
-    Mul,
-    /// `a / b`.
-    Div,
-    /// The larger of `a` and `b`; NaN if either is NaN (like `torch.maximum`).
-    Max,
-    /// The smaller of `a` and `b`; NaN if either is NaN (like `torch.minimum`).
-    Min,
-}
-
-impl UnaryOp {
-    /// Applies the op to one f32 value.
-    #[inline(always)]
-    pub fn apply(self, v: f32) -> f32 {
-        match self {
-            UnaryOp::Neg => -v,
-            UnaryOp::Exp => v.exp(),
-            UnaryOp::Log => v.ln(),
-            UnaryOp::Sin => v.sin(),
-            UnaryOp::Cos => v.cos(),
-            UnaryOp::Sqrt => v.sqrt(),
-            UnaryOp::Abs => v.abs(),
-            UnaryOp::Relu => relu(v),
-        }
-    }
-}
-
-impl BinaryOp {
-    /// Applies the op to one pair of f32 values.
-    #[inline(always)]
-    pub fn apply(self, a: f32, b: f32) -> f32 {
-        match self {
-            BinaryOp::Add => a + b,
-            BinaryOp::Sub => a - b,
-            BinaryOp::Mul => a * b,
-            BinaryOp::Div => a / b,
-            BinaryOp::Max => nan_max(a, b),
-            BinaryOp::Min => nan_min(a, b),
-        }
-    }
-}
-
 #[inline(always)]
-fn relu(v: f32) -> f32 {
+pub(crate) fn relu(v: f32) -> f32 {
     // `v < 0` is false for NaN, so NaN passes through.
     if v < 0.0 {
         0.0
@@ -168,7 +99,7 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 ///
 /// # Examples
 /// ```
-/// use rtx_ops::elementwise::cpu::{binary, broadcast_shape, BinaryOp};
+/// use rtx::ops::elementwise::cpu::{binary, broadcast_shape, BinaryOp};
 /// let (a, b) = ([1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [10.0f32, 20.0]);
 /// let y_shape = broadcast_shape(&[3, 1, 2], &[2]).unwrap(); // [3, 1, 2]
 /// let mut y = [0.0f32; 6];

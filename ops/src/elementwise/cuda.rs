@@ -6,33 +6,15 @@
 //! In-place ops pass the output's address as the donated operand too, which the kernels
 //! allow for an operand of `n` elements.
 
-use cudarc::driver::{DeviceRepr, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
 use super::{is_trailing, BinaryArgs, BinaryOp, UnaryOp};
 use crate::kernels::{self, config, elementwise_grid, float_dispatch, launch_error};
+use rtx_kernels::launch::{StridedArgs, MAX_DIMS};
 
 const MODULE: &str = "elementwise";
-
-/// Most dims `ews_` takes (`StridedArgs` arrays).
-const MAX_DIMS: usize = 8;
-
-/// Mirrors `struct StridedArgs` of `elementwise.cu`: `int ndim; long long shape[8],
-/// sa[8], sb[8];` (C puts 4 bytes of padding after `ndim`, as `repr(C)` does).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct StridedArgs {
-    ndim: i32,
-    shape: [i64; MAX_DIMS],
-    sa: [i64; MAX_DIMS],
-    sb: [i64; MAX_DIMS],
-}
-
-// SAFETY: `StridedArgs` is `repr(C)` with the same field types, order and therefore
-// layout (200 bytes, 8-aligned) as the C struct the `ews_*` kernels take by value; it
-// holds only plain integers, valid for any bit pattern.
-unsafe impl DeviceRepr for StridedArgs {}
 
 /// How a binary op's operands map onto its output.
 #[derive(Debug, PartialEq)]
@@ -61,47 +43,21 @@ fn numel(d: &[usize]) -> usize {
 }
 
 /// Row-major strides of `shape` as broadcast into `y` (0 where broadcast).
-fn bcast_strides(shape: &[usize], y: &[usize]) -> Vec<i64> {
+fn bcast_strides(shape: &[usize], y: &[usize]) -> Vec<isize> {
     let off = y.len() - shape.len();
-    let mut strides = vec![0i64; y.len()];
-    let mut s = 1i64;
+    let mut strides = vec![0isize; y.len()];
+    let mut s = 1isize;
     for (i, &d) in shape.iter().enumerate().rev() {
         strides[off + i] = if d == 1 { 0 } else { s };
-        s *= d as i64;
+        s = s.saturating_mul(d as isize);
     }
     strides
 }
 
-/// The `ews_` arguments: size-1 dims dropped, dims contiguous in both operands merged;
-/// `None` when more than [`MAX_DIMS`] remain.
+/// The `ews_` arguments ([`StridedArgs::new`]: size-1 dims dropped, dims contiguous in
+/// both operands merged); `None` when more than [`MAX_DIMS`] remain.
 fn strided_args(a: &[usize], b: &[usize], y: &[usize]) -> Option<StridedArgs> {
-    let (sa, sb) = (bcast_strides(a, y), bcast_strides(b, y));
-    // Innermost first while merging.
-    let mut dims: Vec<(i64, i64, i64)> = Vec::with_capacity(y.len());
-    for i in (0..y.len()).rev() {
-        let d = (y[i] as i64, sa[i], sb[i]);
-        if d.0 == 1 {
-            continue;
-        }
-        match dims.last_mut() {
-            Some(inner) if d.1 == inner.1 * inner.0 && d.2 == inner.2 * inner.0 => inner.0 *= d.0,
-            _ => dims.push(d),
-        }
-    }
-    if dims.is_empty() {
-        dims.push((1, 0, 0));
-    }
-    if dims.len() > MAX_DIMS {
-        return None;
-    }
-    let mut args = StridedArgs {
-        ndim: dims.len() as i32,
-        ..StridedArgs::default()
-    };
-    for (k, d) in dims.iter().rev().enumerate() {
-        (args.shape[k], args.sa[k], args.sb[k]) = *d;
-    }
-    Some(args)
+    StridedArgs::new(y, &bcast_strides(a, y), &bcast_strides(b, y))
 }
 
 /// Rejects (at submit) a broadcast the strided kernel cannot express.
@@ -241,12 +197,6 @@ fn unary_t<T: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn strided_args_match_the_c_layout() {
-        assert_eq!(std::mem::size_of::<StridedArgs>(), 8 + 3 * 8 * 8);
-        assert_eq!(std::mem::align_of::<StridedArgs>(), 8);
-    }
 
     #[test]
     fn layouts() {

@@ -2,7 +2,8 @@
 //!
 //! - `cpu.rs`: the CPU kernels (slices and shapes in, rayon inside).
 //! - `cuda.rs`: picks and launches the kernels of `kernels/cuda/elementwise.cu`.
-//! - here: the public constructors, validation (`plan`) and backend dispatch (`run`).
+//! - here: the op kinds ([`UnaryOp`], [`BinaryOp`]), the public constructors,
+//!   validation (`plan`) and backend dispatch (`run`).
 //!
 //! Binary ops follow numpy broadcasting; both operands must have the same float dtype
 //! (f32, f16 or bf16; f16 and bf16 compute in f32 and round once). Zero-size outputs
@@ -21,10 +22,78 @@ use rtx_runtime::{
     TensorSpec,
 };
 
-pub use cpu::{BinaryOp, UnaryOp};
-
 use crate::cpu_util::{Float, PAR_CHUNK, PAR_MIN_LEN};
 use crate::kernels::{check_float, cpu_out, float_dispatch};
+
+/// A unary element-wise operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`.
+    Neg,
+    /// `e^x`.
+    Exp,
+    /// Natural logarithm (NaN below 0, -inf at 0).
+    Log,
+    /// Sine.
+    Sin,
+    /// Cosine.
+    Cos,
+    /// Square root (NaN below 0).
+    Sqrt,
+    /// `|x|`.
+    Abs,
+    /// `max(x, 0)`; NaN stays NaN (as in PyTorch).
+    Relu,
+}
+
+/// A binary element-wise operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b`.
+    Div,
+    /// The larger of `a` and `b`; NaN if either is NaN (like `torch.maximum`).
+    Max,
+    /// The smaller of `a` and `b`; NaN if either is NaN (like `torch.minimum`).
+    Min,
+}
+
+impl UnaryOp {
+    /// Applies the op to one f32 value.
+    #[inline(always)]
+    pub fn apply(self, v: f32) -> f32 {
+        match self {
+            UnaryOp::Neg => -v,
+            UnaryOp::Exp => v.exp(),
+            UnaryOp::Log => v.ln(),
+            UnaryOp::Sin => v.sin(),
+            UnaryOp::Cos => v.cos(),
+            UnaryOp::Sqrt => v.sqrt(),
+            UnaryOp::Abs => v.abs(),
+            UnaryOp::Relu => cpu::relu(v),
+        }
+    }
+}
+
+impl BinaryOp {
+    /// Applies the op to one pair of f32 values.
+    #[inline(always)]
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            BinaryOp::Max => cpu::nan_max(a, b),
+            BinaryOp::Min => cpu::nan_min(a, b),
+        }
+    }
+}
 
 /// A broadcasting binary op (`a op b`), built by [`add`], [`sub`], [`mul`], [`div`],
 /// [`maximum`], [`minimum`] and their donating `*_` forms.
@@ -78,7 +147,7 @@ macro_rules! binary_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let a = rt.upload(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3])?;
         /// let b = rt.upload(&[2.0f32, 4.0, 8.0], [3])?;
@@ -103,7 +172,7 @@ macro_rules! binary_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let a = rt.upload(&[1.0f32, 2.0, 3.0], [3])?;
         /// let b = rt.upload(&[4.0f32], [])?;
@@ -141,7 +210,7 @@ macro_rules! unary_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let x = rt.upload(&[0.5f32, -1.5], [2])?;
         #[doc = concat!("let y = rt.submit(rtx_ops::elementwise::", stringify!($name), "(&x))?.wait()?;")]
@@ -163,7 +232,7 @@ macro_rules! unary_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let x = rt.upload(&[0.5f32, -1.5], [2])?;
         #[doc = concat!("let y = rt.submit(rtx_ops::elementwise::", stringify!($name_), "(x))?.wait()?;")]

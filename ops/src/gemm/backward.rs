@@ -1,7 +1,7 @@
 //! Training forms of `linear`: [`linear_train`] (the forward that saves its
 //! pre-activation) and [`linear_backward`] (`dx`, `dw`, `db`). Validation at submit;
 //! CPU in `backward_cpu.rs`, CUDA (cuBLASLt training epilogues, and where they do not
-//! apply the kernels of `kernels/cuda/linear_train.cu`) in `backward_cuda.rs`.
+//! apply the kernels of `kernels/cuda/linear_train.cu`) in `cuda/backward.rs`.
 
 use rtx_runtime::{
     BackendCx, Buffer, Cost, Element, Error, ExecCx, Op, Outputs, Plan, PlanCx, Result, Shape,
@@ -9,7 +9,7 @@ use rtx_runtime::{
 };
 
 use super::backward_cpu::{self as bcpu, BackwardCpu, LinearSizes};
-use super::backward_cuda::{self as bcuda, BackwardArgs};
+use super::cuda::backward::{self as bcuda, BackwardArgs};
 use super::shape::{float_dtype, linear_dims, GemmDims};
 use super::Activation;
 use crate::cpu_util::Float;
@@ -46,7 +46,7 @@ impl Outputs for LinearSaved {
 /// On CUDA, GELU is one GEMM with cuBLASLt's `GELU_AUX_BIAS` (or `GELU_AUX`) epilogue,
 /// which writes `y` and the pre-activation together (when `out` is a multiple of 8 and
 /// cuBLASLt has an algorithm; else a GEMM with `BIAS`, then an element-wise pass). ReLU
-/// always takes the second path (see `backward_cuda.rs` for why).
+/// always takes the second path (see `cuda/backward.rs` for why).
 ///
 /// # Examples
 ///
@@ -220,7 +220,7 @@ impl Outputs for LinearGrads {
 /// On CUDA `db` comes from the dw GEMM through cuBLASLt's `BGRADB` epilogue, and with
 /// [`LinearBackward::input_activation`] the input's activation derivative from the dx GEMM
 /// (`DGELU`); `dz` itself is an element-wise pass (an epilogue acts on a GEMM's output,
-/// and `dy` is an input here). `backward_cuda.rs` documents every case and fallback.
+/// and `dy` is an input here). `cuda/backward.rs` documents every case and fallback.
 ///
 /// # Examples
 ///

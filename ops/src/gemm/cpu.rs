@@ -7,45 +7,12 @@
 use ::gemm::Parallelism;
 use rayon::prelude::*;
 
+pub use super::Activation;
 use crate::cpu_util::{store_f32, to_f32_vec, Float, FloatKind, PAR_CHUNK, PAR_MIN_LEN};
 
 /// Products of at least this many multiply-adds (`m * n * k`) use `gemm`'s rayon
 /// parallelism; smaller ones run on the calling thread (`gemm`'s own threshold).
 pub const GEMM_PAR_MIN: usize = 48 * 48 * 256;
-
-/// The activation of a fused epilogue.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Activation {
-    /// Identity.
-    #[default]
-    None,
-    /// `max(x, 0)` (NaN stays NaN).
-    Relu,
-    /// GELU, tanh approximation (PyTorch's `gelu(approximate="tanh")`):
-    /// `0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))`.
-    Gelu,
-}
-
-impl Activation {
-    /// Applies the activation to one value.
-    #[inline(always)]
-    pub fn apply(self, v: f32) -> f32 {
-        match self {
-            Activation::None => v,
-            Activation::Relu => {
-                if v < 0.0 {
-                    0.0
-                } else {
-                    v
-                }
-            }
-            Activation::Gelu => {
-                const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-                0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + 0.044_715 * v * v * v)).tanh())
-            }
-        }
-    }
-}
 
 /// A strided read-only matrix inside a slice: element `(i, j)` is
 /// `data[off + i * rs + j * cs]`.
@@ -176,7 +143,7 @@ pub(crate) fn gemm_into<U: Float>(
 ///
 /// # Examples
 /// ```
-/// use rtx_ops::gemm::cpu::matmul;
+/// use rtx::ops::gemm::cpu::matmul;
 /// // Two batches of A (2x3) times one shared B stored transposed (2x3, i.e. n x k).
 /// let a = [1.0f32, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
 /// let b = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];

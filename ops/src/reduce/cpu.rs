@@ -8,31 +8,8 @@
 
 use rayon::prelude::*;
 
+pub use super::{ArgReduceOp, ReduceOp};
 use crate::cpu_util::{Float, PAR_CHUNK, PAR_MIN_LEN};
-
-/// A reduction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
-    /// Sum (0 for no elements).
-    Sum,
-    /// Arithmetic mean (NaN for no elements).
-    Mean,
-    /// Maximum, NaN if any element is NaN (-inf for no elements).
-    Max,
-    /// Minimum, NaN if any element is NaN (+inf for no elements).
-    Min,
-    /// Product (1 for no elements).
-    Prod,
-}
-
-/// An index-returning reduction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ArgReduceOp {
-    /// Index of the maximum (first NaN if any; smallest index on ties).
-    ArgMax,
-    /// Index of the minimum (first NaN if any; smallest index on ties).
-    ArgMin,
-}
 
 /// Shape `[outer, r, inner]` of `shape` viewed around `dim`:
 /// `(prod(shape[..dim]), shape[dim], prod(shape[dim+1..]))`.
@@ -133,7 +110,7 @@ fn fold<T: Float>(x: &[T], init: f64, f: impl Fn(f64, f64) -> f64) -> f64 {
 /// # Examples
 /// ```
 /// use half::bf16;
-/// use rtx_ops::reduce::cpu::{reduce_all, ReduceOp};
+/// use rtx::ops::reduce::cpu::{reduce_all, ReduceOp};
 /// let x: Vec<bf16> = [1.0f32, 2.0, 3.0, 6.0].iter().map(|&v| bf16::from_f32(v)).collect();
 /// assert_eq!(reduce_all(ReduceOp::Mean, &x).to_f32(), 3.0);
 /// ```

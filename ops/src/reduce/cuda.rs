@@ -11,15 +11,14 @@ use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
 use super::{ArgReduceOp, ReduceKind, ReduceOp, Split};
-use crate::kernels::{self, config, device_addr, float_dispatch, grid, launch_error, BLOCK};
+use crate::kernels::{
+    self, config, device_addr, float_dispatch, kernel_dtype, launch, launch_error, resident,
+};
 
 const MODULE: &str = "reduce";
 
 /// Most blocks of a full reduction (the workspace's size).
-const MAX_PARTIAL_BLOCKS: usize = 1024;
-
-/// Outputs (in 16-byte vectors) from which the column kernel runs a thread per output.
-const COLS_THREAD_MODE: usize = 65536;
+const MAX_PARTIAL_BLOCKS: usize = launch::REDUCE_ALL_MAX_GRID as usize;
 
 /// The full reductions' per-stream scratch: `MAX_PARTIAL_BLOCKS` partial values and
 /// indices and the last-block counter, zeroed once here and left at 0 by every launch.
@@ -113,14 +112,14 @@ fn reduce_t<T: Element, Out: Element>(
     let f = kernels::function(scx, MODULE, code, T::DTYPE, || {
         format!("{prefix}_{}_{}", op_name(), T::DTYPE.name())
     })?;
+    let dt = kernel_dtype(T::DTYPE).ok_or_else(|| Error::dtype(name, DType::F32, T::DTYPE))?;
     let mut y = kernels::alloc_out::<Out>(scx, s.outer * s.inner)?;
     if all {
         let ws = scx.ext::<ReduceWorkspace>(ReduceWorkspace::new)?;
         let (partials, indices, counter) = (ws.partials, ws.indices, ws.counter);
-        let v = 16 / std::mem::size_of::<T>();
-        let blocks = n.div_ceil(BLOCK as usize * 4 * v);
-        let cap = (4 * scx.sm_count() as usize).min(MAX_PARTIAL_BLOCKS);
-        let cfg = config(blocks.clamp(1, cap) as u32, 0);
+        // The full reductions run at 4 blocks per SM (`__launch_bounds__(256, 4)`).
+        let cap = launch::resident_blocks(scx.sm_count(), 4);
+        let cfg = config(launch::reduce_all_grid(n, dt, cap), 0);
         let mut lb = scx.stream().launch_builder(&f);
         lb.arg(x).arg(&n).arg(&partials);
         if arg == 1 {
@@ -136,7 +135,8 @@ fn reduce_t<T: Element, Out: Element>(
         // written by the last block.
         unsafe { lb.launch(cfg) }.map_err(|e| launch_error(name, e))?;
     } else {
-        let cfg = config(dim_grid::<T>(scx, s, x), 0);
+        let grid = launch::reduce_dim_grid(s.outer, s.r, s.inner, dt, resident(scx));
+        let cfg = config(grid, 0);
         let mut lb = scx.stream().launch_builder(&f);
         lb.arg(x).arg(&mut y).arg(&s.outer).arg(&s.r).arg(&s.inner);
         // SAFETY: matches reduce.cu's `reduce_dim_{op}_{dt}(const T* x, T* y, size_t
@@ -146,33 +146,4 @@ fn reduce_t<T: Element, Out: Element>(
         unsafe { lb.launch(cfg) }.map_err(|e| launch_error(name, e))?;
     }
     Ok(Buffer::from_cuda(y))
-}
-
-/// The per-dim grid reduce.cu documents: rows by warp (8 per block) or by block, columns
-/// by tiles of 16-byte vectors; capped at 8 blocks per SM.
-#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; MSRV is 1.80
-fn dim_grid<T: Element>(scx: &StreamCx, s: Split, x: &CudaSlice<T>) -> u32 {
-    let blocks = if s.inner == 1 {
-        if s.outer >= 2048 || s.r <= 1024 {
-            s.outer.div_ceil(8)
-        } else {
-            s.outer
-        }
-    } else {
-        let v = 16 / std::mem::size_of::<T>();
-        let aligned = device_addr(x, scx) % 16 == 0;
-        let nv = if s.inner % v == 0 && aligned {
-            s.inner / v
-        } else {
-            s.inner
-        };
-        let items = s.outer * nv;
-        let per_block = if items >= COLS_THREAD_MODE {
-            BLOCK as usize
-        } else {
-            nv.next_power_of_two().clamp(1, 8)
-        };
-        items.div_ceil(per_block)
-    };
-    grid(scx, blocks)
 }

@@ -3,7 +3,8 @@
 //! - `cpu.rs`: the CPU kernels (f64 accumulation).
 //! - `cuda.rs`: launches of `kernels/cuda/reduce.cu` (f32 accumulation) and the
 //!   per-stream workspace of the full reductions.
-//! - here: the public constructors, validation and backend dispatch.
+//! - here: the op kinds ([`ReduceOp`], [`ArgReduceOp`]), the public constructors,
+//!   validation and backend dispatch.
 //!
 //! Over all elements the result is a scalar (shape `[]`); over one dim that dim is
 //! removed, or kept with size 1 with `keepdim`. Values keep the input's dtype (f32, f16,
@@ -23,10 +24,32 @@ use rtx_runtime::{
     Tensor, TensorSpec,
 };
 
-pub use cpu::{ArgReduceOp, ReduceOp};
-
 use crate::cpu_util::Float;
 use crate::kernels::{check_float, cpu_out, cpu_out_u32, float_dispatch};
+
+/// A reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum (0 for no elements).
+    Sum,
+    /// Arithmetic mean (NaN for no elements).
+    Mean,
+    /// Maximum, NaN if any element is NaN (-inf for no elements).
+    Max,
+    /// Minimum, NaN if any element is NaN (+inf for no elements).
+    Min,
+    /// Product (1 for no elements).
+    Prod,
+}
+
+/// An index-returning reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArgReduceOp {
+    /// Index of the maximum (first NaN if any; smallest index on ties).
+    ArgMax,
+    /// Index of the minimum (first NaN if any; smallest index on ties).
+    ArgMin,
+}
 
 /// What a [`Reduce`] computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -95,7 +118,7 @@ macro_rules! reduce_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let x = rt.upload(&[3.0f32, 1.0, 4.0, 1.0, 5.0, 9.0], [2, 3])?;
         #[doc = concat!("let y = rt.submit(rtx_ops::reduce::", stringify!($all), "(&x))?.wait()?;")]
@@ -118,7 +141,7 @@ macro_rules! reduce_ctor {
         /// # Examples
         ///
         /// ```
-        /// use rtx_runtime::Runtime;
+        /// use rtx::Runtime;
         /// let rt = Runtime::cpu(1);
         /// let x = rt.upload(&[3.0f32, 1.0, 4.0, 1.0, 5.0, 9.0], [2, 3])?;
         #[doc = concat!("let y = rt.submit(rtx_ops::reduce::", stringify!($dim), "(&x, 1, true))?.wait()?;")]

@@ -5,7 +5,7 @@ use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Result};
 
 use super::NAME;
-use crate::kernels::{self, config, float_dispatch, grid, launch_error};
+use crate::kernels::{self, config, float_dispatch, launch, launch_error, resident};
 
 /// Enqueues `y = softmax(x)` over rows of `cols` elements into a new output.
 pub(super) fn softmax(
@@ -30,8 +30,7 @@ fn softmax_t<T: Element>(
     let x = x.cuda::<T>()?;
     let mut y = kernels::alloc_out::<T>(scx, rows * cols)?;
     // A warp per row (8 per block) up to 1024 columns, a block per row beyond.
-    let blocks = if cols <= 1024 { rows.div_ceil(8) } else { rows };
-    let cfg = config(grid(scx, blocks), 0);
+    let cfg = config(launch::softmax_grid(rows, cols, resident(scx)), 0);
     let mut lb = scx.stream().launch_builder(&f);
     lb.arg(x).arg(&mut y).arg(&rows).arg(&cols);
     // SAFETY: matches softmax.cu's `softmax_{dt}(const T* x, T* y, size_t rows, size_t

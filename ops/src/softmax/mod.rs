@@ -38,10 +38,10 @@ impl Softmax {
 /// # Examples
 ///
 /// ```
-/// use rtx_runtime::Runtime;
+/// use rtx::Runtime;
 /// let rt = Runtime::cpu(1);
 /// let x = rt.upload(&[0.0f32, 0.0, 1.0, 1.0], [2, 2])?;
-/// let y = rt.submit(rtx_ops::softmax::softmax(&x))?.wait()?;
+/// let y = rt.submit(rtx::ops::softmax::softmax(&x))?.wait()?;
 /// let v = rt.to_vec::<f32>(&y)?.wait()?;
 /// assert!(v.iter().all(|p| (p - 0.5).abs() < 1e-6));
 /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -1,0 +1,759 @@
+#!/usr/bin/env python3
+"""Correctness and speed of kernels/cuda/attention_wgmma.cu (FlashAttention forward with Hopper
+wgmma, sm_90a) next to the mma.sync forward of attention.cu and PyTorch SDPA.
+
+Two steps, because the GPU host has no Rust and the kernel needs the sm_90a target:
+
+1. Here (Rust + NVRTC, no GPU):   python3 kernels/checks/attention_wgmma_check.py --build [DIR]
+   compiles attention_wgmma.cu once per VARIANT (-D tunables) and attention.cu (the mma.sync
+   baseline) with the ptxas example (NVRTC 13.0; sm_90a resp. sm_90) into DIR (default
+   .wgmma_cubin/, git-ignored) with manifest.json (defines,
+   registers, spills).
+2. On the GPU host:               python3 kernels/checks/attention_wgmma_check.py [--cubins DIR]
+   loads the CUBINs with cupy and, for every variant, checks the forward against float64
+   PyTorch math (fresh torch.randn inputs, o and lse poisoned with NaN): dtype {f16, bf16} x
+   D {64, 128} x causal {0, 1} x mask {none, [Lq,Lk], [B,H,Lq,Lk] with -inf entries and one
+   fully masked row} x (Lq, Lk) incl. 1, 17, 1000, 4097 and Lq != Lk x GQA {H = 2 Hkv, H = Hkv};
+   relative errors ||x - ref|| / ||ref|| of o and lse, PASS when < 2e-2 (the default variant
+   gets the full set, the others a reduced one). A failing variant gets a layout diagnosis
+   (one-hot attention: which V row / column each output row / column matches). Then it
+   times (CUDA events, medians, 2 rotating input sets) bf16, B*L = 16384, H*D = 2048,
+   L in {1024, 4096, 16384}, causal 0/1: the passing wgmma variants, the mma.sync forward and
+   torch.nn.functional.scaled_dot_product_attention, and prints TFLOP/s and ratios to SDPA.
+   Full log and a JSON summary go to $OUT when set.
+
+   Each variant is checked in a child process, so a kernel fault or hang costs that variant
+   only (--child-timeout seconds).
+
+Options: --quick (fewer cases / lengths), --no-bench, --no-check, --variants a,b.
+--bwd: the same for the wgmma backward main kernel (attention_wgmma_bwd.cu, D = 128, with
+attention.cu's preprocess and convert kernels): dq, dk, dv against float64 autograd (f16/bf16,
+causal 0/1, no mask / [Lq,Lk] / [B,H,Lq,Lk] masks with -inf entries and a fully masked row, odd
+lengths, Lq != Lk, GQA; outputs NaN-poisoned), then backward-only and forward + backward time
+next to the mma.sync backward and SDPA (bf16, B*L = 16384, H = 16, L 4096 / 16384, causal 0/1):
+  PYTHONUNBUFFERED=1 timeout 185 python3 kernels/checks/attention_wgmma_check.py --bwd --child-timeout 60
+(about 60 s on the H200 with 4 variants).
+On the GPU host, with .wgmma_cubin/ copied into its checkout:
+  PYTHONUNBUFFERED=1 timeout 285 python3 kernels/checks/attention_wgmma_check.py 2>&1 | tee $OUT/log.txt
+(about 60 s with 9 variants on the H200).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))  # kernels/checks/ -> root
+DEFAULT_CUBINS = os.path.join(ROOT, ".wgmma_cubin")
+TOL = 2e-2
+
+# (name, -D defines of attention_wgmma.cu, head dims it is meant for, note). "wg" = defaults.
+# Measured on the H200 so far (fwd TFLOP/s ratio to SDPA at L >= 4096, bf16): the defaults are
+# the winners of runs 1-2 (D128 0.71-0.77, D64 0.80-0.88); D128 alternatives below are untimed
+# candidates (2 CTAs/SM of one warpgroup; without the S/PV overlap: within noise in run 2).
+VARIANTS = [
+    ("wg", {}, (64, 128), "defaults: D128 2 WG x 128 keys, S/PV overlap, in turn; "
+                          "D64 2 WG x 64 keys, 2 CTAs/SM"),
+    ("d128w1m2", {"ATTN_WG_D128_NWG": 1, "ATTN_WG_D128_BC": 64, "ATTN_WG_D128_PIPE": 0,
+                  "ATTN_WG_D128_ORDER": 0, "ATTN_WG_D128_MINB": 2}, (128,),
+     "D128: 1 WG x 64 keys, no overlap, 2 CTAs/SM"),
+    ("d128w1m2p", {"ATTN_WG_D128_NWG": 1, "ATTN_WG_D128_BC": 64, "ATTN_WG_D128_PIPE": 1,
+                   "ATTN_WG_D128_ORDER": 0, "ATTN_WG_D128_MINB": 2}, (128,),
+     "D128: 1 WG x 64 keys, S/PV overlap, 2 CTAs/SM"),
+    ("d128np", {"ATTN_WG_D128_PIPE": 0}, (128,), "D128: defaults without S/PV overlap"),
+]
+# D -> (warpgroups, keys per tile, PIPE), the defaults of attention_wgmma.cu
+DEFAULT_TILES = {128: (2, 128, 1), 64: (2, 64, 0)}
+
+
+def wg_cfg(defs, D):
+    """(threads, dynamic smem bytes, query rows per block) of flash_fwd_wgmma_d{D}_* built
+    with `defs` (the formula documented at the top of attention_wgmma.cu)."""
+    nwg = int(defs.get("ATTN_WG_D%d_NWG" % D, DEFAULT_TILES[D][0]))
+    bc = int(defs.get("ATTN_WG_D%d_BC" % D, DEFAULT_TILES[D][1]))
+    vstages = 3 if int(defs.get("ATTN_WG_D%d_PIPE" % D, DEFAULT_TILES[D][2])) else 2
+    smem = 1024 + 64 * nwg * D * 2 + (2 + vstages) * bc * D * 2
+    return 128 * nwg, smem, 64 * nwg
+
+
+assert wg_cfg({}, 128) == (256, 197632, 128) and wg_cfg({}, 64) == (256, 50176, 128)
+
+
+# ---------------------------------------------------------------------------------------
+# Step 1 (here): build the CUBINs
+# ---------------------------------------------------------------------------------------
+def build(outdir):
+    os.makedirs(outdir, exist_ok=True)
+    # the environment after `eval "$(bash .ci/nvrtc-setup --env)"` (NVRTC 13.0 from PyPI)
+    dump = subprocess.run(["bash", "-c", 'eval "$(bash .ci/nvrtc-setup --env)" && env -0'], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+    env = dict(kv.split("=", 1) for kv in dump.split("\0") if "=" in kv)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "rtx-kernels", "--example", "ptxas"],
+                   cwd=ROOT, env=env, check=True)
+    exe = os.path.join(ROOT, "target", "release", "examples", "ptxas")
+    manifest = {}
+    tmp = os.path.join(outdir, "tmp")
+    jobs = ([(n, "attention_wgmma", d) for (n, d, _, _) in VARIANTS] + [("attention", "attention", {})] +
+            [(n, "attention_wgmma_bwd", d) for (n, d, _) in BWD_VARIANTS])
+    for name, program, defs in jobs:
+        os.makedirs(tmp, exist_ok=True)
+        flags = ["--flag=-D%s=%s" % kv for kv in sorted(defs.items())]
+        out = subprocess.run([exe, program, "--out=" + tmp, "--log"] + flags, cwd=ROOT, env=env,
+                             capture_output=True, text=True)
+        text = out.stdout + out.stderr
+        report = [l.strip() for l in text.splitlines() if l.startswith("  flash_")]
+        warn = [l.strip() for l in text.splitlines() if "C75" in l and "C7519" not in l]
+        src = os.path.join(tmp, program + ".cubin")
+        if out.returncode != 0 or not os.path.exists(src):
+            raise SystemExit("building %s failed:\n%s" % (name, text[-3000:]))
+        shutil.move(src, os.path.join(outdir, name + ".cubin"))
+        manifest[name] = {"defines": defs, "report": report, "warnings": warn}
+        print("%-10s %s" % (name, " ".join("-D%s=%s" % kv for kv in sorted(defs.items())) or "(defaults)"))
+        for l in report + warn:
+            print("    " + l)
+    shutil.rmtree(tmp, ignore_errors=True)
+    with open(os.path.join(outdir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+# ---------------------------------------------------------------------------------------
+# Step 2 (GPU host)
+# ---------------------------------------------------------------------------------------
+def gpu_main(args):
+    sys.path.insert(0, HERE)
+    import attention_check as ac  # noqa: E402  (sets TMPDIR under $OUT, imports torch, cupy)
+    import torch
+    import torch.nn.functional as F
+    import cupy
+
+    out_dir = os.environ.get("OUT")
+    t0 = time.time()
+    dev = torch.cuda.get_device_properties(0)
+    print("device: %s, torch %s, cupy %s" % (dev.name, torch.__version__, cupy.__version__))
+    manifest = {}
+    mpath = os.path.join(args.cubins, "manifest.json")
+    if os.path.exists(mpath):
+        manifest = json.load(open(mpath))
+
+    class Mod:
+        def __init__(self, path):
+            self.mod = cupy.RawModule(path=path)
+            self.fns = {}
+
+        def launch(self, name, grid, block, smem, params):
+            k = self.fns.get(name)
+            if k is None:
+                k = self.mod.get_function(name)
+                if smem > 48 * 1024:
+                    k.max_dynamic_shared_size_bytes = smem
+                self.fns[name] = k
+            k(grid, block, (params,), shared_mem=smem)
+
+    class Wg:
+        def __init__(self, name, defs, dims):
+            self.name, self.defs, self.dims = name, defs, dims
+            self.m = Mod(os.path.join(args.cubins, name + ".cubin"))
+
+        def fwd(self, p, B, H, Lq, D, dt):
+            threads, smem, br = wg_cfg(self.defs, D)
+            self.m.launch("flash_fwd_wgmma_d%d_%s" % (D, dt), ((Lq + br - 1) // br, H, B),
+                          (threads, 1, 1), smem, p)
+
+    class Mma:
+        name, dims = "mma", (64, 128)
+
+        def __init__(self):
+            path = os.path.join(args.cubins, "attention.cubin")
+            self.m = Mod(path) if os.path.exists(path) else None
+            self.k = None if self.m else ac.Kernels({}, "base")
+
+        def fwd(self, p, B, H, Lq, D, dt):
+            if self.k:
+                ac.run_fwd(self.k, p, B, H, Lq, D, dt)
+                return
+            threads, smem = ac.fwd_launch_cfg(D, 1 if D == 64 else 0)
+            self.m.launch("flash_fwd_d%d_%s" % (D, dt), ((Lq + 127) // 128, H, B), (threads, 1, 1), smem, p)
+
+    # ---- builds ----
+    sel = [x for x in args.variants.split(",") if x]
+    builds = []
+    for (name, defs, dims, note) in VARIANTS:
+        if (sel and name not in sel and name != "wg") or (args.child and name != args.child):
+            continue
+        try:
+            builds.append(Wg(name, defs, dims))
+            rep = manifest.get(name, {})
+            print("loaded %-10s [%s]  %s" % (name, note, "; ".join(
+                r for r in rep.get("report", []) if "bf16" in r)))
+            for w in rep.get("warnings", []):
+                print("    " + w)
+        except Exception as e:  # noqa: BLE001
+            print("variant %s: LOAD FAILED: %s" % (name, str(e)[:300]))
+    mma = Mma()
+
+    # ---- correctness ----
+    def ref_fwd(q, k, v, mask, causal, scale):
+        G = q.shape[1] // k.shape[1]
+        kk = k.double().repeat_interleave(G, dim=1)
+        vv = v.double().repeat_interleave(G, dim=1)
+        s = torch.matmul(q.double(), kk.transpose(-1, -2)) * scale
+        if mask is not None:
+            s = s + mask.double()
+        Lq, Lk = q.shape[2], k.shape[2]
+        if causal:
+            tri = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).triu(1)
+            s = s.masked_fill(tri, float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        e = torch.exp(s - m)
+        l = e.sum(dim=-1, keepdim=True)
+        o = torch.matmul(e / torch.where(l == 0, torch.ones_like(l), l), vv)
+        lse = torch.where(l == 0, torch.full_like(l, float("-inf")), torch.log(l) + m).squeeze(-1)
+        return o, lse
+
+    def make_inputs(dtype, D, mask_mode, Lq, Lk, B, H, Hkv, gen):
+        q = torch.randn(B, H, Lq, D, device="cuda", generator=gen).to(dtype)
+        k = torch.randn(B, Hkv, Lk, D, device="cuda", generator=gen).to(dtype)
+        v = torch.randn(B, Hkv, Lk, D, device="cuda", generator=gen).to(dtype)
+        mask, mstr = None, (0, 0, 0)
+        if mask_mode:
+            shape = (Lq, Lk) if mask_mode == 1 else (B, H, Lq, Lk)
+            mask = torch.randn(*shape, device="cuda", generator=gen)
+            drop = torch.rand(*shape, device="cuda", generator=gen) < 0.06
+            mask = mask.masked_fill(drop, float("-inf"))
+            if Lq > 3:
+                mask[..., 3, :] = float("-inf")  # one fully masked row
+            mask = mask.to(dtype).contiguous()
+            mstr = (0, 0, Lk) if mask_mode == 1 else (H * Lq * Lk, Lq * Lk, Lk)
+        return q, k, v, mask, mstr
+
+    def run_case(K, q, k, v, mask, mstr, causal, scale):
+        B, H, Lq, D = q.shape
+        dt = ac.tname(q.dtype)
+        o = torch.full((B, H, Lq, D), float("nan"), device="cuda", dtype=q.dtype)
+        lse = torch.full((B, H, Lq), float("nan"), device="cuda", dtype=torch.float32)
+        p = ac.make_params(q, k, v, o, lse, mask, mstr, causal, scale)
+        K.fwd(p, B, H, Lq, D, dt)
+        torch.cuda.synchronize()
+        return o, lse
+
+    def check(K, dtype, D, causal, mask_mode, Lq, Lk, gqa, gen):
+        big = Lq >= 1000 and Lk >= 1000
+        B, H = (1, 2) if big else (2, 4)
+        Hkv = H // 2 if gqa else H
+        scale = 1.0 / math.sqrt(D)
+        q, k, v, mask, mstr = make_inputs(dtype, D, mask_mode, Lq, Lk, B, H, Hkv, gen)
+        o, lse = run_case(K, q, k, v, mask, mstr, causal, scale)
+        ro, rl = ref_fwd(q, k, v, mask, causal, scale)
+        return {"o": ac.relerr(o, ro), "lse": ac.relerr(lse, rl)}
+
+    def cases(full):
+        lengths = [(1, 1), (17, 17), (1000, 1000), (4097, 4097), (1, 1000), (17, 1000), (1000, 17),
+                   (300, 4097), (4097, 129)]
+        if not full:
+            lengths = [(17, 17), (1000, 1000), (1000, 17), (17, 1000), (1025, 1025)]
+        for dtype in (torch.bfloat16, torch.float16):
+            for D in (128, 64):
+                for causal in (0, 1):
+                    for mask_mode in (0, 1, 2):
+                        for i, (Lq, Lk) in enumerate(lengths):
+                            for gqa in (True, False):
+                                if not full and (mask_mode + i + int(gqa)) % 2:
+                                    continue  # reduced set: half the combinations
+                                yield dtype, D, causal, mask_mode, Lq, Lk, gqa
+
+    def diagnose(K):
+        """One-hot attention (q = k, large scale: row i attends key i only, O = V) on one tile:
+        prints which V row / column each output row / column matches best."""
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(7)
+        for D in (128, 64):
+            L = 128
+            q = torch.randn(1, 1, L, D, device="cuda", generator=gen).to(torch.bfloat16)
+            v = torch.randn(1, 1, L, D, device="cuda", generator=gen).to(torch.bfloat16)
+            o, lse = run_case(K, q, q, v, None, (0, 0, 0), 0, 4.0)
+            ro, rl = ref_fwd(q, q, v, None, 0, 4.0)
+            of, rf = o[0, 0].double(), ro[0, 0]
+            rows = (of @ rf.T).argmax(dim=1).tolist()
+            cols = (of.T @ rf).argmax(dim=1).tolist()
+            print("  diagnose %s D=%d: o err %.2e, lse err %.2e; NaN in o: %d" % (
+                K.name, D, ac.relerr(o, ro), ac.relerr(lse, rl), int(torch.isnan(o).sum())))
+            bad_r = [(i, j) for i, j in enumerate(rows) if i != j]
+            bad_c = [(i, j) for i, j in enumerate(cols) if i != j]
+            print("    rows matching ref: %d/%d, first mismatches %s" % (L - len(bad_r), L, bad_r[:12]))
+            print("    cols matching ref: %d/%d, first mismatches %s" % (D - len(bad_c), D, bad_c[:12]))
+            print("    lse[:8] got %s ref %s" % ([round(x, 3) for x in lse[0, 0, :8].tolist()],
+                                                  [round(x, 3) for x in rl[0, 0, :8].tolist()]))
+
+    summary = {"variants": {}, "manifest": manifest}
+    ok_names = []
+    ran_names = []
+    if not args.no_check and not args.child:
+        # Each variant is checked in a child process: a kernel fault (sticky CUDA error) or a
+        # hang then costs that variant only.
+        res_dir = os.path.join("/tmp", "attention_wgmma_check_%d" % os.getpid())
+        os.makedirs(res_dir, exist_ok=True)
+        for K in builds:
+            res_path = os.path.join(res_dir, "result_%s.json" % K.name)
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", K.name, "--cubins", args.cubins,
+                   "--result", res_path] + (["--quick"] if args.quick else [])
+            try:
+                rc = subprocess.run(cmd, timeout=args.child_timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout after %d s" % args.child_timeout
+            if rc != 0:
+                print("check of %s: child exit %s" % (K.name, rc), flush=True)
+            if os.path.exists(res_path):
+                r = json.load(open(res_path))
+                summary["variants"][K.name] = r
+                if r["pass"] == r["cases"] and r["cases"] > 0:
+                    ok_names.append(K.name)
+                elif not r.get("lost"):
+                    ran_names.append(K.name)  # wrong results, but safe to time
+    elif args.child:
+        fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
+        for K in [K for K in builds if K.name == args.child]:
+            full = K.name == "wg" and not args.quick
+            gen = torch.Generator(device="cuda")
+            gen.manual_seed(1234)
+            res, worst, t1 = [], {"o": 0.0, "lse": 0.0}, time.time()
+            print("\n== correctness of %s (%s set) vs float64, PASS < %.0e; failures listed ==" % (
+                K.name, "full" if full else "reduced", TOL))
+            lost = False
+            for (dtype, D, causal, mm, Lq, Lk, gqa) in cases(full):
+                if D not in K.dims:
+                    continue
+                try:
+                    errs = check(K, dtype, D, causal, mm, Lq, Lk, gqa, gen)
+                    note = ""
+                except Exception as e:  # noqa: BLE001
+                    errs, note = {"o": float("nan"), "lse": float("nan")}, str(e)[:160]
+                    try:
+                        torch.cuda.synchronize()
+                    except Exception:  # noqa: BLE001
+                        lost = True
+                ok = all(x == x and x < TOL for x in errs.values())
+                for n in worst:
+                    worst[n] = max(worst[n], errs[n]) if errs[n] == errs[n] else float("nan")
+                res.append(dict(dt=ac.tname(dtype), D=D, causal=causal, mask=mm, Lq=Lq, Lk=Lk,
+                                gqa=gqa, ok=ok, errs=errs, note=note))
+                if not ok:
+                    print("FAIL %-4s D=%3d causal=%d mask=%d Lq=%5d Lk=%5d gqa=%d | o %s lse %s %s" % (
+                        ac.tname(dtype), D, causal, mm, Lq, Lk, gqa, fmt(errs["o"]), fmt(errs["lse"]), note),
+                        flush=True)
+                if lost:
+                    print("CUDA context lost; stopping")
+                    break
+            n_ok = sum(r["ok"] for r in res)
+            print("%s: %d / %d PASS, max rel err o %s lse %s (%.0f s)" % (
+                K.name, n_ok, len(res), fmt(worst["o"]), fmt(worst["lse"]), time.time() - t1), flush=True)
+            summary["variants"][K.name] = {"pass": n_ok, "cases": len(res), "worst": worst, "lost": lost,
+                                           "fails": [r for r in res if not r["ok"]][:40]}
+            with open(args.result, "w") as f:
+                json.dump(summary["variants"][K.name], f, default=str)
+            if n_ok == len(res) and res:
+                ok_names.append(K.name)
+            elif not lost:
+                try:
+                    diagnose(K)
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
+            if lost:
+                break
+        # determinism: the same inputs three times give bitwise the same output
+        if args.child == "wg" and "wg" in ok_names:
+            K = builds[0]
+            gen = torch.Generator(device="cuda")
+            gen.manual_seed(99)
+            for D in (128, 64):
+                q, k, v, mask, mstr = make_inputs(torch.bfloat16, D, 2, 4097, 4097, 1, 4, 2, gen)
+                outs = [run_case(K, q, k, v, mask, mstr, 1, 1.0 / math.sqrt(D)) for _ in range(3)]
+                same = all(torch.equal(outs[0][0], x[0]) and torch.equal(outs[0][1].nan_to_num(), x[1].nan_to_num())
+                           for x in outs[1:])
+                print("determinism D=%d (3 runs, 4097 causal + mask): %s" % (D, "identical" if same else "DIFFER"))
+        return 0 if ok_names else 1
+    else:
+        ok_names = [K.name for K in builds]
+
+    # ---- timing ----
+    rows = []
+    if not args.no_bench:
+        timed = [K for K in builds if K.name in ok_names or K.name in ran_names]
+        print("\ntiming: %s + mma.sync + SDPA ('!' = failed the check)" % ", ".join(K.name for K in timed))
+        Ls = (1024, 4096) if args.quick else (1024, 4096, 16384)
+        for D in (128, 64):
+            H = 2048 // D
+            for L in Ls:
+                B = 16384 // L
+                for causal in (0, 1):
+                    fl = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+                    sets = []
+                    for _ in range(2):
+                        q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                        o = torch.empty_like(q)
+                        lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                        sets.append((q, k, v, ac.make_params(q, k, v, o, lse, None, (0, 0, 0), causal)))
+                    reps = 20 if L >= 16384 else 30
+                    r = {"D": D, "L": L, "B": B, "causal": causal, "tflops": {}}
+                    for K in [mma] + [K for K in timed if D in K.dims]:
+                        try:
+                            ms = ac.time_fn([lambda s=s, K=K: K.fwd(s[3], B, H, L, D, "bf16") for s in sets], reps)
+                            r["tflops"][K.name] = fl / (ms * 1e-3) / 1e12
+                        except Exception as e:  # noqa: BLE001
+                            print("timing %s failed: %s" % (K.name, str(e)[:200]))
+
+                    def sdpa(s):
+                        with torch.no_grad():
+                            F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
+
+                    try:
+                        ms = ac.time_fn([lambda s=s: sdpa(s) for s in sets], reps)
+                        r["tflops"]["sdpa"] = fl / (ms * 1e-3) / 1e12
+                    except Exception as e:  # noqa: BLE001
+                        print("timing sdpa failed: %s" % str(e)[:200])
+                    rows.append(r)
+                    print("timed D=%d L=%d causal=%d: %s" % (D, L, causal, "  ".join(
+                        "%s %.0f" % kv for kv in r["tflops"].items())), flush=True)
+                    del sets
+                    torch.cuda.empty_cache()
+        names = ["mma"] + [K.name for K in timed]
+        lab = lambda n: n if n == "mma" or n in ok_names else n + "!"  # noqa: E731
+        print("\n== forward TFLOP/s, bf16, B*L = 16384, H*D = 2048 (fwd flops = 4BHL^2D, /2 causal); "
+              "x = ratio to SDPA ==")
+        print("%4s %6s %3s %4s | %s | %7s" % ("D", "L", "B", "caus", " ".join("%16s" % lab(n) for n in names), "sdpa"))
+        for r in rows:
+            sd = r["tflops"].get("sdpa", float("nan"))
+            cells = []
+            for n in names:
+                x = r["tflops"].get(n)
+                cells.append("%7.1f (x%.2f)" % (x, x / sd) if x else "%16s" % "-")
+            print("%4d %6d %3d %4d | %s | %7.1f" % (r["D"], r["L"], r["B"], r["causal"], " ".join(cells), sd))
+        summary["bench"] = rows
+    print("\ntotal %.0f s; passing wgmma variants: %s" % (time.time() - t0, ", ".join(ok_names) or "none"))
+    if out_dir:
+        with open(os.path.join(out_dir, "attention_wgmma_check.json"), "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+        shutil.rmtree(ac._TMP, ignore_errors=True)  # cupy's scratch under $OUT
+    return 0 if "wg" in ok_names or args.no_check else 1
+
+
+# ---------------------------------------------------------------------------------------
+# The wgmma backward (attention_wgmma_bwd.cu): --bwd
+# ---------------------------------------------------------------------------------------
+# (name, -D defines of attention_wgmma_bwd.cu, note). "bwg" = defaults; it must stay first.
+# Measured on the H200 (2026-11-29, bf16 D=128, B*L = 16384, H = 16, L 4096 / 16384, causal 0/1;
+# backward = preprocess + main + convert, TFLOP/s = 2.5 x 4BHL^2D (/2 causal) / time): bwg (then
+# named bwgbulk) 292-347, bwgred 286-337, bwgmma 265-312, bwgmmab 269-319; the mma.sync backward
+# of attention.cu 203-225; all passed the gradient check.
+BWD_VARIANTS = [
+    ("bwg", {}, "defaults: BC = 128 keys, 2 WG, BR = 64 query rows per step, dQ via smem + bulk reduce"),
+    ("bwgred", {"ATTN_WGB_DQ_BULK": 0}, "dQ red.global.add.v2.f32 from registers"),
+    ("bwgmma", {"ATTN_WGB_DQ_MMA": 1, "ATTN_WGB_DQ_BULK": 0}, "dQ = dS K with mma.sync (ldmatrix.trans), red.v2"),
+    ("bwgmmab", {"ATTN_WGB_DQ_MMA": 1}, "dQ with mma.sync, bulk reduce"),
+]
+
+
+def bwg_cfg(defs):
+    """(threads, dynamic smem bytes, keys per block) of flash_bwd_wgmma_d128_* built with `defs`
+    (the formula at the top of attention_wgmma_bwd.cu)."""
+    bc, br, d = 128, 64, 128
+    dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
+    return 2 * bc, 1024 + 2 * bc * d * 2 + bc * br * 2 + 2 * 2 * br * d * 2 + 2 * 2 * br * 4 + dq, bc
+
+
+assert bwg_cfg({}) == (256, 184320, 128) and bwg_cfg({"ATTN_WGB_DQ_BULK": 0})[1] == 149504
+
+
+def bwd_main(args):
+    """Checks flash_bwd_wgmma_d128_* (with attention.cu's preprocess / convert kernels) against
+    float64 autograd and times it next to the mma.sync backward and SDPA."""
+    sys.path.insert(0, HERE)
+    import attention_check as ac  # noqa: E402  (sets TMPDIR under $OUT, imports torch, cupy)
+    import torch
+    import torch.nn.functional as F
+    import cupy
+
+    out_dir = os.environ.get("OUT")
+    t0 = time.time()
+    if not args.child:
+        dev = torch.cuda.get_device_properties(0)
+        print("device: %s, torch %s, cupy %s" % (dev.name, torch.__version__, cupy.__version__))
+    manifest = {}
+    mpath = os.path.join(args.cubins, "manifest.json")
+    if os.path.exists(mpath):
+        manifest = json.load(open(mpath))
+
+    cache = {}
+
+    def launch(cubin, name, grid, block, smem, params):
+        key = (cubin, name)
+        k = cache.get(key)
+        if k is None:
+            mod = cache.get(cubin)
+            if mod is None:
+                mod = cache[cubin] = cupy.RawModule(path=os.path.join(args.cubins, cubin + ".cubin"))
+            k = mod.get_function(name)
+            if smem > 48 * 1024:
+                k.max_dynamic_shared_size_bytes = smem
+            cache[key] = k
+        k(grid, block, (params,), shared_mem=smem)
+
+    def fwd_mma(p, B, H, Lq, D, dt):
+        threads, smem = ac.fwd_launch_cfg(D, 1 if D == 64 else 0)
+        launch("attention", "flash_fwd_d%d_%s" % (D, dt), ((Lq + 127) // 128, H, B), (threads, 1, 1), smem, p)
+
+    def fwd_wg(p, B, H, Lq, D, dt):
+        threads, smem, br = wg_cfg({}, D)
+        launch("wg", "flash_fwd_wgmma_d%d_%s" % (D, dt), ((Lq + br - 1) // br, H, B), (threads, 1, 1), smem, p)
+
+    def pre(p, B, H, Lq, D, dt):
+        rows = B * H * Lq
+        rpb = ac.pre_rows_per_block(D)
+        launch("attention", "flash_bwd_preprocess_d%d_%s" % (D, dt), ((rows + rpb - 1) // rpb, 1, 1),
+               (256, 1, 1), 0, p)
+
+    def conv(p, B, H, Lq, D, dt):
+        n4 = B * H * Lq * D // 4
+        launch("attention", "flash_bwd_convert_dq_d%d_%s" % (D, dt), (max(1, min((n4 + 255) // 256, 65535)), 1, 1),
+               (256, 1, 1), 0, p)
+
+    def main_old(p, B, H, Hkv, Lq, Lk, D, dt):
+        threads, bc, smem = ac.bwd_launch_cfg(D)
+        launch("attention", "flash_bwd_dq_dk_dv_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
+               (threads, 1, 1), smem, p)
+
+    def make_main_new(name, defs):
+        threads, smem, bc = bwg_cfg(defs)
+
+        def main_new(p, B, H, Hkv, Lq, Lk, D, dt):
+            launch(name, "flash_bwd_wgmma_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
+                   (threads, 1, 1), smem, p)
+        return main_new
+
+    def bwd_with(main):
+        def run(p, B, H, Hkv, Lq, Lk, D, dt):
+            pre(p, B, H, Lq, D, dt)
+            main(p, B, H, Hkv, Lq, Lk, D, dt)
+            conv(p, B, H, Lq, D, dt)
+        return run
+
+    variants = [(n, d, note) for (n, d, note) in BWD_VARIANTS
+                if not args.variants or n == "bwg" or n in args.variants.split(",")]
+    for (n, d, note) in variants:
+        rep = manifest.get(n, {})
+        if not args.child:
+            print("%-8s [%s] %s" % (n, note, "; ".join(rep.get("report", []))))
+            for w in rep.get("warnings", []):
+                print("    " + w)
+
+    def check_one(bwd, dtype, D, causal, mask_mode, Lq, Lk, gqa, gen):
+        big = Lq >= 1000 and Lk >= 1000
+        B, H = (1, 2) if big else (2, 4)
+        Hkv = H // 2 if gqa else H
+        dev, dt, nan = "cuda", ac.tname(dtype), float("nan")
+        scale = 1.0 / math.sqrt(D)
+        q, k, v, dout, mask, mstr = ac.make_inputs(dtype, D, mask_mode, Lq, Lk, B, H, Hkv, gen)
+        o = torch.full((B, H, Lq, D), nan, device=dev, dtype=dtype)
+        lse = torch.full((B, H, Lq), nan, device=dev, dtype=torch.float32)
+        dsum = torch.full((B, H, Lq), nan, device=dev, dtype=torch.float32)
+        dqa = torch.full((B, H, Lq, D), nan, device=dev, dtype=torch.float32)
+        dq = torch.full((B, H, Lq, D), nan, device=dev, dtype=dtype)
+        dk = torch.full((B, Hkv, Lk, D), nan, device=dev, dtype=dtype)
+        dv = torch.full((B, Hkv, Lk, D), nan, device=dev, dtype=dtype)
+        p = ac.make_params(q, k, v, o, lse, mask, mstr, causal, scale, dout, dsum, dqa, dq, dk, dv)
+        fwd_mma(p, B, H, Lq, D, dt)
+        bwd(p, B, H, Hkv, Lq, Lk, D, dt)
+        torch.cuda.synchronize()
+        ro, rl, rdq, rdk, rdv = ac.reference(q, k, v, mask, causal, scale, dout)
+        return {"o": ac.relerr(o, ro), "dq": ac.relerr(dq, rdq), "dk": ac.relerr(dk, rdk), "dv": ac.relerr(dv, rdv)}
+
+    def cases(full):
+        lengths = [(1, 1), (17, 17), (1000, 1000), (4097, 4097), (1, 1000), (17, 1000), (1000, 17),
+                   (300, 4097), (4097, 129), (200, 200)]
+        if not full:
+            lengths = [(17, 17), (1000, 1000), (1000, 17), (17, 1000), (1025, 1025)]
+        for dtype in (torch.bfloat16, torch.float16):
+            for causal in (0, 1):
+                for mask_mode in (0, 1, 2):
+                    for i, (Lq, Lk) in enumerate(lengths):
+                        for gqa in (True, False):
+                            if (mask_mode + i + int(gqa)) % 2 and (Lq, Lk) != (4097, 4097):
+                                continue  # half the combinations (all of the largest)
+                            yield dtype, 128, causal, mask_mode, Lq, Lk, gqa
+
+    summary = {"variants": {}, "manifest": {n: manifest.get(n) for (n, _, _) in variants}}
+    fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
+    names = ("o", "dq", "dk", "dv")
+    if args.child:
+        (name, defs, _), = [v for v in variants if v[0] == args.child]
+        bwd = bwd_with(make_main_new(name, defs))
+        full = name in ("bwg", "bwgred") and not args.quick
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(1234)
+        res, worst, lost, t1 = [], dict.fromkeys(names, 0.0), False, time.time()
+        print("\n== correctness of %s (%s set) vs float64 autograd, PASS < %.0e; failures listed ==" % (
+            name, "full" if full else "reduced", TOL), flush=True)
+        for (dtype, D, causal, mm, Lq, Lk, gqa) in cases(full):
+            try:
+                errs, note = check_one(bwd, dtype, D, causal, mm, Lq, Lk, gqa, gen), ""
+            except Exception as e:  # noqa: BLE001
+                errs, note = dict.fromkeys(names, float("nan")), str(e)[:160]
+                try:
+                    torch.cuda.synchronize()
+                except Exception:  # noqa: BLE001
+                    lost = True
+            ok = all(x == x and x < TOL for x in errs.values())
+            for n in names:
+                worst[n] = max(worst[n], errs[n]) if errs[n] == errs[n] else float("nan")
+            res.append(dict(dt=ac.tname(dtype), causal=causal, mask=mm, Lq=Lq, Lk=Lk, gqa=gqa, ok=ok,
+                            errs=errs, note=note))
+            if not ok:
+                print("FAIL %-4s causal=%d mask=%d Lq=%5d Lk=%5d gqa=%d | %s %s" % (
+                    ac.tname(dtype), causal, mm, Lq, Lk, gqa,
+                    " ".join("%s %s" % (n, fmt(errs[n])) for n in names), note), flush=True)
+            if lost:
+                print("CUDA context lost; stopping")
+                break
+        n_ok = sum(r["ok"] for r in res)
+        print("%s: %d / %d PASS, max rel err %s (%.0f s)" % (
+            name, n_ok, len(res), " ".join("%s %s" % (n, fmt(worst[n])) for n in names), time.time() - t1),
+            flush=True)
+        with open(args.result, "w") as f:
+            json.dump({"pass": n_ok, "cases": len(res), "worst": worst, "lost": lost,
+                       "fails": [r for r in res if not r["ok"]][:40]}, f, default=str)
+        return 0 if n_ok == len(res) else 1
+
+    ok_names, ran_names = [], []
+    if not args.no_check:
+        res_dir = os.path.join("/tmp", "attention_wgmma_bwd_check_%d" % os.getpid())
+        os.makedirs(res_dir, exist_ok=True)
+        for (name, _, _) in variants:
+            res_path = os.path.join(res_dir, "result_%s.json" % name)
+            cmd = [sys.executable, os.path.abspath(__file__), "--bwd", "--child", name, "--cubins", args.cubins,
+                   "--result", res_path] + (["--quick"] if args.quick else [])
+            limit = args.child_timeout if name in ("bwg", "bwgred") else max(30, args.child_timeout // 2)
+            try:
+                rc = subprocess.run(cmd, timeout=limit).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout after %d s" % args.child_timeout
+            if rc != 0:
+                print("check of %s: child exit %s" % (name, rc), flush=True)
+            if os.path.exists(res_path):
+                r = json.load(open(res_path))
+                summary["variants"][name] = r
+                if r["pass"] == r["cases"] and r["cases"] > 0:
+                    ok_names.append(name)
+                elif not r.get("lost"):
+                    ran_names.append(name)
+    else:
+        ok_names = [n for (n, _, _) in variants]
+
+    rows = []
+    if not args.no_bench:
+        timed = [(n, d) for (n, d, _) in variants if n in ok_names or n in ran_names]
+        lab = lambda n: n if n in ok_names or n in ("mma", "sdpa") else n + "!"  # noqa: E731
+        D, dt = 128, "bf16"
+        H = 2048 // D
+        Ls = (4096,) if args.quick else (4096, 16384)
+        print("\n== timing bf16 D=128, B*L = 16384, H = 16 (median ms, CUDA events; '!' = failed the check) ==")
+        for L in Ls:
+            B = 16384 // L
+            for causal in (0, 1):
+                fl = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+                sets = []
+                for _ in range(2):
+                    q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                    o = torch.empty_like(q)
+                    lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                    dsum = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                    dqa = torch.empty(B, H, L, D, device="cuda", dtype=torch.float32)
+                    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+                    p = ac.make_params(q, k, v, o, lse, None, (0, 0, 0), causal, None, do, dsum, dqa, dq, dk, dv)
+                    fwd_wg(p, B, H, L, D, dt)  # o, lse for the backward
+                    sets.append((q, k, v, do, p))
+                reps = 15 if L >= 16384 else 25
+                ms = {}
+                mains = [("mma", main_old)] + [(n, make_main_new(n, d)) for (n, d) in timed]
+                try:
+                    ms[("wgfwd", "fwd")] = ac.time_fn([lambda s=s: fwd_wg(s[4], B, H, L, D, dt) for s in sets], reps)
+                    for n, mf in mains:
+                        ms[(n, "main")] = ac.time_fn([lambda s=s, mf=mf: mf(s[4], B, H, H, L, L, D, dt)
+                                                      for s in sets], reps)
+                        bw = bwd_with(mf)
+                        ms[(n, "bwd")] = ac.time_fn([lambda s=s, bw=bw: bw(s[4], B, H, H, L, L, D, dt)
+                                                     for s in sets], reps)
+                except Exception as e:  # noqa: BLE001
+                    print("timing failed: %s" % str(e)[:300])
+                tsets = [(s[0].clone().requires_grad_(), s[1].clone().requires_grad_(),
+                          s[2].clone().requires_grad_(), s[3]) for s in sets]
+
+                def t_fb(s):
+                    out = F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
+                    torch.autograd.grad(out, (s[0], s[1], s[2]), s[3])
+
+                def t_f(s):
+                    with torch.no_grad():
+                        F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
+
+                try:
+                    ms[("sdpa", "fwd")] = ac.time_fn([lambda s=s: t_f(s) for s in tsets], reps)
+                    ms[("sdpa", "fb")] = ac.time_fn([lambda s=s: t_fb(s) for s in tsets], reps)
+                    ms[("sdpa", "bwd")] = ms[("sdpa", "fb")] - ms[("sdpa", "fwd")]
+                except Exception as e:  # noqa: BLE001
+                    print("timing sdpa failed: %s" % str(e)[:200])
+                r = {"L": L, "B": B, "causal": causal, "fwd_flops": fl,
+                     "ms": {"%s/%s" % kv: x for kv, x in ms.items()}}
+                rows.append(r)
+                sd_fb = ms.get(("sdpa", "fb"), float("nan"))
+                sd_b = ms.get(("sdpa", "bwd"), float("nan"))
+                fw = ms.get(("wgfwd", "fwd"), float("nan"))
+                print("\nL=%5d B=%d causal=%d: wgmma fwd %.3f ms; SDPA fwd %.3f, bwd (fb - fwd) %.3f, f+b %.3f ms" % (
+                    L, B, causal, fw, ms.get(("sdpa", "fwd"), float("nan")), sd_b, sd_fb))
+                print("  %-8s %9s %9s %8s %9s %9s %8s" % ("bwd", "main ms", "bwd ms", "TFLOP/s", "x sdpa bwd",
+                                                           "f+b ms", "x sdpa"))
+                for n, _ in mains:
+                    mm_, bb = ms.get((n, "main"), float("nan")), ms.get((n, "bwd"), float("nan"))
+                    print("  %-8s %9.3f %9.3f %8.1f %9.2f %10.3f %8.2f" % (
+                        lab(n), mm_, bb, 2.5 * fl / (bb * 1e-3) / 1e12, sd_b / bb, fw + bb, sd_fb / (fw + bb)),
+                        flush=True)
+                del sets, tsets
+                torch.cuda.empty_cache()
+        summary["bench"] = rows
+    print("\ntotal %.0f s; passing wgmma backward variants: %s" % (time.time() - t0, ", ".join(ok_names) or "none"))
+    if out_dir:
+        with open(os.path.join(out_dir, "attention_wgmma_bwd_check.json"), "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+        shutil.rmtree(ac._TMP, ignore_errors=True)
+    return 0 if "bwg" in ok_names or args.no_check else 1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", nargs="?", const=DEFAULT_CUBINS, default=None, metavar="DIR",
+                    help="compile the CUBINs here (needs Rust and NVRTC; no GPU)")
+    ap.add_argument("--cubins", default=DEFAULT_CUBINS, help="folder of the CUBINs (GPU host)")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--variants", default="", help="comma-separated variant names ('wg' always)")
+    ap.add_argument("--child-timeout", type=int, default=100, help="seconds for one variant's check")
+    ap.add_argument("--bwd", action="store_true",
+                    help="check and time the wgmma backward (attention_wgmma_bwd.cu) instead")
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)   # internal: check one variant
+    ap.add_argument("--result", default="", help=argparse.SUPPRESS)  # internal: its JSON result
+    args = ap.parse_args()
+    if args.build:
+        build(args.build)
+        return 0
+    if args.bwd:
+        return bwd_main(args)
+    return gpu_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,400 @@
+//! The launch side of the attention kernels: [`FlashParams`] from a validated call
+//! (the struct itself is `rtx_kernels::launch::FlashParams`), the kernel table (names, blocks, dynamic shared memory, grids
+//! per kernel and head dim: the ABI documented at the top of `attention.cu`,
+//! `attention_wgmma.cu` and `attention_wgmma_bwd.cu`), which kernel runs on this device
+//! (the sm_90a ones on compute capability 9.0, with the fallback rules of `cuda.rs`), and
+//! the per-stream state ([`AttnState`]: functions configured, sm_90a kernels that failed
+//! here, the backward's kept workspace).
+
+use std::collections::HashSet;
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+pub(crate) use rtx_kernels::launch::FlashParams;
+use rtx_runtime::cuda::StreamCx;
+use rtx_runtime::{DType, Error, Result};
+
+use crate::attention::geometry::{Geometry, MaskLayout};
+use crate::kernels::{self, launch_error};
+
+const MODULE: &str = "attention";
+/// The Hopper (sm_90a) forward.
+const WGMMA_MODULE: &str = "attention_wgmma";
+/// The Hopper (sm_90a) backward main kernel (D = 128).
+const WGMMA_BWD_MODULE: &str = "attention_wgmma_bwd";
+pub(super) const FWD: &str = "attention";
+pub(super) const BWD: &str = "attention_backward";
+
+/// The [`FlashParams`] of `g`: sizes, flags and mask strides; every pointer NULL.
+pub(super) fn flash_params(g: &Geometry) -> FlashParams {
+    let p = &g.p;
+    // The sizes fit `int` and the strides `long long`: checked at submit.
+    let MaskLayout { stride_b, stride_h } = g.mask.unwrap_or(MaskLayout {
+        stride_b: 0,
+        stride_h: 0,
+    });
+    FlashParams {
+        mask_stride_b: stride_b as i64,
+        mask_stride_h: stride_h as i64,
+        mask_stride_q: if g.mask.is_some() { p.lk as i64 } else { 0 },
+        b: p.b as i32,
+        h: p.h as i32,
+        h_kv: p.h_kv as i32,
+        lq: p.lq as i32,
+        lk: p.lk as i32,
+        scale: p.scale,
+        causal: p.causal as i32,
+        ..FlashParams::default()
+    }
+}
+
+/// The kernels of `attention.cu` and `attention_wgmma.cu`, each built for D 64 and 128
+/// and f16 and bf16, and of `attention_wgmma_bwd.cu` (D 128, f16 and bf16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Kernel {
+    Forward,
+    Preprocess,
+    DqDkDv,
+    ConvertDq,
+    /// The sm_90a forward of `attention_wgmma.cu`.
+    ForwardWgmma,
+    /// The sm_90a backward main kernel of `attention_wgmma_bwd.cu` (D = 128 only).
+    DqDkDvWgmma,
+}
+
+impl Kernel {
+    fn prefix(self) -> &'static str {
+        match self {
+            Kernel::Forward => "flash_fwd",
+            Kernel::Preprocess => "flash_bwd_preprocess",
+            Kernel::DqDkDv => "flash_bwd_dq_dk_dv",
+            Kernel::ConvertDq => "flash_bwd_convert_dq",
+            Kernel::ForwardWgmma => "flash_fwd_wgmma",
+            Kernel::DqDkDvWgmma => "flash_bwd_wgmma",
+        }
+    }
+
+    /// The program (`kernels/cuda/<module>.cu`) that holds it.
+    fn module(self) -> &'static str {
+        match self {
+            Kernel::ForwardWgmma => WGMMA_MODULE,
+            Kernel::DqDkDvWgmma => WGMMA_BWD_MODULE,
+            _ => MODULE,
+        }
+    }
+
+    /// The op that launches it (for errors).
+    fn op(self) -> &'static str {
+        match self {
+            Kernel::Forward | Kernel::ForwardWgmma => FWD,
+            _ => BWD,
+        }
+    }
+
+    /// The key of this kernel for head dim `d` in the per-stream function cache.
+    fn code(self, d: usize) -> u16 {
+        (self as u16) << 8 | d as u16
+    }
+
+    /// Threads per block (the D=64 forward is preset 1: 4 warps, 2 blocks per SM; the
+    /// wgmma kernels have 2 warpgroups of 128 threads).
+    fn threads(self, d: usize) -> u32 {
+        match (self, d) {
+            (Kernel::DqDkDv, _) | (Kernel::Forward, 64) => 128,
+            _ => 256,
+        }
+    }
+
+    /// Dynamic shared memory per block, in bytes.
+    fn smem(self, d: usize) -> u32 {
+        match (self, d) {
+            (Kernel::Forward, 64) => 65_536,
+            (Kernel::Forward, _) => 131_072,
+            (Kernel::DqDkDv, 64) => 58_368,
+            (Kernel::DqDkDv, _) => 70_144,
+            (Kernel::ForwardWgmma, 64) => 50_176,
+            (Kernel::ForwardWgmma, _) => 197_632,
+            (Kernel::DqDkDvWgmma, _) => 184_320,
+            _ => 0,
+        }
+    }
+
+    /// Keys per block of a backward main kernel (its grid is `ceil(Lk / keys)` x Hkv x B).
+    pub(super) fn keys_per_block(self, _d: usize) -> usize {
+        match self {
+            Kernel::DqDkDvWgmma => 128,
+            _ => 64,
+        }
+    }
+
+    /// Query rows per block of a forward (its grid is `ceil(Lq / rows)` x H x B): 128 for
+    /// both forwards and head dims, kept separate from the kernel so that a tile change in
+    /// a `.cu` file meets the test below.
+    pub(super) fn rows_per_block(self, _d: usize) -> usize {
+        128
+    }
+
+    fn config(self, d: usize, grid: (u32, u32, u32)) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: grid,
+            block_dim: (self.threads(d), 1, 1),
+            shared_mem_bytes: self.smem(d),
+        }
+    }
+}
+
+/// Per-stream state of the attention ops.
+#[derive(Default)]
+pub(super) struct AttnState {
+    /// Functions whose dynamic shared memory limit is set, by (kernel code, dtype).
+    prepared: HashSet<(u16, DType)>,
+    /// The backward's workspace, kept for the next call on this stream.
+    pub(super) workspace: Option<CudaSlice<f32>>,
+    /// The sm_90a kernels that failed to compile, load or configure here (their
+    /// `mma.sync` fallbacks run instead).
+    wgmma_failed: HashSet<Kernel>,
+}
+
+/// Whether `RTX_ATTN_WGMMA=0` turns the wgmma kernels off (read once).
+fn wgmma_disabled() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("RTX_ATTN_WGMMA").is_ok_and(|v| v == "0"))
+}
+
+/// The forward for head dim `d`: the wgmma kernel on compute capability 9.0, else the
+/// `mma.sync` one (see [`hopper_or`]).
+pub(super) fn forward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch> {
+    hopper_or(scx, Some(Kernel::ForwardWgmma), Kernel::Forward, d, dtype)
+}
+
+/// The backward main kernel for head dim `d`: the wgmma kernel for D = 128 on compute
+/// capability 9.0, else the `mma.sync` one (see [`hopper_or`]).
+pub(super) fn backward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch> {
+    let hopper = (d == 128).then_some(Kernel::DqDkDvWgmma);
+    hopper_or(scx, hopper, Kernel::DqDkDv, d, dtype)
+}
+
+/// `hopper` (an sm_90a kernel) on compute capability 9.0 unless `RTX_ATTN_WGMMA=0` or it
+/// failed before on this stream, else `fallback`. A failure to get `hopper` ready is
+/// logged once and remembered for the stream, and `fallback` is returned.
+fn hopper_or(
+    scx: &mut StreamCx,
+    hopper: Option<Kernel>,
+    fallback: Kernel,
+    d: usize,
+    dtype: DType,
+) -> Result<Launch> {
+    if let Some(k) = hopper {
+        if scx.arch() == (9, 0) && !wgmma_disabled() && !state(scx)?.wgmma_failed.contains(&k) {
+            match function(scx, k, d, dtype) {
+                Ok(f) => return Ok(f),
+                Err(e) => {
+                    tracing::warn!(
+                        "attention: the sm_90a kernel {} is unavailable on device {}, \
+                         using {} on this stream: {e}",
+                        k.prefix(),
+                        scx.ordinal(),
+                        fallback.prefix()
+                    );
+                    state(scx)?.wgmma_failed.insert(k);
+                }
+            }
+        }
+    }
+    function(scx, fallback, d, dtype)
+}
+
+pub(super) fn state(scx: &mut StreamCx) -> Result<&mut AttnState> {
+    scx.ext::<AttnState>(|_| Ok(AttnState::default()))
+}
+
+/// The function of `kernel` for head dim `d` and `dtype`, loaded for this stream and,
+/// the first time, checked against the launch and given its shared memory limit.
+pub(super) fn function(
+    scx: &mut StreamCx,
+    kernel: Kernel,
+    d: usize,
+    dtype: DType,
+) -> Result<Launch> {
+    let code = kernel.code(d);
+    let f = kernels::function(scx, kernel.module(), code, dtype, || {
+        format!("{}_d{d}_{}", kernel.prefix(), dtype.name())
+    })?;
+    if !state(scx)?.prepared.contains(&(code, dtype)) {
+        configure(scx, &f, kernel, d, dtype)?;
+        state(scx)?.prepared.insert((code, dtype));
+    }
+    Ok(Launch { f, kernel, d })
+}
+
+fn configure(
+    scx: &StreamCx,
+    f: &CudaFunction,
+    kernel: Kernel,
+    d: usize,
+    dtype: DType,
+) -> Result<()> {
+    let name = format!("{}_d{d}_{}", kernel.prefix(), dtype.name());
+    let cuda_err = |call: &str, e: cudarc::driver::DriverError| Error::Cuda {
+        call: format!("{call}({name})"),
+        message: e.to_string(),
+    };
+    scx.context()
+        .bind_to_thread()
+        .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+    let max_threads = f
+        .max_threads_per_block()
+        .map_err(|e| cuda_err("cuFuncGetAttribute", e))?;
+    if max_threads < kernel.threads(d) as i32 {
+        return Err(Error::invalid(
+            kernel.op(),
+            format!(
+                "{name} allows {max_threads} threads per block but is launched with {}: \
+                 {}.cu and ops/src/attention/cuda/ disagree on the launch",
+                kernel.threads(d),
+                kernel.module()
+            ),
+        ));
+    }
+    let smem = kernel.smem(d);
+    if smem > 0 {
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| cuda_err("cuFuncSetAttribute", e))?;
+    }
+    Ok(())
+}
+
+/// A kernel ready to launch: its function, configured for head dim `d`.
+pub(super) struct Launch {
+    f: CudaFunction,
+    pub(super) kernel: Kernel,
+    d: usize,
+}
+
+impl Launch {
+    /// Enqueues the kernel on `stream` over `grid` with `params`.
+    ///
+    /// # Safety
+    ///
+    /// Every non-NULL pointer in `params` must be the address of live device memory,
+    /// allocated on or ordered before `stream`, laid out and aligned as `attention.cu`
+    /// documents for the kernel (contiguous tensors of the sizes in `params`, in the
+    /// kernel's element type); the pointers the kernel reads must not be NULL and the
+    /// memory must stay alive until the kernel has run (stream order or a keep-alive).
+    pub(super) unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        grid: (u32, u32, u32),
+        params: &FlashParams,
+    ) -> Result<()> {
+        let mut lb = stream.launch_builder(&self.f);
+        lb.arg(params);
+        let cfg = self.kernel.config(self.d, grid);
+        // SAFETY: every kernel of attention.cu, attention_wgmma.cu and attention_wgmma_bwd.cu
+        // takes exactly one `FlashParams` by value; the block and shared memory are those documented for
+        // this kernel and D (the limit was raised in `configure`); the pointers are valid
+        // per this function's contract.
+        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(self.kernel.op(), e))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The number after `{cfg}::{field} == ` in a static_assert of program `module`.
+    fn asserted(module: &str, cfg: &str, field: &str) -> u32 {
+        let cu = rtx_kernels::source(module).expect("the program is built in");
+        let key = format!("{cfg}::{field} == ");
+        let at = cu
+            .source
+            .find(&key)
+            .unwrap_or_else(|| panic!("no static_assert on {key} in {module}.cu"));
+        let rest = &cu.source[at + key.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().expect("a number")
+    }
+
+    /// The documented shared memory sizes are those `attention.cu` asserts.
+    #[test]
+    fn smem_matches_the_kernel_asserts() {
+        let a = |cfg| asserted(MODULE, cfg, "SMEM_BYTES");
+        assert_eq!(Kernel::Forward.smem(64), a("AttnFwdCfgD64"));
+        assert_eq!(Kernel::Forward.smem(128), a("AttnFwdCfgD128"));
+        assert_eq!(Kernel::DqDkDv.smem(64), a("AttnBwdCfgD64"));
+        assert_eq!(Kernel::DqDkDv.smem(128), a("AttnBwdCfgD128"));
+    }
+
+    /// The wgmma forward's launch (smem, threads, rows per block) is what
+    /// `attention_wgmma.cu` asserts for its default tiles, and that program is the one
+    /// compiled for sm_90a.
+    #[test]
+    fn wgmma_launch_matches_the_kernel_asserts() {
+        for (d, cfg) in [(64, "AttnWgCfgD64"), (128, "AttnWgCfgD128")] {
+            let k = Kernel::ForwardWgmma;
+            assert_eq!(k.smem(d), asserted(WGMMA_MODULE, cfg, "SMEM_BYTES"));
+            assert_eq!(k.threads(d), asserted(WGMMA_MODULE, cfg, "NTHREADS"));
+            assert_eq!(
+                k.rows_per_block(d),
+                asserted(WGMMA_MODULE, cfg, "BR") as usize
+            );
+        }
+        let program = rtx_kernels::source(WGMMA_MODULE).expect("attention_wgmma.cu is built in");
+        assert!(program.arch_specific());
+        assert_eq!(Kernel::ForwardWgmma.module(), WGMMA_MODULE);
+        assert_eq!(Kernel::Forward.rows_per_block(64), 128);
+    }
+
+    /// The wgmma backward's launch (smem, threads, keys per block) is what
+    /// `attention_wgmma_bwd.cu` asserts for its default tiles, and that program is the one
+    /// compiled for sm_90a.
+    #[test]
+    fn wgmma_backward_launch_matches_the_kernel_asserts() {
+        let (k, cfg) = (Kernel::DqDkDvWgmma, "AttnWgBwdCfgD128");
+        assert_eq!(k.smem(128), asserted(WGMMA_BWD_MODULE, cfg, "SMEM_BYTES"));
+        assert_eq!(k.threads(128), asserted(WGMMA_BWD_MODULE, cfg, "NTHREADS"));
+        assert_eq!(
+            k.keys_per_block(128),
+            asserted(WGMMA_BWD_MODULE, cfg, "BC") as usize
+        );
+        let program =
+            rtx_kernels::source(WGMMA_BWD_MODULE).expect("attention_wgmma_bwd.cu is built in");
+        assert!(program.arch_specific());
+        assert_eq!(k.module(), WGMMA_BWD_MODULE);
+        assert_eq!(Kernel::DqDkDv.keys_per_block(128), 64);
+    }
+
+    #[test]
+    fn params_from_geometry() {
+        use crate::attention::{AttnParams, MaskKind};
+        let g = Geometry {
+            p: AttnParams {
+                b: 2,
+                h: 4,
+                h_kv: 2,
+                lq: 17,
+                lk: 33,
+                d: 64,
+                scale: 0.125,
+                causal: true,
+                mask: MaskKind::Full,
+            },
+            mask: Some(MaskLayout {
+                stride_b: 4 * 17 * 33,
+                stride_h: 17 * 33,
+            }),
+        };
+        let f = flash_params(&g);
+        assert_eq!((f.b, f.h, f.h_kv, f.lq, f.lk), (2, 4, 2, 17, 33));
+        assert_eq!(
+            (f.mask_stride_b, f.mask_stride_h, f.mask_stride_q),
+            (4 * 17 * 33, 17 * 33, 33)
+        );
+        assert_eq!((f.scale, f.causal, f.q, f.mask), (0.125, 1, 0, 0));
+        assert_eq!(Kernel::DqDkDv.code(128), 2 << 8 | 128);
+    }
+}

@@ -1,0 +1,221 @@
+//! CUDA launches of `kernels/cuda/attention.cu` (FlashAttention-2, f16/bf16, D 64/128),
+//! of `kernels/cuda/attention_wgmma.cu` (the Hopper forward) and of
+//! `kernels/cuda/attention_wgmma_bwd.cu` (the Hopper backward main kernel, D 128).
+//!
+//! Every kernel takes one `FlashParams` (`rtx_kernels::launch`) by value; the kernel
+//! table (grids, blocks, dynamic shared memory: the ABI documented at the top of each
+//! `.cu` file) and the per-stream state are in `launch.rs`. The backward's f32 workspace (dq_accum, then
+//! dsum) is kept per stream for the next call: every use of it is ordered on that one
+//! stream, and the preprocess kernel rewrites all of it before the other two read it.
+//!
+//! # Which forward
+//!
+//! On compute capability 9.0 (H100, H200) the forward is `flash_fwd_wgmma_*`: warpgroup
+//! MMA (`wgmma.mma_async`), which exists only on the architecture-specific target
+//! `sm_90a` — rtx-kernels compiles that program for it by itself (its source is marked
+//! arch-specific) and the CUBIN loads on 9.0 devices only. Everywhere else, and on a 9.0
+//! device where that program fails to compile or load (the failure is logged once per
+//! stream, which then stays on the fallback), the forward is the `mma.sync` kernel of
+//! `attention.cu`. Both compute the same function (same ABI, masks, causal rule, lse
+//! convention); `RTX_ATTN_WGMMA=0` in the environment forces the `mma.sync` forward.
+//!
+//! # Which backward
+//!
+//! The backward is three kernels on one stream: `attention.cu`'s preprocess (dsum,
+//! dq_accum = 0), the main kernel (dK, dV, dq_accum), `attention.cu`'s convert (dq). For
+//! D = 128 on compute capability 9.0 the main kernel is `flash_bwd_wgmma_d128_*` of
+//! `attention_wgmma_bwd.cu` (wgmma, sm_90a, 128 keys per block), with the same fallback
+//! rules as the forward (its own failure flag per stream; `RTX_ATTN_WGMMA=0` turns it off
+//! too); otherwise it is `attention.cu`'s `flash_bwd_dq_dk_dv_*` (64 keys per block).
+
+mod launch;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::{bf16, f16};
+use rtx_runtime::cuda::StreamCx;
+use rtx_runtime::{Buffer, DType, Element, Error, Result};
+
+use self::launch::{
+    backward_function, flash_params, forward_function, function, state, FlashParams, Kernel, BWD,
+    FWD,
+};
+use super::geometry::Geometry;
+use crate::gemm::device::{dptr, dptr_mut};
+use crate::kernels;
+
+/// Largest backward workspace (bytes) kept per stream between calls; a larger one is
+/// allocated for its call and freed (stream-ordered) after it.
+const WORKSPACE_KEEP_MAX: usize = 256 << 20;
+
+// ---- forward ---------------------------------------------------------------------------
+
+/// Enqueues the forward: `(o, lse)` as new buffers.
+pub(super) fn forward(
+    scx: &mut StreamCx,
+    g: &Geometry,
+    dtype: DType,
+    qkv: [&Buffer; 3],
+    mask: Option<&Buffer>,
+) -> Result<(Buffer, Buffer)> {
+    match dtype {
+        DType::F16 => forward_t::<f16>(scx, g, qkv, mask),
+        DType::BF16 => forward_t::<bf16>(scx, g, qkv, mask),
+        other => Err(Error::dtype(FWD, DType::F16, other)),
+    }
+}
+
+fn forward_t<T: Element>(
+    scx: &mut StreamCx,
+    g: &Geometry,
+    [q, k, v]: [&Buffer; 3],
+    mask: Option<&Buffer>,
+) -> Result<(Buffer, Buffer)> {
+    let p = &g.p;
+    let f = forward_function(scx, p.d, T::DTYPE)?;
+    let mut o = kernels::alloc_out::<T>(scx, p.q_len())?;
+    let mut lse = kernels::alloc_out::<f32>(scx, p.lse_len())?;
+    let (q, k, v) = (q.cuda::<T>()?, k.cuda::<T>()?, v.cuda::<T>()?);
+    let mask = mask.map(|m| m.cuda::<T>()).transpose()?;
+    {
+        let stream: &CudaStream = scx.stream();
+        let (qp, _gq) = dptr(q, stream);
+        let (kp, _gk) = dptr(k, stream);
+        let (vp, _gv) = dptr(v, stream);
+        let (mp, _gm) = mask.map(|m| dptr(m, stream)).unzip();
+        let (op, _go) = dptr_mut(&mut o, stream);
+        let (lp, _gl) = dptr_mut(&mut lse, stream);
+        let params = FlashParams {
+            q: qp,
+            k: kp,
+            v: vp,
+            mask: mp.unwrap_or(0),
+            o: op,
+            lse: lp,
+            ..flash_params(g)
+        };
+        let rows = f.kernel.rows_per_block(p.d);
+        let grid = (p.lq.div_ceil(rows) as u32, p.h as u32, p.b as u32);
+        // SAFETY: q, k, v are the op's inputs ([B,H,Lq,D], [B,Hkv,Lk,D] x2 of T, kept
+        // alive by the op until its completion), the mask (if any) holds the planes
+        // its strides in `params` address (validated at submit), o and lse are fresh
+        // allocations of B*H*Lq*D T and B*H*Lq f32 on this stream; all are whole,
+        // contiguous device allocations (aligned beyond the 16 bytes the kernels need).
+        unsafe { f.launch(stream, grid, &params) }?;
+    }
+    Ok((Buffer::from_cuda(o), Buffer::from_cuda(lse)))
+}
+
+// ---- backward --------------------------------------------------------------------------
+
+/// The backward workspace (f32: dq_accum `[B,H,Lq,D]`, then dsum `[B,H,Lq]`) of at
+/// least `n` elements: this stream's cached one when big enough, else a new one (the
+/// too-small one is freed, stream-ordered after its last use).
+fn take_workspace(scx: &mut StreamCx, n: usize) -> Result<CudaSlice<f32>> {
+    if let Some(ws) = state(scx)?.workspace.take() {
+        if ws.len() >= n {
+            return Ok(ws);
+        }
+    }
+    scx.alloc::<f32>(n)
+}
+
+/// Keeps `ws` for the next backward on this stream unless it is too large to hold.
+fn keep_workspace(scx: &mut StreamCx, ws: CudaSlice<f32>) -> Result<()> {
+    if ws.len() * 4 <= WORKSPACE_KEEP_MAX {
+        state(scx)?.workspace = Some(ws);
+    }
+    Ok(())
+}
+
+/// Enqueues the backward: `(dq, dk, dv)` as new buffers. `ins` is q, k, v, o, dO.
+pub(super) fn backward(
+    scx: &mut StreamCx,
+    g: &Geometry,
+    dtype: DType,
+    ins: [&Buffer; 5],
+    lse: &Buffer,
+    mask: Option<&Buffer>,
+) -> Result<(Buffer, Buffer, Buffer)> {
+    match dtype {
+        DType::F16 => backward_t::<f16>(scx, g, ins, lse, mask),
+        DType::BF16 => backward_t::<bf16>(scx, g, ins, lse, mask),
+        other => Err(Error::dtype(BWD, DType::F16, other)),
+    }
+}
+
+fn backward_t<T: Element>(
+    scx: &mut StreamCx,
+    g: &Geometry,
+    [q, k, v, o, dout]: [&Buffer; 5],
+    lse: &Buffer,
+    mask: Option<&Buffer>,
+) -> Result<(Buffer, Buffer, Buffer)> {
+    let p = &g.p;
+    let d = p.d;
+    let pre = function(scx, Kernel::Preprocess, d, T::DTYPE)?;
+    let main = backward_function(scx, d, T::DTYPE)?;
+    let conv = function(scx, Kernel::ConvertDq, d, T::DTYPE)?;
+    let mut dq = kernels::alloc_out::<T>(scx, p.q_len())?;
+    let mut dk = kernels::alloc_out::<T>(scx, p.kv_len())?;
+    let mut dv = kernels::alloc_out::<T>(scx, p.kv_len())?;
+    let mut ws = take_workspace(scx, p.q_len() + p.lse_len())?;
+    let (q, k, v) = (q.cuda::<T>()?, k.cuda::<T>()?, v.cuda::<T>()?);
+    let (o, dout, lse) = (o.cuda::<T>()?, dout.cuda::<T>()?, lse.cuda::<f32>()?);
+    let mask = mask.map(|m| m.cuda::<T>()).transpose()?;
+    {
+        let stream: &CudaStream = scx.stream();
+        let (qp, _gq) = dptr(q, stream);
+        let (kp, _gk) = dptr(k, stream);
+        let (vp, _gv) = dptr(v, stream);
+        let (mp, _gm) = mask.map(|m| dptr(m, stream)).unzip();
+        let (op, _go) = dptr(o, stream);
+        let (lp, _gl) = dptr(lse, stream);
+        let (dop, _gdo) = dptr(dout, stream);
+        let (wp, _gw) = dptr_mut(&mut ws, stream);
+        let (dqp, _gdq) = dptr_mut(&mut dq, stream);
+        let (dkp, _gdk) = dptr_mut(&mut dk, stream);
+        let (dvp, _gdv) = dptr_mut(&mut dv, stream);
+        let params = FlashParams {
+            q: qp,
+            k: kp,
+            v: vp,
+            mask: mp.unwrap_or(0),
+            o: op,
+            lse: lp,
+            dout: dop,
+            dq_accum: wp,
+            // After dq_accum's B*H*Lq*D floats: a multiple of 256 bytes in (D >= 64).
+            dsum: wp + 4 * p.q_len() as u64,
+            dq: dqp,
+            dk: dkp,
+            dv: dvp,
+            ..flash_params(g)
+        };
+        let rows = p.b * p.h * p.lq;
+        let rows_per_block = 256 / (d / 8);
+        let pre_grid = (rows.div_ceil(rows_per_block) as u32, 1, 1);
+        let keys = main.kernel.keys_per_block(d);
+        let main_grid = (p.lk.div_ceil(keys) as u32, p.h_kv as u32, p.b as u32);
+        let conv_grid = ((p.q_len() / 4).div_ceil(256).clamp(1, 65_535) as u32, 1, 1);
+        // SAFETY (all three): q, k, v, o, dO, lse and the mask are the op's inputs in
+        // the shapes and dtypes validated at submit (o/dO/dq [B,H,Lq,D] and k/v/dk/dv
+        // [B,Hkv,Lk,D] of T, lse [B,H,Lq] f32), kept alive by the op until completion;
+        // dq, dk, dv are fresh allocations on this stream; the workspace holds
+        // B*H*Lq*(D+1) f32 (dq_accum then dsum, both 16-byte aligned) and is only
+        // used on this stream. All are whole, contiguous device allocations (aligned
+        // beyond the 16 bytes the kernels need). The launches are ordered on one stream
+        // as attention.cu requires: preprocess, dq/dk/dv (either main kernel: the same
+        // inputs and outputs; its grid covers Lk in blocks of its keys), convert dq.
+        unsafe {
+            pre.launch(stream, pre_grid, &params)?;
+            main.launch(stream, main_grid, &params)?;
+            conv.launch(stream, conv_grid, &params)?;
+        }
+    }
+    keep_workspace(scx, ws)?;
+    Ok((
+        Buffer::from_cuda(dq),
+        Buffer::from_cuda(dk),
+        Buffer::from_cuda(dv),
+    ))
+}

@@ -1,0 +1,271 @@
+//! GEMM on CUDA: the per-stream library state ([`GemmState`]) and its plan cache.
+//!
+//! # Per-stream state
+//!
+//! Each stream actor owns one [`GemmState`], created lazily on the actor thread the
+//! first time a GEMM runs there (`StreamCx::ext`), and dropped with the actor:
+//!
+//! - a cuBLASLt handle and its workspace (32 MiB on Hopper and newer, 4 MiB before,
+//!   NVIDIA's recommendation), used by every call on this stream only. A workspace is
+//!   never shared between streams: two streams writing one workspace would race.
+//! - a cuBLAS handle bound to the stream, for the fallback when cuBLASLt's heuristic
+//!   has no algorithm, created only when the fallback first runs (dropping a cuBLAS
+//!   handle synchronizes the whole context, which actors should not pay for nothing);
+//! - the plan cache: [`PlanKey`] → the cuBLASLt plan (descriptors, layouts, chosen
+//!   algorithm), or `None` when cuBLASLt had none (then cuBLAS runs, and for `linear`
+//!   the bias/activation kernel of `epilogue.rs`). A hit skips descriptor creation and
+//!   the heuristic; hits and misses are counted process-wide
+//!   ([`gemm_plan_cache_stats`]).
+//!
+//! The same key on any stream gives the same algorithm (the heuristic is a pure
+//! function of the problem), so a GEMM gives bit-identical results on every stream.
+
+pub(crate) mod backward;
+pub(crate) mod device;
+pub(crate) mod epilogue;
+mod lt;
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudarc::cublas::{self, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
+use cudarc::driver::{CudaSlice, CudaStream};
+use rtx_runtime::cuda::StreamCx;
+use rtx_runtime::{DType, Element, Error, Result};
+
+use self::device::{alignment, cublas_error, dptr, dptr_mut, require_library};
+use self::lt::{LtHandle, LtPlan, PlanKey, Ptrs};
+use super::shape::GemmDims;
+use super::Activation;
+use crate::kernels::alloc_out;
+
+pub(super) static PLAN_HITS: AtomicU64 = AtomicU64::new(0);
+pub(super) static PLAN_MISSES: AtomicU64 = AtomicU64::new(0);
+static LT_FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// `(hits, misses)` of the per-stream cuBLASLt plan caches, summed over every stream
+/// of every runtime in this process. A miss builds descriptors and runs the heuristic;
+/// a hit reuses them.
+pub fn gemm_plan_cache_stats() -> (u64, u64) {
+    (
+        PLAN_HITS.load(Ordering::Relaxed),
+        PLAN_MISSES.load(Ordering::Relaxed),
+    )
+}
+
+/// How many plans (process-wide) found no cuBLASLt algorithm and use the cuBLAS
+/// fallback (plus the bias/activation kernel for `linear`). Expected to stay 0 for
+/// ordinary f32/f16/bf16 problems; a count here is worth a look.
+pub fn gemm_lt_fallbacks() -> u64 {
+    LT_FALLBACKS.load(Ordering::Relaxed)
+}
+
+/// One GEMM as the CUDA backend runs it: `out = act(op(a) · op(b) + bias)`.
+pub(crate) struct GemmArgs<'a, T> {
+    pub a: &'a CudaSlice<T>,
+    pub b: &'a CudaSlice<T>,
+    pub bias: Option<&'a CudaSlice<T>>,
+    pub dims: &'a GemmDims,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub tf32: bool,
+    pub act: Activation,
+}
+
+/// A stream's cuBLAS / cuBLASLt handles, workspace and plan cache.
+/// (The fields are visible to `backward.rs`, which plans the training epilogues
+/// through the same handle, workspace and cache.)
+pub(crate) struct GemmState {
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) lt: LtHandle,
+    pub(super) workspace: CudaSlice<u32>,
+    /// Created by the first fallback (see the module docs).
+    blas: Option<CudaBlas>,
+    pub(super) plans: HashMap<PlanKey, Option<LtPlan>>,
+}
+
+impl GemmState {
+    /// Creates the handles on the actor thread (the `ext` initializer).
+    pub fn new(scx: &StreamCx) -> Result<Self> {
+        // SAFETY: the presence probes only try to dlopen the libraries.
+        require_library("cublasLt", || unsafe {
+            cudarc::cublaslt::sys::is_culib_present()
+        })?;
+        // SAFETY: as above.
+        require_library("cublas", || unsafe {
+            cudarc::cublas::sys::is_culib_present()
+        })?;
+        scx.context().bind_to_thread().map_err(|e| Error::Cuda {
+            call: "cuCtxSetCurrent".into(),
+            message: e.to_string(),
+        })?;
+        let stream = scx.stream().clone();
+        let lt = LtHandle::new()?;
+        let bytes = if scx.arch().0 >= 9 { 32 << 20 } else { 4 << 20 };
+        // Counted in u32 words so the runtime's allocator (typed OOM errors) applies.
+        let workspace = scx.alloc::<u32>(bytes / 4)?;
+        Ok(GemmState {
+            stream,
+            lt,
+            workspace,
+            blas: None,
+            plans: HashMap::new(),
+        })
+    }
+
+    /// Enqueues the product into `d`. Returns whether the bias/activation epilogue is
+    /// still to be applied (the cuBLAS fallback has no epilogue).
+    fn run<T: Element>(&mut self, g: &GemmArgs<'_, T>, d: &mut CudaSlice<T>) -> Result<bool>
+    where
+        CudaBlas: Gemm<T>,
+    {
+        let GemmState {
+            stream,
+            lt,
+            workspace,
+            blas,
+            plans,
+        } = self;
+        let owned_stream: &Arc<CudaStream> = stream;
+        let stream: &CudaStream = stream;
+        let ws_len = workspace.len() * 4;
+        let (a, _ga) = dptr(g.a, stream);
+        let (b, _gb) = dptr(g.b, stream);
+        let bias = g.bias.map(|s| dptr(s, stream));
+        let bias_ptr = bias.as_ref().map(|(p, _)| *p);
+        let (ws, _gw) = dptr_mut(workspace, stream);
+        let dims = g.dims;
+        let key = PlanKey {
+            dtype: T::DTYPE,
+            m: dims.m,
+            n: dims.n,
+            k: dims.k,
+            batch: dims.batch,
+            a_bs: dims.a_bs,
+            b_bs: dims.b_bs,
+            trans_a: g.trans_a,
+            trans_b: g.trans_b,
+            bias: g.bias.is_some(),
+            act: g.act,
+            tf32: g.tf32 && T::DTYPE == DType::F32,
+            align: [
+                alignment(a),
+                alignment(b),
+                alignment(out_ptr(d, stream)),
+                bias_ptr.map_or(256, alignment),
+            ],
+            fused: None,
+        };
+        let plan = match plans.entry(key) {
+            Entry::Occupied(e) => {
+                PLAN_HITS.fetch_add(1, Ordering::Relaxed);
+                e.into_mut()
+            }
+            Entry::Vacant(e) => {
+                PLAN_MISSES.fetch_add(1, Ordering::Relaxed);
+                let plan = LtPlan::new(lt, &key, bias_ptr, ws_len)?;
+                if plan.is_none() {
+                    LT_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                }
+                e.insert(plan)
+            }
+        };
+        match plan {
+            Some(plan) => {
+                let (dp, _gd) = dptr_mut(d, stream);
+                let ptrs = Ptrs {
+                    a,
+                    b,
+                    d: dp,
+                    bias: bias_ptr,
+                    workspace: (ws, ws_len),
+                };
+                // SAFETY: `a`, `b` (and `bias`) are the op's input buffers, validated at
+                // submit to hold `batch·m·k`, `batch·k·n` (or one matrix when broadcast)
+                // and `n` elements of `T`; `d` was allocated for `batch·m·n`; the
+                // workspace is this stream's own, `ws_len` bytes. The op keeps its inputs
+                // alive until completion and owns `d`; `d` is fresh, so it overlaps
+                // nothing; `lt` built the plan.
+                unsafe { plan.launch(lt, &ptrs, stream.cu_stream() as _) }?;
+                Ok(false)
+            }
+            None => {
+                let blas = match blas {
+                    Some(b) => b,
+                    None => blas.insert(
+                        CudaBlas::new(owned_stream.clone())
+                            .map_err(|e| cublas_error("cublasCreate", e.0))?,
+                    ),
+                };
+                blas_gemm(blas, g, d)?;
+                Ok(g.bias.is_some() || g.act != Activation::None)
+            }
+        }
+    }
+}
+
+/// The output's address (for its alignment).
+fn out_ptr<T>(d: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    dptr(d, stream).0
+}
+
+/// The fallback: cuBLAS strided-batched GEMM, same row-major trick as `lt.rs`.
+fn blas_gemm<T: Element>(blas: &CudaBlas, g: &GemmArgs<'_, T>, d: &mut CudaSlice<T>) -> Result<()>
+where
+    CudaBlas: Gemm<T>,
+{
+    use cublas::sys::{cublasMath_t as M, cublasOperation_t as Op};
+    let mode = if g.tf32 && T::DTYPE == DType::F32 {
+        M::CUBLAS_TF32_TENSOR_OP_MATH
+    } else {
+        M::CUBLAS_DEFAULT_MATH
+    };
+    // SAFETY: the handle is live (owned by `blas`); setting its math mode has no other
+    // effect, and only this actor thread uses the handle.
+    unsafe { cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
+        .result()
+        .map_err(|e| cublas_error("cublasSetMathMode", e.0))?;
+    let op = |t: bool| if t { Op::CUBLAS_OP_T } else { Op::CUBLAS_OP_N };
+    let dm = g.dims;
+    let (m, n, k) = (dm.m as i32, dm.n as i32, dm.k as i32);
+    let cfg = StridedBatchedConfig {
+        gemm: GemmConfig {
+            transa: op(g.trans_b),
+            transb: op(g.trans_a),
+            m: n,
+            n: m,
+            k,
+            alpha: T::from_f64(1.0),
+            lda: if g.trans_b { k } else { n },
+            ldb: if g.trans_a { m } else { k },
+            beta: T::from_f64(0.0),
+            ldc: n,
+        },
+        batch_size: dm.batch as i32,
+        stride_a: dm.b_bs as i64,
+        stride_b: dm.a_bs as i64,
+        stride_c: (dm.m * dm.n) as i64,
+    };
+    // SAFETY: the configuration describes exactly the validated buffers: our B
+    // (cuBLAS's A) and our A (cuBLAS's B) with their leading dimensions and batch
+    // strides (0 broadcasts), and `d` with `batch·m·n` elements; all sizes fit in i32
+    // (checked at submit). The buffers outlive the enqueued work (op keep-alive).
+    unsafe { blas.gemm_strided_batched(cfg, g.b, g.a, d) }
+        .map_err(|e| cublas_error("cublasGemmStridedBatchedEx", e.0))
+}
+
+/// Runs one GEMM on this stream and returns the new output buffer.
+pub(crate) fn gemm<T: Element>(scx: &mut StreamCx, g: GemmArgs<'_, T>) -> Result<CudaSlice<T>>
+where
+    CudaBlas: Gemm<T>,
+{
+    let len = g.dims.batch * g.dims.m * g.dims.n;
+    let mut d = alloc_out::<T>(scx, len)?;
+    let pending_epilogue = scx.ext::<GemmState>(GemmState::new)?.run(&g, &mut d)?;
+    if pending_epilogue {
+        epilogue::bias_act(scx, &mut d, g.bias, g.dims.n, 1, g.act)?;
+    }
+    Ok(d)
+}
