@@ -134,10 +134,7 @@ pub(crate) fn alloc_out<T: Element>(scx: &StreamCx, n: usize) -> Result<CudaSlic
         // alive until the end of this function and beyond (we return `y`); the memset is
         // ordered on the stream that allocated it, before any kernel that writes it.
         unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }
-            .map_err(|e| Error::Cuda {
-                call: "cuMemsetD8Async".into(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| Error::cuda("cuMemsetD8Async", e))?;
     }
     Ok(y)
 }
@@ -188,7 +185,8 @@ pub(crate) fn cubin(module: &str, arch: (i32, i32)) -> Result<Arc<Vec<u8>>> {
         .map_err(|e| kernel_error(module, arch, e))
 }
 
-fn kernel_error(module: &str, arch: Arch, e: KernelError) -> Error {
+/// Maps a kernel-cache failure to [`Error::KernelCompile`], keeping NVRTC's status.
+pub(crate) fn kernel_error(module: &str, arch: Arch, e: KernelError) -> Error {
     match e {
         KernelError::Compile {
             name,
@@ -199,11 +197,23 @@ fn kernel_error(module: &str, arch: Arch, e: KernelError) -> Error {
         } => Error::KernelCompile {
             kernel: name,
             arch,
-            log: format!("{status}\n{log}"),
+            status: Some(status),
+            log,
+        },
+        KernelError::Nvrtc {
+            ref name,
+            ref status,
+            ..
+        } => Error::KernelCompile {
+            kernel: name.clone(),
+            arch: arch.to_string(),
+            status: Some(status.clone()),
+            log: e.to_string(),
         },
         other => Error::KernelCompile {
             kernel: module.to_string(),
             arch: arch.to_string(),
+            status: None,
             log: other.to_string(),
         },
     }
@@ -235,10 +245,7 @@ pub(crate) fn config(grid: u32, shared_mem_bytes: u32) -> LaunchConfig {
 
 /// Maps a launch failure to [`Error::KernelExecution`].
 pub(crate) fn launch_error(op: &str, e: cudarc::driver::DriverError) -> Error {
-    Error::KernelExecution {
-        op: op.to_string(),
-        message: format!("cuLaunchKernel: {e}"),
-    }
+    Error::kernel_execution(op, "cuLaunchKernel", e)
 }
 
 // ---- operands --------------------------------------------------------------------------

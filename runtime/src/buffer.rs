@@ -149,54 +149,47 @@ impl Buffer {
             Buffer::Cuda(d) => d.dtype(),
         }
     }
-    /// The host elements, if this is host memory of dtype `T`.
+    /// The host elements, if this is host memory of dtype `T` (else
+    /// [`Error::BufferAccess`]).
     pub fn cpu<T: Element>(&self) -> Result<&[T]> {
         match self {
-            Buffer::Cpu(d) => {
-                T::cpu(d).ok_or_else(|| Error::dtype("buffer access", T::DTYPE, d.dtype()))
-            }
-            Buffer::Cuda(_) => Err(Error::invalid(
-                "buffer access",
-                "host access to device memory",
-            )),
+            Buffer::Cpu(d) => T::cpu(d).ok_or_else(|| self.access_error::<T>("host")),
+            Buffer::Cuda(_) => Err(self.access_error::<T>("host")),
         }
     }
     /// The host elements, mutably.
     pub fn cpu_mut<T: Element>(&mut self) -> Result<&mut [T]> {
+        let err = self.access_error::<T>("host");
         match self {
-            Buffer::Cpu(d) => {
-                let got = d.dtype();
-                T::cpu_mut(d).ok_or_else(|| Error::dtype("buffer access", T::DTYPE, got))
-            }
-            Buffer::Cuda(_) => Err(Error::invalid(
-                "buffer access",
-                "host access to device memory",
-            )),
+            Buffer::Cpu(d) => T::cpu_mut(d).ok_or(err),
+            Buffer::Cuda(_) => Err(err),
         }
     }
-    /// The device slice, if this is device memory of dtype `T`.
+    /// The device slice, if this is device memory of dtype `T` (else
+    /// [`Error::BufferAccess`]).
     pub fn cuda<T: Element>(&self) -> Result<&CudaSlice<T>> {
         match self {
-            Buffer::Cuda(d) => {
-                T::cuda(d).ok_or_else(|| Error::dtype("buffer access", T::DTYPE, d.dtype()))
-            }
-            Buffer::Cpu(_) => Err(Error::invalid(
-                "buffer access",
-                "device access to host memory",
-            )),
+            Buffer::Cuda(d) => T::cuda(d).ok_or_else(|| self.access_error::<T>("device")),
+            Buffer::Cpu(_) => Err(self.access_error::<T>("device")),
         }
     }
     /// The device slice, mutably.
     pub fn cuda_mut<T: Element>(&mut self) -> Result<&mut CudaSlice<T>> {
+        let err = self.access_error::<T>("device");
         match self {
-            Buffer::Cuda(d) => {
-                let got = d.dtype();
-                T::cuda_mut(d).ok_or_else(|| Error::dtype("buffer access", T::DTYPE, got))
-            }
-            Buffer::Cpu(_) => Err(Error::invalid(
-                "buffer access",
-                "device access to host memory",
-            )),
+            Buffer::Cuda(d) => T::cuda_mut(d).ok_or(err),
+            Buffer::Cpu(_) => Err(err),
+        }
+    }
+    /// The error for accessing this buffer as `side` (host or device) memory of `T`.
+    fn access_error<T: Element>(&self, side: &str) -> Error {
+        let held = match self {
+            Buffer::Cpu(_) => "host",
+            Buffer::Cuda(_) => "device",
+        };
+        Error::BufferAccess {
+            wanted: format!("{side} {}", T::DTYPE),
+            held: format!("{held} {}", self.dtype()),
         }
     }
 }

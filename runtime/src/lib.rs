@@ -41,7 +41,7 @@ pub use buffer::{Buffer, CpuData, CudaData};
 pub use completion::{block_on, Submission};
 pub use device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
 pub use dtype::{DType, Element};
-pub use error::{Error, Result, SubmitError};
+pub use error::{CublasStatus, CudaCode, CudnnStatus, Error, Result, SubmitError};
 pub use marker::Marker;
 pub use op::{BackendCx, BufferRef, Cost, ExecCx, Op, Outputs, Plan, PlanCx, TensorSpec};
 pub use runtime::{Backend, BackendKind, Builder, Runtime, RuntimeInfo, Shutdown, SubmitAsync};

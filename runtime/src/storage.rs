@@ -154,12 +154,7 @@ impl Storage {
                 Slot::Pending => g = wait(&self.cv, g),
                 Slot::Ready(r) => return Ok(r.clone()),
                 Slot::Failed(e) => return Err(e.clone()),
-                Slot::Donated => {
-                    return Err(Error::invalid(
-                        "storage",
-                        "buffer was donated to another op",
-                    ))
-                }
+                Slot::Donated => return Err(Error::Donated),
             }
         }
     }
@@ -170,10 +165,7 @@ impl Storage {
             Slot::Pending => None,
             Slot::Ready(r) => Some(Ok(r.clone())),
             Slot::Failed(e) => Some(Err(e.clone())),
-            Slot::Donated => Some(Err(Error::invalid(
-                "storage",
-                "buffer was donated to another op",
-            ))),
+            Slot::Donated => Some(Err(Error::Donated)),
         }
     }
 

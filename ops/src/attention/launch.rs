@@ -280,10 +280,8 @@ fn configure(
     dtype: DType,
 ) -> Result<()> {
     let name = format!("{}_d{d}_{}", kernel.prefix(), dtype.name());
-    let cuda_err = |call: &str, e: cudarc::driver::DriverError| Error::Cuda {
-        call: format!("{call}({name})"),
-        message: e.to_string(),
-    };
+    let cuda_err =
+        |call: &str, e: cudarc::driver::DriverError| Error::cuda(format!("{call}({name})"), e);
     scx.context()
         .bind_to_thread()
         .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;

@@ -36,11 +36,7 @@ fn function(scx: &mut StreamCx, dtype: DType, name: &str) -> Result<CudaFunction
         let arch = Arch::new(major.max(0) as u32, minor.max(0) as u32);
         KernelCache::global()
             .cubin_for(&SOURCE, arch, &Options::default())
-            .map_err(|e| Error::KernelCompile {
-                kernel: SOURCE.name.to_string(),
-                arch: arch.to_string(),
-                log: e.to_string(),
-            })
+            .map_err(|e| crate::kernels::kernel_error(SOURCE.name, arch, e))
     })?;
     scx.ext::<Loaded>(|_| Ok(Loaded::default()))?
         .0

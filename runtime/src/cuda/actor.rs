@@ -76,7 +76,10 @@ impl Outbox {
             for w in batch {
                 fail_after_enqueue(
                     w.env,
-                    Error::Synchronization("the completion watcher is gone".into()),
+                    Error::Synchronization {
+                        code: None,
+                        message: "the completion watcher is gone".into(),
+                    },
                     scx,
                 );
             }
@@ -84,11 +87,8 @@ impl Outbox {
     }
 }
 
-fn cuda_err(call: &str, e: impl std::fmt::Display) -> Error {
-    Error::Cuda {
-        call: call.into(),
-        message: e.to_string(),
-    }
+fn cuda_err(call: &str, e: cudarc::driver::DriverError) -> Error {
+    Error::cuda(call, e)
 }
 
 /// The actor thread of one CUDA stream.
@@ -440,9 +440,7 @@ fn finish(
         }
         Err(e) => {
             dev.poison(format!("{e} (detected after `{}`)", w.env.name()));
-            let err = dev
-                .poisoned()
-                .unwrap_or(Error::Synchronization(e.to_string()));
+            let err = dev.poisoned().unwrap_or(Error::synchronization(e));
             w.env.fail(err);
         }
     }

@@ -224,11 +224,15 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
     n: usize,
 ) -> Result<CudaSlice<T>> {
     if n == 0 {
-        return Err(Error::invalid("alloc", "zero-size allocation"));
+        return Err(Error::InvalidAllocation {
+            message: "zero elements".into(),
+        });
     }
-    let bytes = n
-        .checked_mul(std::mem::size_of::<T>())
-        .ok_or_else(|| Error::invalid("alloc", format!("{n} elements overflow usize bytes")))?;
+    let bytes =
+        n.checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::InvalidAllocation {
+                message: format!("{n} elements overflow usize bytes"),
+            })?;
     let ctx = stream.context();
     let own = STREAMS.get(&key(stream)).map(|m| m.value().clone());
     let class = class_of(bytes);
@@ -330,10 +334,7 @@ pub(crate) fn driver_error(
             available,
         };
     }
-    Error::Cuda {
-        call: call.into(),
-        message: e.to_string(),
-    }
+    Error::cuda(call, e)
 }
 
 #[cfg(test)]

@@ -84,18 +84,14 @@ impl StreamCx {
                     .dev
                     .ctx
                     .load_module(cudarc::nvrtc::Ptx::from_binary((*bin).clone()))
-                    .map_err(|e| Error::Cuda {
-                        call: format!("cuModuleLoadData({module})"),
-                        message: e.to_string(),
-                    })?;
+                    .map_err(|e| Error::cuda(format!("cuModuleLoadData({module})"), e))?;
                 self.dev.modules.insert(module.to_string(), m.clone());
                 m
             }
         };
-        let f = m.load_function(name).map_err(|e| Error::Cuda {
-            call: format!("cuModuleGetFunction({module}::{name})"),
-            message: e.to_string(),
-        })?;
+        let f = m
+            .load_function(name)
+            .map_err(|e| Error::cuda(format!("cuModuleGetFunction({module}::{name})"), e))?;
         self.functions.insert(key, f.clone());
         Ok(f)
     }

@@ -18,11 +18,8 @@ use crate::runtime::Runtime;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 
-fn cuda_err(call: &str, e: impl std::fmt::Display) -> Error {
-    Error::Cuda {
-        call: call.into(),
-        message: e.to_string(),
-    }
+fn cuda_err(call: &str, e: cudarc::driver::DriverError) -> Error {
+    Error::cuda(call, e)
 }
 
 /// The copy stream of device `ord`.

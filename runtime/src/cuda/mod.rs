@@ -125,10 +125,7 @@ pub(crate) struct Devices {
 }
 
 fn open_device(ordinal: usize) -> Result<StdArc<DeviceShared>> {
-    let cuda = |call: &str, e: cudarc::driver::DriverError| Error::Cuda {
-        call: call.into(),
-        message: e.to_string(),
-    };
+    let cuda = |call: &str, e: cudarc::driver::DriverError| Error::cuda(call, e);
     let ctx = CudaContext::new(ordinal).map_err(|e| cuda("cuCtxCreate", e))?;
     // SAFETY: called right after creating the context, before any slice exists; the
     // runtime orders every access by its own events from here on.
@@ -205,9 +202,9 @@ pub(crate) fn start(
             threads.push(spawn_named(name, move || {
                 actor::cuda_actor(rx, release, actor, dev, ready_tx, spin)
             }));
-            ready_rx.recv().map_err(|_| Error::Cuda {
-                call: "stream actor start".into(),
-                message: "actor died".into(),
+            ready_rx.recv().map_err(|_| Error::Synchronization {
+                code: None,
+                message: "a stream actor died while starting".into(),
             })??;
             if kind == StreamKind::Copy {
                 copy_streams.push((d.ordinal, id));
