@@ -76,23 +76,4 @@ impl Runtime {
     pub fn mark(&self, stream: StreamId) -> Result<Submission<Marker>> {
         self.submit_payload(stream, Mark)
     }
-
-    /// Submits an op whose value is produced at completion (`finish_with`).
-    pub(crate) fn submit_payload<O: Op, T: Send + 'static>(
-        &self,
-        stream: StreamId,
-        op: O,
-    ) -> Result<Submission<T>> {
-        let (env, sub, stream) = self.prepare(Some(stream), op).map_err(|e| e.error)?;
-        drop(sub);
-        let completion = env
-            .completion
-            .as_ref()
-            .map(|c| c.completion())
-            .expect("fresh envelope has its completion");
-        match self.send_job(stream, env) {
-            Ok(()) => Ok(Submission::payload(completion, stream)),
-            Err(_) => Err(Error::Shutdown),
-        }
-    }
 }

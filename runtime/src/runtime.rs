@@ -1,20 +1,23 @@
-//! The runtime: builder, submission, placement, shutdown.
+//! The runtime: builder, submission, placement, shutdown. A runtime is assembled from
+//! what its backend's `start` returns (`cpu::start`, `cuda::start`): the streams and
+//! their threads, and the backend's state ([`BackendState`]).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc as StdArc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::actor::ActorCx;
+use crate::actor::{spawn_named, StartCx, Started, StreamEntry};
 use crate::completion::{Completion, CompletionGuard, Submission};
 use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
 use crate::error::{Error, Result, SubmitError};
 use crate::job::{Envelope, Msg, OpJob};
-use crate::mailbox::{channel, Sender};
 use crate::op::{Op, Outputs, PlanCx};
-use crate::placement::{rough_ns, Affinity, LoadCounters, OpInfo, Policy, StreamLoad};
+use crate::placement::{rough_ns, Affinity, OpInfo, Policy, StreamLoad};
+use crate::settings::Settings;
+use crate::stats::{Counters, Stats};
 use crate::storage::Storage;
-pub use crate::submit_async::SubmitAsync;
 use crate::sync::{lock, read, replace, thread, Arc, AtomicBool, Mutex, Ordering, RwLock};
 use crate::tensor::Tensor;
 
@@ -39,12 +42,33 @@ pub enum BackendKind {
     Cuda,
 }
 
-/// Builds a [`Runtime`]. See [`Runtime::builder`].
+/// The backend side of a runtime: what its backend's `start` returned besides the
+/// streams. One enum, so the backend kind and its state cannot disagree.
+pub(crate) enum BackendState {
+    /// The CPU backend (no state of its own).
+    Cpu,
+    /// The CUDA backend: its devices and copy streams.
+    Cuda(crate::cuda::Devices),
+}
+
+impl BackendState {
+    fn kind(&self) -> BackendKind {
+        match self {
+            BackendState::Cpu => BackendKind::Cpu,
+            BackendState::Cuda(_) => BackendKind::Cuda,
+        }
+    }
+}
+
+/// Builds a [`Runtime`]. See [`Runtime::builder`]. The options besides the backend,
+/// streams, mailbox and policy are the runtime's [`Settings`]; each has an environment
+/// variable that overrides it (the table is in [`settings`](crate::settings)).
 pub struct Builder {
     backend: Backend,
     streams: usize,
     mailbox: usize,
     policy: Option<Arc<dyn Policy>>,
+    settings: Settings,
 }
 
 impl Builder {
@@ -69,9 +93,57 @@ impl Builder {
         self.policy = Some(policy_arc(p));
         self
     }
+    /// All settings at once (default [`Settings::default`]); the environment still
+    /// overrides them.
+    pub fn settings(mut self, s: Settings) -> Self {
+        self.settings = s;
+        self
+    }
+    /// How long idle CUDA stream actors poll their mailbox before sleeping (default:
+    /// 50 µs when the machine has a core for every actor plus four, else 0).
+    /// `RTX_ACTOR_SPIN_US` overrides it.
+    pub fn actor_spin(mut self, d: Duration) -> Self {
+        self.settings.actor_spin = Some(d);
+        self
+    }
+    /// Per-stream memory pools and block caches on CUDA (default on; off, every stream
+    /// allocates from the device's default pool, uncached). `RTX_STREAM_POOLS=0`
+    /// overrides it.
+    pub fn stream_pools(mut self, on: bool) -> Self {
+        self.settings.stream_pools = on;
+        self
+    }
+    /// Times the phases of every op on the CUDA actors, for [`Runtime::stats`] (default
+    /// off). `RTX_PROFILE` overrides it (`1`: on).
+    pub fn profile(mut self, on: bool) -> Self {
+        self.settings.profile = on;
+        self
+    }
+    /// Ops fill each fresh output with NaN (`0xFF` bytes on CUDA) before computing it, so
+    /// that a test catches unwritten elements (default off). `RTX_POISON_OUTPUTS`
+    /// overrides it (`1`: on).
+    pub fn poison_outputs(mut self, on: bool) -> Self {
+        self.settings.poison_outputs = on;
+        self
+    }
+    /// The attention ops' Hopper (wgmma) kernels on compute capability 9.0 (default
+    /// on). `RTX_ATTN_WGMMA=0` overrides it.
+    pub fn attn_wgmma(mut self, on: bool) -> Self {
+        self.settings.attn_wgmma = on;
+        self
+    }
     /// Starts the actors.
     pub fn build(self) -> Result<Runtime> {
         let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
+        let settings = self.settings.with_env();
+        let counters = StdArc::new(Counters::new(settings.profile));
+        let cx = |streams: usize| StartCx {
+            streams,
+            mailbox: self.mailbox,
+            policy: policy.clone(),
+            settings,
+            counters: counters.clone(),
+        };
         let want_cuda = match &self.backend {
             Backend::Cpu => None,
             Backend::Auto => crate::cuda::probe()
@@ -96,18 +168,27 @@ impl Builder {
                 Some(ords)
             }
         };
-        match want_cuda {
-            Some(ords) if self.backend == Backend::Auto => {
-                // `Auto` falls back to the CPU when CUDA is there but cannot be started
-                // (exclusive-process mode, a broken driver...), and says why.
-                crate::cuda::start(&ords, self.streams_or(4), self.mailbox, policy.clone()).or_else(|e| {
-                    tracing::warn!(error = %e, "CUDA found but not usable; using the CPU backend");
-                    Ok(start_cpu(self.streams_or(2), self.mailbox, policy))
-                })
-            }
-            Some(ords) => crate::cuda::start(&ords, self.streams_or(4), self.mailbox, policy),
-            None => Ok(start_cpu(self.streams_or(2), self.mailbox, policy)),
-        }
+        let cpu = || {
+            assemble(
+                crate::cpu::start(&cx(self.streams_or(2))),
+                BackendState::Cpu,
+            )
+        };
+        let cuda = |ords: &[usize]| {
+            crate::cuda::start(&cx(self.streams_or(4)), ords)
+                .map(|s| assemble_with(s, BackendState::Cuda))
+        };
+        let rt = match want_cuda {
+            // `Auto` falls back to the CPU when CUDA is there but cannot be started
+            // (exclusive-process mode, a broken driver...), and says why.
+            Some(ords) if self.backend == Backend::Auto => cuda(&ords).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "CUDA found but not usable; using the CPU backend");
+                cpu()
+            }),
+            Some(ords) => cuda(&ords)?,
+            None => cpu(),
+        };
+        Ok(rt.with(policy, settings, counters))
     }
     fn streams_or(&self, d: usize) -> usize {
         if self.streams == 0 {
@@ -118,20 +199,66 @@ impl Builder {
     }
 }
 
-/// One stream as the runtime sees it.
-pub(crate) struct StreamEntry {
-    pub(crate) info: StreamInfo,
-    pub(crate) tx: Sender<Msg>,
-    pub(crate) load: Arc<LoadCounters>,
+/// A started backend, before the runtime-wide parts are added.
+struct Assembled {
+    started: Started<()>,
+    backend: BackendState,
+}
+
+fn assemble(started: Started<()>, backend: BackendState) -> Assembled {
+    Assembled { started, backend }
+}
+
+/// Splits a backend's [`Started`] into its streams and its state (wrapped by `wrap`).
+fn assemble_with<S>(s: Started<S>, wrap: impl FnOnce(S) -> BackendState) -> Assembled {
+    let backend = wrap(s.state);
+    Assembled {
+        started: Started {
+            devices: s.devices,
+            streams: s.streams,
+            threads: s.threads,
+            state: (),
+        },
+        backend,
+    }
+}
+
+impl Assembled {
+    fn with(
+        self,
+        policy: Arc<dyn Policy>,
+        settings: Settings,
+        counters: StdArc<Counters>,
+    ) -> Runtime {
+        Runtime {
+            inner: Arc::new(Inner {
+                id: next_runtime_id(),
+                backend: self.backend,
+                devices: self.started.devices,
+                streams: self.started.streams,
+                policy,
+                settings,
+                counters,
+                closed: AtomicBool::new(false),
+                gate: RwLock::new(false),
+                threads: Mutex::new(self.started.threads),
+            }),
+        }
+    }
 }
 
 pub(crate) struct Inner {
     /// This runtime's id: tensors remember it, since stream ids and events are per runtime.
     pub(crate) id: u64,
-    pub(crate) kind: BackendKind,
+    /// The backend and its state.
+    pub(crate) backend: BackendState,
     pub(crate) devices: Vec<DeviceInfo>,
     pub(crate) streams: Vec<StreamEntry>,
     pub(crate) policy: Arc<dyn Policy>,
+    /// The settings it runs with (builder values, environment overrides applied).
+    pub(crate) settings: Settings,
+    /// Its cache counters and phase timings.
+    pub(crate) counters: StdArc<Counters>,
     /// Set once shutdown begins (a fast early check for `prepare`).
     pub(crate) closed: AtomicBool,
     /// The shutdown gate: every job send holds it shared and checks it; shutdown takes it
@@ -140,7 +267,6 @@ pub(crate) struct Inner {
     /// has drained (it would sit in the channel forever and its waiter would hang).
     pub(crate) gate: RwLock<bool>,
     pub(crate) threads: Mutex<Vec<thread::JoinHandle<()>>>,
-    pub(crate) cuda: Option<crate::cuda::Devices>,
 }
 
 /// The rtx runtime: stream actors, a scheduler, and the completion machinery.
@@ -202,50 +328,6 @@ impl std::fmt::Display for RuntimeInfo {
     }
 }
 
-fn start_cpu(n: usize, mailbox: usize, policy: Arc<dyn Policy>) -> Runtime {
-    let mut streams = Vec::with_capacity(n);
-    let mut threads = Vec::with_capacity(n);
-    for i in 0..n {
-        let (tx, rx) = channel(mailbox);
-        let actor = ActorCx {
-            stream: StreamId(i),
-            device: Device::Cpu,
-            policy: policy.clone(),
-        };
-        threads.push(spawn_named(format!("rtx-cpu-{i}"), move || {
-            crate::actor::cpu_actor(rx, actor)
-        }));
-        streams.push(StreamEntry {
-            info: StreamInfo {
-                id: StreamId(i),
-                device: Device::Cpu,
-                kind: StreamKind::Compute,
-            },
-            tx,
-            load: Arc::new(LoadCounters::default()),
-        });
-    }
-    let devices = vec![DeviceInfo {
-        device: Device::Cpu,
-        name: format!("{} rayon threads", rayon::current_num_threads()),
-        memory: None,
-        compute_capability: None,
-    }];
-    Runtime {
-        inner: Arc::new(Inner {
-            id: next_runtime_id(),
-            kind: BackendKind::Cpu,
-            devices,
-            streams,
-            policy,
-            closed: AtomicBool::new(false),
-            gate: RwLock::new(false),
-            threads: Mutex::new(threads),
-            cuda: None,
-        }),
-    }
-}
-
 /// A shared policy. loom's `Arc` cannot unsize to `dyn Policy`, so under loom the trait
 /// object is built as a std `Arc` and converted.
 fn policy_arc(p: impl Policy) -> Arc<dyn Policy> {
@@ -260,27 +342,9 @@ fn policy_arc(p: impl Policy) -> Arc<dyn Policy> {
 }
 
 /// A process-wide unique runtime id.
-pub(crate) fn next_runtime_id() -> u64 {
+fn next_runtime_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-pub(crate) fn spawn_named(
-    name: String,
-    f: impl FnOnce() + Send + 'static,
-) -> thread::JoinHandle<()> {
-    #[cfg(not(loom))]
-    {
-        thread::Builder::new()
-            .name(name)
-            .spawn(f)
-            .expect("spawning a stream actor thread")
-    }
-    #[cfg(loom)]
-    {
-        let _ = name;
-        thread::spawn(f)
-    }
 }
 
 impl Runtime {
@@ -291,18 +355,41 @@ impl Runtime {
             streams: 0,
             mailbox: 1024,
             policy: None,
+            settings: Settings::default(),
         }
     }
 
     /// The CPU backend with `streams` streams (a shorthand for tests and examples).
     pub fn cpu(streams: usize) -> Runtime {
-        start_cpu(streams.max(1), 1024, policy_arc(Affinity))
+        Runtime::builder()
+            .backend(Backend::Cpu)
+            .streams(streams)
+            .build()
+            .expect("the CPU backend always starts")
+    }
+
+    /// The settings this runtime runs with: the builder's, with the environment's
+    /// overrides applied (see [`settings`](crate::settings)).
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// This runtime's counters: block and pinned cache hits and misses, and the phase
+    /// timings when it profiles (setting `profile`). Counted since it started or since
+    /// the last [`Runtime::reset_stats`].
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Clears this runtime's counters (for measuring one part of a run).
+    pub fn reset_stats(&self) {
+        self.inner.counters.reset()
     }
 
     /// The backend, devices and streams.
     pub fn info(&self) -> RuntimeInfo {
         RuntimeInfo {
-            backend: self.inner.kind,
+            backend: self.inner.backend.kind(),
             devices: self.inner.devices.clone(),
             streams: self.inner.streams.iter().map(|s| s.info.clone()).collect(),
             policy: self.inner.policy.name(),
@@ -311,7 +398,7 @@ impl Runtime {
 
     /// The backend kind.
     pub fn backend(&self) -> BackendKind {
-        self.inner.kind
+        self.inner.backend.kind()
     }
 
     /// The default device (the first).
@@ -376,14 +463,23 @@ impl Runtime {
         }
     }
 
-    /// Like [`Runtime::submit`], but waits for mailbox room asynchronously.
-    pub fn submit_async<O: Op>(&self, op: O) -> SubmitAsync<O> {
-        SubmitAsync::new(self.clone(), op, None)
-    }
-
-    /// Like [`Runtime::submit_on`], but waits for mailbox room asynchronously.
-    pub fn submit_async_on<O: Op>(&self, stream: StreamId, op: O) -> SubmitAsync<O> {
-        SubmitAsync::new(self.clone(), op, Some(stream))
+    /// Submits an op whose value is produced at completion (`finish_with`).
+    pub(crate) fn submit_payload<O: Op, T: Send + 'static>(
+        &self,
+        stream: StreamId,
+        op: O,
+    ) -> Result<Submission<T>> {
+        let (env, sub, stream) = self.prepare(Some(stream), op).map_err(|e| e.error)?;
+        drop(sub);
+        let completion = env
+            .completion
+            .as_ref()
+            .map(|c| c.completion())
+            .expect("fresh envelope has its completion");
+        match self.send_job(stream, env) {
+            Ok(()) => Ok(Submission::payload(completion, stream)),
+            Err(_) => Err(Error::Shutdown),
+        }
     }
 
     /// Validates, places and packages an op; nothing is enqueued yet.

@@ -2,14 +2,21 @@
 //!
 //! A buffer is typed by an enum over the supported dtypes, so every access is checked
 //! without `unsafe`. Buffers are created by ops (outputs) and by uploads, and are owned by
-//! a tensor's storage once published (see `storage.rs` for the protocol).
+//! a tensor's storage once published (see `storage.rs` for the protocol). Device memory
+//! carries its allocator handle (`driver/alloc.rs`), so it goes back to the block cache
+//! it came from without any process-wide lookup.
+
+mod element;
 
 use std::mem::ManuallyDrop;
 
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 
-use crate::dtype::{DType, Element};
+pub use element::Element;
+
+use crate::driver::alloc::Home;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// Host memory of one dtype.
@@ -23,13 +30,20 @@ pub enum CpuData {
     U32(Vec<u32>),
 }
 
-/// Device memory of one dtype. Dropped, it goes back to the block cache of the stream
-/// actor that allocated it (or is freed stream-ordered; see the CUDA backend's
-/// allocator). The slices are wrapped in `ManuallyDrop` only so that the drop can hand
-/// them on; reach them through [`Element::cuda`](crate::Element) and friends.
-#[allow(missing_docs)]
+/// Device memory of one dtype, and where it goes when dropped: back to the block cache
+/// of the stream actor whose op produced it (or freed stream-ordered; see
+/// `driver/alloc.rs`). Reach the slice through [`Buffer::cuda`] or
+/// [`Element::cuda`](crate::Element) and friends.
 #[derive(Debug)]
-pub enum CudaData {
+pub struct CudaData {
+    data: Slices,
+    home: Home,
+}
+
+/// The slice of each dtype, wrapped in `ManuallyDrop` only so that the drop can hand it
+/// on to its home.
+#[derive(Debug)]
+enum Slices {
     F32(ManuallyDrop<CudaSlice<f32>>),
     F16(ManuallyDrop<CudaSlice<f16>>),
     BF16(ManuallyDrop<CudaSlice<bf16>>),
@@ -38,18 +52,52 @@ pub enum CudaData {
 }
 
 impl CudaData {
+    fn new(data: Slices) -> Self {
+        CudaData {
+            data,
+            home: Home::default(),
+        }
+    }
     /// Moves the slice out without recycling it (for `Element::from_cuda`).
-    pub(crate) fn into_slice<T: crate::dtype::Element>(self) -> Result<CudaSlice<T>, Self> {
+    pub(crate) fn into_slice<T: Element>(self) -> Result<CudaSlice<T>, Self> {
         if T::cuda(&self).is_none() {
             return Err(self);
         }
         let mut this = ManuallyDrop::new(self);
         let slice = T::cuda_mut(&mut this).expect("dtype checked above");
-        // SAFETY: `this` is never dropped (ManuallyDrop) nor used after this read, so
-        // the slice is moved out exactly once and its memory has one owner again.
-        Ok(unsafe { std::ptr::read(slice) })
+        // SAFETY: `this` is never dropped (ManuallyDrop) nor used after these reads, so
+        // the slice and the home are each moved out exactly once: the memory has one
+        // owner again, and the home handle is dropped once (below).
+        let (slice, home) = unsafe { (std::ptr::read(slice), std::ptr::read(&this.home)) };
+        drop(home);
+        Ok(slice)
+    }
+    /// Gives memory that has no home yet the home `home` (the actor running the op that
+    /// sets it as an output), if the memory is of that actor's stream (`stream`, as
+    /// `CUstream` handle value).
+    pub(crate) fn adopt(&mut self, home: Home, stream: usize) {
+        if self.home.is_none() && self.stream_handle() == stream {
+            self.home = home;
+        }
+    }
+    /// The `CUstream` handle of the slice's stream, as a number.
+    fn stream_handle(&self) -> usize {
+        each_slice!(&self.data, v => v.stream().cu_stream() as usize)
     }
 }
+
+macro_rules! each_slice {
+    ($e:expr, $v:ident => $body:expr) => {
+        match $e {
+            Slices::F32($v) => $body,
+            Slices::F16($v) => $body,
+            Slices::BF16($v) => $body,
+            Slices::I32($v) => $body,
+            Slices::U32($v) => $body,
+        }
+    };
+}
+use each_slice;
 
 macro_rules! each {
     ($e:expr, $v:ident => $body:expr) => {
@@ -65,9 +113,10 @@ macro_rules! each {
 
 impl Drop for CudaData {
     fn drop(&mut self) {
+        let home = &self.home;
         // SAFETY: each slice is taken exactly once, here, and the enum is never used
         // again (it is being dropped); `ManuallyDrop` keeps it from being dropped twice.
-        each!(self, v => crate::cuda::recycle(unsafe { ManuallyDrop::take(v) }))
+        each_slice!(&mut self.data, v => home.recycle(unsafe { ManuallyDrop::take(v) }))
     }
 }
 
@@ -95,7 +144,7 @@ impl CpuData {
 impl CudaData {
     /// Elements held.
     pub fn len(&self) -> usize {
-        each!(self, v => v.len())
+        each_slice!(&self.data, v => v.len())
     }
     /// Whether no elements are held.
     pub fn is_empty(&self) -> bool {
@@ -103,12 +152,12 @@ impl CudaData {
     }
     /// The dtype.
     pub fn dtype(&self) -> DType {
-        match self {
-            Self::F32(_) => DType::F32,
-            Self::F16(_) => DType::F16,
-            Self::BF16(_) => DType::BF16,
-            Self::I32(_) => DType::I32,
-            Self::U32(_) => DType::U32,
+        match self.data {
+            Slices::F32(_) => DType::F32,
+            Slices::F16(_) => DType::F16,
+            Slices::BF16(_) => DType::BF16,
+            Slices::I32(_) => DType::I32,
+            Slices::U32(_) => DType::U32,
         }
     }
 }
