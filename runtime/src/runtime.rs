@@ -277,7 +277,7 @@ pub(crate) struct Inner {
 /// # Examples
 ///
 /// ```
-/// use rtx_runtime::{Runtime, Backend, block_on};
+/// use rtx::{Runtime, Backend, block_on};
 /// let rt = Runtime::builder().backend(Backend::Cpu).streams(2).build().unwrap();
 /// let x = rt.upload(&[1.0f32, 2.0, 3.0], [3]).unwrap();
 /// let v: Vec<f32> = block_on(rt.to_vec(&x).unwrap()).unwrap();
@@ -451,6 +451,7 @@ impl Runtime {
     /// Sends a job to its stream's mailbox, blocking while it is full, behind the
     /// shutdown gate (see [`Inner::gate`]). The envelope comes back if the runtime is
     /// shutting down.
+    #[allow(clippy::result_large_err)] // the envelope comes back only on shutdown
     pub(crate) fn send_job(&self, stream: StreamId, env: Envelope) -> Result<(), Envelope> {
         let closed = read(&self.inner.gate);
         if *closed {

@@ -16,6 +16,16 @@
 //! | [`attn_wgmma`](crate::Builder::attn_wgmma) | `RTX_ATTN_WGMMA=0` turns off | on | The attention ops use their Hopper (sm_90a, wgmma) kernels on compute capability 9.0; off, the `mma.sync` kernels everywhere. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
+//! ```
+//! use rtx::{Backend, Runtime};
+//! let rt = Runtime::builder().backend(Backend::Cpu).poison_outputs(true).build().unwrap();
+//! // The environment variable, when set, wins over the builder.
+//! let env = std::env::var("RTX_POISON_OUTPUTS").ok();
+//! assert_eq!(rt.settings().poison_outputs, env.map_or(true, |v| v == "1"));
+//! // Counters are the runtime's own.
+//! assert_eq!(rt.stats().block_cache.hits, 0);
+//! ```
+//!
 //! Ops read the settings of the runtime they run in through
 //! [`ExecCx::settings`](crate::ExecCx::settings) or
 //! [`StreamCx::settings`](crate::cuda::StreamCx::settings).

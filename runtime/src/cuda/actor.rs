@@ -170,7 +170,7 @@ pub(crate) fn cuda_actor(
     // The watcher has waited for every op's work; frees may still be enqueued.
     let _ = scx.stream.synchronize();
     // One actor at a time, process-wide, gives back its memory and drops its library
-    // handles and stream (see `TEARDOWN`).
+    // handles and stream (see `driver/teardown.rs`).
     teardown_serialized(|| {
         if let Some(mem) = scx.mem.take() {
             alloc::unregister(mem, &scx.stream);

@@ -1,5 +1,5 @@
 //! Host↔device transfers on the copy stream, through pinned staging memory from the
-//! device's cache (`pinned.rs`).
+//! device's cache (`driver/pinned.rs`).
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -149,9 +149,9 @@ pub(crate) fn download<T: Element>(
     Ok(Box::new(move || {
         let mut v = Vec::<T>::with_capacity(n);
         // SAFETY: the watcher runs the finisher only after it has synchronized an event
-        // recorded behind the copy (`actor::finish`; on failure the finisher is dropped
-        // unrun), so the copy into `dst` completed and wrote `n` elements of
-        // `T` (plain numbers, any bit pattern valid) from the device tensor; the pinned
+        // recorded behind the copy (`finish` in `cuda/watcher.rs`; on failure the
+        // finisher is dropped unrun), so the copy into `dst` completed and wrote `n`
+        // elements of `T` (plain numbers, any bit pattern valid) from the device tensor; the pinned
         // block is page-aligned, so aligned for `T`; `v` has capacity `n` and does not
         // overlap pinned memory.
         unsafe {
