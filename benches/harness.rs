@@ -120,7 +120,7 @@ fn suite_chain(_rt: &Runtime) {
         )
     };
     run();
-    rtx::profile::reset();
+    rt.reset_stats();
     let mut e2e = Vec::new();
     let mut sub = Vec::new();
     for _ in 0..7 {
@@ -133,8 +133,8 @@ fn suite_chain(_rt: &Runtime) {
     let run_us = rec.mean_us();
     let mut extra = vec![("us_per_op", e), ("submit_us", s), ("op_run_us", run_us)];
     // With RTX_PROFILE=1: mean µs per sample of each actor / watcher phase.
-    let phases = rtx::profile::report();
-    extra.extend(phases.iter().map(|(name, us, _)| (*name, *us)));
+    let phases = rt.stats().phases;
+    extra.extend(phases.iter().map(|p| (p.phase, p.mean_us)));
     emit("chain_1000_tiny_adds", e, 0.0, 0.0, &extra);
 }
 

@@ -73,7 +73,7 @@ pub fn suite_streams(_rt: &Runtime) {
                 (t.elapsed().as_secs_f64() * 1e3, submitted)
             };
             run();
-            rtx::profile::reset();
+            rt.reset_stats();
             let before = proc_counters();
             let (mut t, mut sub): (Vec<f64>, Vec<f64>) = (0..9).map(|_| run()).unzip();
             let after = proc_counters();
@@ -81,8 +81,9 @@ pub fn suite_streams(_rt: &Runtime) {
             let (lo, hi) = t
                 .iter()
                 .fold((f64::MAX, 0f64), |(a, b), &v| (a.min(v), b.max(v)));
-            let (hits, misses) = rtx::cuda::block_cache_stats();
-            let (pinned_hits, pinned_misses) = rtx::cuda::pinned_cache_stats();
+            let stats = rt.stats();
+            let (hits, misses) = (stats.block_cache.hits, stats.block_cache.misses);
+            let (pinned_hits, pinned_misses) = (stats.pinned_cache.hits, stats.pinned_cache.misses);
             let mut extra = vec![
                 ("min_ms", lo),
                 ("max_ms", hi),
@@ -96,12 +97,15 @@ pub fn suite_streams(_rt: &Runtime) {
             extra.extend(proc_per_run(before, after, 9));
             // With RTX_PROFILE=1: each phase's mean µs per sample, and its total per run
             // summed over the actors (or watchers), in ms (`<phase>_ms`).
-            let phases = rtx::profile::report();
+            let phases = stats.phases;
             let totals: Vec<(String, f64)> = phases
                 .iter()
-                .map(|(name, us, n)| (format!("{name}_ms"), us * *n as f64 / 9.0 / 1e3))
+                .map(|p| {
+                    let ms = p.mean_us * p.samples as f64 / 9.0 / 1e3;
+                    (format!("{}_ms", p.phase), ms)
+                })
                 .collect();
-            extra.extend(phases.iter().map(|(name, us, _)| (*name, *us)));
+            extra.extend(phases.iter().map(|p| (p.phase, p.mean_us)));
             extra.extend(totals.iter().map(|(name, ms)| (name.as_str(), *ms)));
             let form = if fused { "linear_relu" } else { "gemm256_relu" };
             emit(

@@ -182,7 +182,7 @@ fn demo(backend: Backend) -> rtx::Result<()> {
         println!(
             "{:<18} {:>7} {:>10.3} ms {:>10.3} ms",
             r.what,
-            stream.0,
+            stream.index(),
             ms(r.at.duration_since(start)),
             ms(done)
         );

@@ -37,9 +37,9 @@ fn freed_memory_is_cached_and_reused() {
         "the dropped tensor's 64 MiB stay with its stream: {} MiB",
         (f0 - f1) / MIB
     );
-    let (hits0, _) = rtx::cuda::block_cache_stats();
+    let hits0 = rt.stats().block_cache.hits;
     let y = rt.submit(AllocF32(n)).unwrap().wait().unwrap();
-    let (hits1, _) = rtx::cuda::block_cache_stats();
+    let hits1 = rt.stats().block_cache.hits;
     let f2 = free();
     assert!(
         hits1 > hits0,

@@ -49,6 +49,7 @@ impl Op for Fault {
                 .map_err(|e| Error::KernelCompile {
                     kernel: "fault".into(),
                     arch: format!("sm_{major}{minor}"),
+                    status: None,
                     log: e.to_string(),
                 })
         })?;
@@ -62,10 +63,7 @@ impl Op for Fault {
                 shared_mem_bytes: 0,
             })
         }
-        .map_err(|e| Error::KernelExecution {
-            op: "fault".into(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| Error::kernel_execution("fault", "cuLaunchKernel", e))?;
         cx.set_output(0, rtx::Buffer::from_cuda(out))
     }
 }

@@ -75,11 +75,11 @@ fn transfers_through_reused_pinned_blocks_keep_their_data() {
 
     // A download hands its block back before its data is delivered, so sequential
     // downloads of one size reuse one block: each of these 10 is a cache hit.
-    let (hits0, _) = rtx::cuda::pinned_cache_stats();
+    let hits0 = rt.stats().pinned_cache.hits;
     for _ in 0..10 {
         assert_eq!(rt.to_vec::<bf16>(&t).unwrap().wait().unwrap(), h);
     }
-    let (hits1, misses1) = rtx::cuda::pinned_cache_stats();
+    let (hits1, misses1) = (rt.stats().pinned_cache.hits, rt.stats().pinned_cache.misses);
     assert!(
         hits1 - hits0 >= 10,
         "10 downloads of one size reuse the pinned block: {} hits ({misses1} misses in all)",

@@ -11,14 +11,16 @@
 //!
 //! # Poisoned outputs
 //!
-//! CUDA outputs are uninitialized memory. With `set_poison_outputs(true)` (feature
-//! `test-util`) or `RTX_POISON_OUTPUTS=1` in the environment, every freshly allocated
-//! output is filled with `0xFF` bytes first (NaN for floats, `u32::MAX` for indices), and
-//! CPU outputs with NaN, so a test catches any element an op forgets to write.
+//! CUDA outputs are uninitialized memory. With the runtime setting `poison_outputs`
+//! (`Runtime::builder().poison_outputs(true)`, or `RTX_POISON_OUTPUTS=1` in the
+//! environment), or the test hook `set_poison_outputs(true)` (feature `test-util`),
+//! every freshly allocated output is filled with `0xFF` bytes first (NaN for floats,
+//! `u32::MAX` for indices), and CPU outputs with NaN, so a test catches any element an
+//! op forgets to write.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use cudarc::driver::{
     CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg,
@@ -94,18 +96,18 @@ static POISON: AtomicBool = AtomicBool::new(false);
 
 /// Test hook (feature `test-util`): when on, ops fill every freshly allocated output
 /// with NaN (`0xFF` bytes on CUDA) before computing it, so an element an op fails to
-/// write shows up in a parity test. Also turned on by `RTX_POISON_OUTPUTS=1`. Costs one
-/// memset per output.
+/// write shows up in a parity test, in every runtime of the process. Per runtime, the
+/// setting `poison_outputs` (`Runtime::builder().poison_outputs(true)`,
+/// `RTX_POISON_OUTPUTS=1`) does the same. Costs one memset per output.
 #[cfg(feature = "test-util")]
 pub fn set_poison_outputs(on: bool) {
     POISON.store(on, Ordering::Relaxed);
 }
 
-/// Whether outputs are poisoned (see `set_poison_outputs`).
+/// Whether outputs are poisoned: the test hook `set_poison_outputs`, or the setting
+/// `poison_outputs` of the runtime whose actor runs on this thread.
 pub(crate) fn poisoning() -> bool {
-    static ENV: OnceLock<bool> = OnceLock::new();
-    POISON.load(Ordering::Relaxed)
-        || *ENV.get_or_init(|| std::env::var("RTX_POISON_OUTPUTS").is_ok_and(|v| v == "1"))
+    POISON.load(Ordering::Relaxed) || rtx_runtime::Settings::current().poison_outputs
 }
 
 /// A host output of `n` elements: NaN when poisoning, zeros otherwise. The op must
@@ -126,7 +128,7 @@ pub(crate) fn cpu_out_u32(n: usize) -> Vec<u32> {
 /// A device output of `n` elements, uninitialized (or `0xFF` bytes when poisoning).
 pub(crate) fn alloc_out<T: Element>(scx: &StreamCx, n: usize) -> Result<CudaSlice<T>> {
     let mut y = scx.alloc::<T>(n)?;
-    if poisoning() {
+    if POISON.load(Ordering::Relaxed) || scx.settings().poison_outputs {
         let bytes = n * std::mem::size_of::<T>();
         let stream = scx.stream();
         let (ptr, _sync) = y.device_ptr_mut(stream);
@@ -134,10 +136,7 @@ pub(crate) fn alloc_out<T: Element>(scx: &StreamCx, n: usize) -> Result<CudaSlic
         // alive until the end of this function and beyond (we return `y`); the memset is
         // ordered on the stream that allocated it, before any kernel that writes it.
         unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }
-            .map_err(|e| Error::Cuda {
-                call: "cuMemsetD8Async".into(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| Error::cuda("cuMemsetD8Async", e))?;
     }
     Ok(y)
 }
@@ -188,7 +187,8 @@ pub(crate) fn cubin(module: &str, arch: (i32, i32)) -> Result<Arc<Vec<u8>>> {
         .map_err(|e| kernel_error(module, arch, e))
 }
 
-fn kernel_error(module: &str, arch: Arch, e: KernelError) -> Error {
+/// Maps a kernel-cache failure to [`Error::KernelCompile`], keeping NVRTC's status.
+pub(crate) fn kernel_error(module: &str, arch: Arch, e: KernelError) -> Error {
     match e {
         KernelError::Compile {
             name,
@@ -199,11 +199,23 @@ fn kernel_error(module: &str, arch: Arch, e: KernelError) -> Error {
         } => Error::KernelCompile {
             kernel: name,
             arch,
-            log: format!("{status}\n{log}"),
+            status: Some(status),
+            log,
+        },
+        KernelError::Nvrtc {
+            ref name,
+            ref status,
+            ..
+        } => Error::KernelCompile {
+            kernel: name.clone(),
+            arch: arch.to_string(),
+            status: Some(status.clone()),
+            log: e.to_string(),
         },
         other => Error::KernelCompile {
             kernel: module.to_string(),
             arch: arch.to_string(),
+            status: None,
             log: other.to_string(),
         },
     }
@@ -255,10 +267,7 @@ pub(crate) fn config(grid: u32, shared_mem_bytes: u32) -> LaunchConfig {
 
 /// Maps a launch failure to [`Error::KernelExecution`].
 pub(crate) fn launch_error(op: &str, e: cudarc::driver::DriverError) -> Error {
-    Error::KernelExecution {
-        op: op.to_string(),
-        message: format!("cuLaunchKernel: {e}"),
-    }
+    Error::kernel_execution(op, "cuLaunchKernel", e)
 }
 
 // ---- operands --------------------------------------------------------------------------

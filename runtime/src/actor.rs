@@ -1,27 +1,93 @@
 //! Stream actors: one thread per stream, taking jobs from its mailbox in order.
 //!
-//! The shared part of running a job lives here ([`execute`]); the CPU actor loop too.
-//! The CUDA actor (`cuda/actor.rs`) reuses `execute` and adds events and the watcher.
+//! What the backends share lives here: running a job ([`execute`]), waiting for its
+//! inputs, and what a backend's `start` returns to the runtime ([`Started`]). The CPU
+//! actor (`cpu/`) and the CUDA actor (`cuda/actor.rs`) build on it; the CUDA one adds
+//! events and the watcher.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
 use crate::buffer::Buffer;
 use crate::completion::Payload;
-use crate::device::{Device, StreamId};
+use crate::device::{Device, DeviceInfo, StreamId, StreamInfo};
 use crate::error::{Error, Result};
 use crate::job::{Envelope, Msg};
-use crate::mailbox::Receiver;
+use crate::mailbox::Sender;
 use crate::op::{BackendCx, ExecCx};
-use crate::placement::Policy;
-use crate::storage::{Mark, Ready};
-use crate::sync::Arc;
+use crate::placement::{LoadCounters, Policy};
+use crate::settings::Settings;
+use crate::stats::Counters;
+use crate::storage::Ready;
+use crate::sync::{thread, Arc};
 
-/// What every actor knows about itself.
+/// What every actor knows about itself and its runtime.
 pub(crate) struct ActorCx {
     pub(crate) stream: StreamId,
     pub(crate) device: Device,
     pub(crate) policy: Arc<dyn Policy>,
+    pub(crate) settings: Settings,
+    pub(crate) counters: StdArc<Counters>,
+}
+
+/// One stream as the runtime sees it.
+pub(crate) struct StreamEntry {
+    pub(crate) info: StreamInfo,
+    pub(crate) tx: Sender<Msg>,
+    pub(crate) load: Arc<LoadCounters>,
+}
+
+/// What a backend's `start` returns: its devices, its streams (ids numbered from 0 in
+/// order), their actor threads, and the backend's own state.
+pub(crate) struct Started<S> {
+    pub(crate) devices: Vec<DeviceInfo>,
+    pub(crate) streams: Vec<StreamEntry>,
+    pub(crate) threads: Vec<thread::JoinHandle<()>>,
+    pub(crate) state: S,
+}
+
+/// What a backend's `start` is given.
+pub(crate) struct StartCx {
+    /// Compute streams per device.
+    pub(crate) streams: usize,
+    /// Mailbox capacity per stream.
+    pub(crate) mailbox: usize,
+    pub(crate) policy: Arc<dyn Policy>,
+    pub(crate) settings: Settings,
+    pub(crate) counters: StdArc<Counters>,
+}
+
+impl StartCx {
+    /// The context of the actor of `stream` on `device`.
+    pub(crate) fn actor(&self, stream: StreamId, device: Device) -> ActorCx {
+        ActorCx {
+            stream,
+            device,
+            policy: self.policy.clone(),
+            settings: self.settings,
+            counters: self.counters.clone(),
+        }
+    }
+}
+
+/// Spawns a runtime thread named `name` (loom: an unnamed loom thread).
+pub(crate) fn spawn_named(
+    name: String,
+    f: impl FnOnce() + Send + 'static,
+) -> thread::JoinHandle<()> {
+    #[cfg(not(loom))]
+    {
+        thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .expect("spawning a stream actor thread")
+    }
+    #[cfg(loom)]
+    {
+        let _ = name;
+        thread::spawn(f)
+    }
 }
 
 /// The result of running an op: its output buffers and the completion-time finisher.
@@ -52,6 +118,7 @@ pub(crate) fn execute(
         stream: actor.stream,
         device: actor.device,
         backend,
+        settings: &actor.settings,
         specs: &env.specs,
         outputs: (0..env.specs.len()).map(|_| None).collect(),
         finisher: None,
@@ -127,60 +194,6 @@ pub(crate) fn wait_ready(name: &str, inputs: &[&crate::Tensor]) -> Result<Vec<Re
             })
         })
         .collect()
-}
-
-/// The CPU actor: runs each job to completion on this thread (rayon inside the op).
-pub(crate) fn cpu_actor(rx: Receiver<Msg>, actor: ActorCx) {
-    while let Some(msg) = rx.recv() {
-        match msg {
-            Msg::Job(env) => run_cpu(env, &actor),
-            Msg::Release(done) => drop(done),
-            Msg::Shutdown => break,
-        }
-    }
-    // Anything sent after the shutdown message is failed by its envelope's drop.
-    while let Some(m) = rx.try_recv() {
-        drop(m);
-    }
-}
-
-fn run_cpu(mut env: Envelope, actor: &ActorCx) {
-    let queued = env.submitted.elapsed();
-    let span = tracing::debug_span!(
-        "op",
-        kind = env.name(),
-        stream = actor.stream.0,
-        queue_wait_us = queued.as_micros() as u64,
-        run_us = tracing::field::Empty
-    );
-    let _enter = span.enter();
-    // Drop the input references before running: a donating op needs to hold the only
-    // reference to its input's buffer.
-    let result = wait_inputs(&env).and_then(|readies| {
-        drop(readies);
-        execute(&mut env, actor, BackendCx::Cpu)
-    });
-    match result {
-        Ok(ex) => {
-            span.record("run_us", ex.took.as_micros() as u64);
-            observe(&*actor.policy, env.name(), env.cost, actor.stream, ex.took);
-            for (s, b) in env.outputs.iter().zip(ex.outputs) {
-                s.publish(Ready {
-                    buf: Arc::new(b),
-                    mark: Mark::Host,
-                });
-            }
-            let payload = ex.finisher.map(|f| run_finisher(env.name(), f)).transpose();
-            if let Some(c) = env.completion.take() {
-                c.finish(payload);
-            }
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "op failed");
-            env.fail(e);
-        }
-    }
-    // Dropping the envelope releases the op's keep-alive (its inputs) and the load.
 }
 
 /// Calls the policy's `observe`, containing a panic in user code (the actor lives on).

@@ -81,8 +81,9 @@ pub(crate) struct OpenBurst<E: Clone>(pub(crate) crate::sync::Arc<Burst<E>>);
 
 impl<E: Clone> Drop for OpenBurst<E> {
     fn drop(&mut self) {
-        self.0.set(Err(Error::Synchronization(
-            "the stream actor stopped before recording this op's event".into(),
-        )));
+        self.0.set(Err(Error::Synchronization {
+            code: None,
+            message: "the stream actor stopped before recording this op's event".into(),
+        }));
     }
 }

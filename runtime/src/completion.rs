@@ -91,7 +91,7 @@ impl Completion {
 }
 
 fn already_taken() -> Error {
-    Error::invalid("submission", "the result was already taken")
+    Error::ResultTaken
 }
 
 /// Completes its completion with an error if dropped before `finish` (see module docs).

@@ -20,9 +20,23 @@ impl fmt::Display for Device {
     }
 }
 
-/// A stream of a runtime, by its index among all the runtime's streams.
+/// A stream of a runtime, by its index among all the runtime's streams. Get them from
+/// the runtime ([`Runtime::compute_streams`](crate::Runtime::compute_streams),
+/// [`Runtime::info`](crate::Runtime::info)); [`StreamId::new`] is for placement
+/// policies' tests.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
-pub struct StreamId(pub usize);
+pub struct StreamId(pub(crate) usize);
+
+impl StreamId {
+    /// The stream at `index` in a runtime's list of streams.
+    pub const fn new(index: usize) -> Self {
+        StreamId(index)
+    }
+    /// Its index in the runtime's list of streams.
+    pub const fn index(self) -> usize {
+        self.0
+    }
+}
 
 impl fmt::Display for StreamId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -22,19 +22,33 @@ pub enum Error {
         requested: usize,
         available: usize,
     },
-    /// A kernel failed to compile; `log` is the compiler's output.
-    #[error("kernel `{kernel}` failed to compile for {arch}:\n{log}")]
+    /// A kernel failed to compile. `status` is NVRTC's status name (e.g.
+    /// `NVRTC_ERROR_COMPILATION`) when NVRTC itself rejected the program, `None` when the
+    /// failure came before or around the compiler (library missing, unknown kernel,
+    /// cache I/O); `log` is the compiler's output or the failure's description.
+    #[error("kernel `{kernel}` failed to compile for {arch}{}:\n{log}", fmt_status(.status))]
     KernelCompile {
         kernel: String,
         arch: String,
+        status: Option<String>,
         log: String,
     },
-    /// A kernel or library call failed while executing.
-    #[error("kernel execution failed in `{op}`: {message}")]
-    KernelExecution { op: String, message: String },
-    /// Waiting for the device failed.
-    #[error("synchronization failed: {0}")]
-    Synchronization(String),
+    /// A kernel launch (`call`, e.g. `cuLaunchKernel`) of op `op` failed with the driver
+    /// status `code`.
+    #[error("kernel execution failed in `{op}`: {call}: {message}")]
+    KernelExecution {
+        op: String,
+        call: String,
+        code: CudaCode,
+        message: String,
+    },
+    /// Waiting for the device failed: `code` is the driver's status when a driver call
+    /// failed, `None` when the stream actor stopped before its work could be waited for.
+    #[error("synchronization failed: {message}")]
+    Synchronization {
+        code: Option<CudaCode>,
+        message: String,
+    },
     /// Two shapes that must agree do not.
     #[error("shape mismatch in `{op}`: {lhs} vs {rhs}{}", fmt_detail(.detail))]
     ShapeMismatch {
@@ -63,15 +77,27 @@ pub enum Error {
     /// Anything else the op's contract forbids.
     #[error("invalid operation `{op}`: {message}")]
     InvalidOp { op: String, message: String },
-    /// A CUDA driver call failed.
+    /// A CUDA driver call failed: the call, the driver's status code, its description.
     #[error("CUDA error in {call}: {message}")]
-    Cuda { call: String, message: String },
-    /// A cuBLAS / cuBLASLt call failed.
+    Cuda {
+        call: String,
+        code: CudaCode,
+        message: String,
+    },
+    /// A cuBLAS or cuBLASLt call failed with `status`.
     #[error("cuBLAS error in {call}: {message}")]
-    Cublas { call: String, message: String },
-    /// A cuDNN call failed.
+    Cublas {
+        call: String,
+        status: CublasStatus,
+        message: String,
+    },
+    /// A cuDNN call failed with `status` (`message`: cuDNN's description).
     #[error("cuDNN error in {call}: {message}")]
-    Cudnn { call: String, message: String },
+    Cudnn {
+        call: String,
+        status: CudnnStatus,
+        message: String,
+    },
     /// The device hit a sticky error earlier; every later op on it fails with this.
     #[error("device {device} is poisoned by an earlier error: {cause}")]
     DevicePoisoned { device: Device, cause: String },
@@ -81,9 +107,45 @@ pub enum Error {
     /// An input of this op was produced by an op that failed.
     #[error("input of `{op}` is unavailable: {cause}")]
     Upstream { op: String, cause: Box<Error> },
+    /// An input's buffer was donated to (taken for in-place use by) another op.
+    #[error("the tensor's buffer was donated to another op")]
+    Donated,
+    /// A buffer was accessed as something it does not hold (another dtype, host memory
+    /// as device memory or the reverse).
+    #[error("buffer access: {held} accessed as {wanted}")]
+    BufferAccess { wanted: String, held: String },
+    /// A device allocation was asked for that cannot be made (zero elements, or more
+    /// bytes than fit in `usize`).
+    #[error("invalid allocation: {message}")]
+    InvalidAllocation { message: String },
+    /// A submission's result was taken already (awaited or waited for twice).
+    #[error("the submission's result was already taken")]
+    ResultTaken,
     /// The runtime was shut down before the op could run.
     #[error("the runtime is shut down")]
     Shutdown,
+}
+
+/// A driver status as text: its name, and the driver's description when the driver
+/// library is there to give one (never a panic without it).
+fn driver_message(e: cudarc::driver::DriverError) -> String {
+    let describe = || {
+        // SAFETY: `is_culib_present` only tries to load the driver library.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return None;
+        }
+        e.error_string()
+            .ok()
+            .map(|s| s.to_string_lossy().into_owned())
+    };
+    match std::panic::catch_unwind(describe).ok().flatten() {
+        Some(d) => format!("{:?}: {d}", e.0),
+        None => format!("{:?}", e.0),
+    }
+}
+
+fn fmt_status(s: &Option<String>) -> String {
+    s.as_ref().map(|s| format!(" ({s})")).unwrap_or_default()
 }
 
 fn fmt_detail(d: &str) -> String {
@@ -91,6 +153,56 @@ fn fmt_detail(d: &str) -> String {
         String::new()
     } else {
         format!(" ({d})")
+    }
+}
+
+/// A CUDA driver status (`CUresult`), e.g. `CudaCode::CUDA_ERROR_ILLEGAL_ADDRESS`.
+pub type CudaCode = cudarc::driver::sys::CUresult;
+
+/// A cuDNN status (`cudnnStatus_t`), e.g. `CudnnStatus::CUDNN_STATUS_NOT_SUPPORTED`.
+pub type CudnnStatus = cudarc::cudnn::sys::cudnnStatus_t;
+
+/// A cuBLAS or cuBLASLt status (`cublasStatus_t`, whose codes the two libraries share):
+/// its numeric value. Built from either library's status or error type with `From`;
+/// compare with [`CublasStatus::NOT_SUPPORTED`] and friends, or with a converted status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CublasStatus(pub u32);
+
+impl CublasStatus {
+    /// `CUBLAS_STATUS_NOT_INITIALIZED`.
+    pub const NOT_INITIALIZED: CublasStatus = CublasStatus(1);
+    /// `CUBLAS_STATUS_ALLOC_FAILED`.
+    pub const ALLOC_FAILED: CublasStatus = CublasStatus(3);
+    /// `CUBLAS_STATUS_INVALID_VALUE`.
+    pub const INVALID_VALUE: CublasStatus = CublasStatus(7);
+    /// `CUBLAS_STATUS_ARCH_MISMATCH`.
+    pub const ARCH_MISMATCH: CublasStatus = CublasStatus(8);
+    /// `CUBLAS_STATUS_EXECUTION_FAILED`.
+    pub const EXECUTION_FAILED: CublasStatus = CublasStatus(13);
+    /// `CUBLAS_STATUS_INTERNAL_ERROR`.
+    pub const INTERNAL_ERROR: CublasStatus = CublasStatus(14);
+    /// `CUBLAS_STATUS_NOT_SUPPORTED`.
+    pub const NOT_SUPPORTED: CublasStatus = CublasStatus(15);
+}
+
+impl From<cudarc::cublas::sys::cublasStatus_t> for CublasStatus {
+    fn from(s: cudarc::cublas::sys::cublasStatus_t) -> Self {
+        CublasStatus(s as u32)
+    }
+}
+impl From<cudarc::cublaslt::sys::cublasStatus_t> for CublasStatus {
+    fn from(s: cudarc::cublaslt::sys::cublasStatus_t) -> Self {
+        CublasStatus(s as u32)
+    }
+}
+impl From<cudarc::cublas::result::CublasError> for CublasStatus {
+    fn from(e: cudarc::cublas::result::CublasError) -> Self {
+        e.0.into()
+    }
+}
+impl From<cudarc::cublaslt::result::CublasError> for CublasStatus {
+    fn from(e: cudarc::cublaslt::result::CublasError) -> Self {
+        e.0.into()
     }
 }
 
@@ -124,6 +236,62 @@ impl Error {
             lhs: lhs.clone(),
             rhs: rhs.clone(),
             detail: detail.into(),
+        }
+    }
+    /// A failed CUDA driver call as [`Error::Cuda`] (status code kept).
+    pub fn cuda(call: impl Into<String>, e: cudarc::driver::DriverError) -> Self {
+        Error::Cuda {
+            call: call.into(),
+            code: e.0,
+            message: driver_message(e),
+        }
+    }
+    /// A failed cuBLAS or cuBLASLt call as [`Error::Cublas`]; `status` is either
+    /// library's status or error value.
+    pub fn cublas(call: impl Into<String>, status: impl Into<CublasStatus> + fmt::Debug) -> Self {
+        let message = format!("{status:?}");
+        Error::Cublas {
+            call: call.into(),
+            status: status.into(),
+            message,
+        }
+    }
+    /// A failed cuDNN call as [`Error::Cudnn`], described by `message` (e.g. cuDNN's
+    /// own error string).
+    pub fn cudnn(call: impl Into<String>, status: CudnnStatus, message: impl Into<String>) -> Self {
+        Error::Cudnn {
+            call: call.into(),
+            status,
+            message: message.into(),
+        }
+    }
+    /// A failed kernel launch of op `op` as [`Error::KernelExecution`].
+    pub fn kernel_execution(
+        op: impl Into<String>,
+        call: impl Into<String>,
+        e: cudarc::driver::DriverError,
+    ) -> Self {
+        Error::KernelExecution {
+            op: op.into(),
+            call: call.into(),
+            code: e.0,
+            message: driver_message(e),
+        }
+    }
+    /// A failed wait for the device as [`Error::Synchronization`] (status code kept).
+    pub fn synchronization(e: cudarc::driver::DriverError) -> Self {
+        Error::Synchronization {
+            code: Some(e.0),
+            message: driver_message(e),
+        }
+    }
+    /// The CUDA driver status of a driver, launch or synchronization failure.
+    pub fn cuda_code(&self) -> Option<CudaCode> {
+        match self {
+            Error::Cuda { code, .. } | Error::KernelExecution { code, .. } => Some(*code),
+            Error::Synchronization { code, .. } => *code,
+            Error::Upstream { cause, .. } => cause.cuda_code(),
+            _ => None,
         }
     }
     /// Shorthand for [`Error::DTypeMismatch`].

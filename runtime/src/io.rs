@@ -1,12 +1,11 @@
 //! Moving data between the host and a runtime's devices.
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, Element};
 use crate::completion::{Payload, Submission};
 use crate::device::{Device, StreamId};
-use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::op::{BackendCx, Cost, ExecCx, Op, Plan, PlanCx};
-use crate::runtime::{BackendKind, Runtime};
+use crate::runtime::{BackendState, Runtime};
 use crate::shape::Shape;
 use crate::storage::Storage;
 use crate::sync::Arc;
@@ -46,8 +45,8 @@ impl Runtime {
     ) -> Result<Tensor> {
         let shape = shape.into();
         check_len(data.len(), &shape)?;
-        match (self.inner.kind, device) {
-            (BackendKind::Cpu, Device::Cpu) => Ok(Tensor::from_storage(
+        match (&self.inner.backend, device) {
+            (BackendState::Cpu, Device::Cpu) => Ok(Tensor::from_storage(
                 shape,
                 Arc::new(Storage::ready(
                     Buffer::from_vec(data.to_vec()),
@@ -55,8 +54,13 @@ impl Runtime {
                     self.inner.id,
                 )),
             )),
-            (BackendKind::Cuda, Device::Cuda(ord)) => {
-                crate::cuda::io::upload(self, ord, data, shape)
+            (BackendState::Cuda(devs), Device::Cuda(ord)) => {
+                let (stream, op) = crate::cuda::io::upload(devs, ord, data, shape)?;
+                let sub = self.submit_on(stream, op).map_err(|e| e.error)?;
+                Ok(sub
+                    .outputs()
+                    .cloned()
+                    .expect("an upload has one output tensor"))
             }
             _ => Err(Error::DeviceNotFound(format!(
                 "{device} is not a device of this runtime"
@@ -72,7 +76,14 @@ impl Runtime {
         }
         let stream = match t.device() {
             Device::Cpu => t.producer().unwrap_or(StreamId(0)),
-            Device::Cuda(ord) => crate::cuda::io::copy_stream(self, ord)?,
+            Device::Cuda(ord) => match &self.inner.backend {
+                BackendState::Cuda(devs) => devs.copy_stream(ord)?,
+                BackendState::Cpu => {
+                    return Err(Error::DeviceNotFound(format!(
+                        "cuda:{ord} is not a device of this runtime"
+                    )))
+                }
+            },
         };
         self.submit_payload(
             stream,

@@ -317,7 +317,12 @@ fn burst_first_set_wins() {
         let b = Arc::new(Burst::<u32>::new());
         let (b1, b2) = (b.clone(), b.clone());
         let t1 = thread::spawn(move || b1.set(Ok(1)));
-        let t2 = thread::spawn(move || b2.set(Err(Error::Synchronization("stopped".into()))));
+        let t2 = thread::spawn(move || {
+            b2.set(Err(Error::Synchronization {
+                code: None,
+                message: "stopped".into(),
+            }))
+        });
         let seen = b.wait().ok();
         t1.join().unwrap();
         t2.join().unwrap();

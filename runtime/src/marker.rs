@@ -29,15 +29,11 @@ impl Marker {
     pub fn elapsed_ms(&self, later: &Marker) -> Result<f64> {
         match (&self.0, &later.0) {
             (Inner::Host(a), Inner::Host(b)) => Ok(b.duration_since(*a).as_secs_f64() * 1e3),
-            (Inner::Cuda(a), Inner::Cuda(b)) => {
-                a.elapsed_ms(b)
-                    .map(|ms| ms as f64)
-                    .map_err(|e| Error::Cuda {
-                        call: "cuEventElapsedTime".into(),
-                        message: e.to_string(),
-                    })
-            }
-            _ => Err(Error::invalid("marker", "markers from different backends")),
+            (Inner::Cuda(a), Inner::Cuda(b)) => a
+                .elapsed_ms(b)
+                .map(|ms| ms as f64)
+                .map_err(|e| Error::cuda("cuEventElapsedTime", e)),
+            _ => Err(Error::invalid("mark", "markers from different backends")),
         }
     }
 }
@@ -66,10 +62,7 @@ impl Op for Mark {
                     .context()
                     .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
                     .and_then(|e| e.record(scx.stream()).map(|_| e))
-                    .map_err(|e| Error::Cuda {
-                        call: "cuEventRecord".into(),
-                        message: e.to_string(),
-                    })?;
+                    .map_err(|e| Error::cuda("cuEventRecord", e))?;
                 Inner::Cuda(ev)
             }
         };
@@ -82,24 +75,5 @@ impl Runtime {
     /// Enqueues a timing marker on `stream`; the submission yields it once reached.
     pub fn mark(&self, stream: StreamId) -> Result<Submission<Marker>> {
         self.submit_payload(stream, Mark)
-    }
-
-    /// Submits an op whose value is produced at completion (`finish_with`).
-    pub(crate) fn submit_payload<O: Op, T: Send + 'static>(
-        &self,
-        stream: StreamId,
-        op: O,
-    ) -> Result<Submission<T>> {
-        let (env, sub, stream) = self.prepare(Some(stream), op).map_err(|e| e.error)?;
-        drop(sub);
-        let completion = env
-            .completion
-            .as_ref()
-            .map(|c| c.completion())
-            .expect("fresh envelope has its completion");
-        match self.send_job(stream, env) {
-            Ok(()) => Ok(Submission::payload(completion, stream)),
-            Err(_) => Err(Error::Shutdown),
-        }
     }
 }

@@ -3,8 +3,10 @@
 use crate::buffer::Buffer;
 use crate::completion::Payload;
 use crate::device::{Device, StreamId};
+use crate::driver::StreamCx;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::settings::Settings;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 
@@ -127,7 +129,7 @@ pub enum BackendCx<'a> {
     /// The CPU backend: compute on this thread (rayon inside).
     Cpu,
     /// The CUDA backend: enqueue on this stream.
-    Cuda(&'a mut crate::cuda::StreamCx),
+    Cuda(&'a mut StreamCx),
 }
 
 /// The context an op runs in on its stream actor.
@@ -136,6 +138,7 @@ pub struct ExecCx<'a> {
     pub(crate) stream: StreamId,
     pub(crate) device: Device,
     pub(crate) backend: BackendCx<'a>,
+    pub(crate) settings: &'a Settings,
     pub(crate) specs: &'a [TensorSpec],
     pub(crate) outputs: Vec<Option<Buffer>>,
     pub(crate) finisher: Option<Box<dyn FnOnce() -> Result<Payload> + Send>>,
@@ -153,12 +156,16 @@ impl<'a> ExecCx<'a> {
     pub fn device(&self) -> Device {
         self.device
     }
+    /// The settings of the runtime this op runs in (e.g. `poison_outputs`).
+    pub fn settings(&self) -> &Settings {
+        self.settings
+    }
     /// The backend context.
     pub fn backend(&mut self) -> &mut BackendCx<'a> {
         &mut self.backend
     }
     /// The CUDA stream context, or an error on the CPU backend.
-    pub fn cuda(&mut self) -> Result<&mut crate::cuda::StreamCx> {
+    pub fn cuda(&mut self) -> Result<&mut StreamCx> {
         match &mut self.backend {
             BackendCx::Cuda(c) => Ok(c),
             BackendCx::Cpu => Err(Error::invalid(
@@ -190,7 +197,7 @@ impl<'a> ExecCx<'a> {
         }
     }
     /// Takes a donated input's memory for in-place use, if `t` is the last handle to it
-    /// (DESIGN rule 3). Returns `None` when another handle or a pending reader can still
+    /// (rule 3 of the storage protocol, `runtime/src/storage.rs`). Returns `None` when another handle or a pending reader can still
     /// see it: then allocate instead. The tensor is unusable afterwards.
     pub fn donate(&mut self, t: &mut Tensor) -> Option<Buffer> {
         if !t.is_unique() {
@@ -199,7 +206,7 @@ impl<'a> ExecCx<'a> {
         t.storage().take_unique()
     }
     /// Sets output `i`. Its dtype, length and device must match the plan.
-    pub fn set_output(&mut self, i: usize, buf: Buffer) -> Result<()> {
+    pub fn set_output(&mut self, i: usize, mut buf: Buffer) -> Result<()> {
         let spec = self
             .specs
             .get(i)
@@ -224,6 +231,11 @@ impl<'a> ExecCx<'a> {
                 self.name,
                 format!("output {i} is not in {} memory", self.device),
             ));
+        }
+        // Fresh device memory of this stream goes back to this actor's block cache
+        // when dropped (donated memory keeps the home it has).
+        if let (Buffer::Cuda(d), BackendCx::Cuda(scx)) = (&mut buf, &self.backend) {
+            d.adopt(scx.home(), scx.stream.cu_stream() as usize);
         }
         self.outputs[i] = Some(buf);
         Ok(())

@@ -21,7 +21,9 @@
 //!    completion is observed. Memory is therefore never freed under a running kernel.
 
 use crate::buffer::Buffer;
+use crate::burst::Burst;
 use crate::device::{Device, StreamId};
+use crate::driver::event::PooledEvent;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::sync::{lock, wait, Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
@@ -42,6 +44,10 @@ fn next_id() -> u64 {
     }
 }
 
+/// The ready event of a burst of ops on one CUDA stream, set once the actor records it
+/// (see `burst.rs`).
+pub(crate) type EventBurst = Burst<Arc<PooledEvent>>;
+
 /// How a published buffer becomes safe to read.
 #[derive(Clone)]
 pub(crate) enum Mark {
@@ -50,7 +56,7 @@ pub(crate) enum Mark {
     /// The data is ready once this event, recorded on `stream`, has completed. The
     /// event may not be recorded yet: its burst is still open (see `burst.rs`).
     Cuda {
-        event: Arc<crate::cuda::actor::EventBurst>,
+        event: Arc<EventBurst>,
         stream: StreamId,
     },
 }
@@ -154,12 +160,7 @@ impl Storage {
                 Slot::Pending => g = wait(&self.cv, g),
                 Slot::Ready(r) => return Ok(r.clone()),
                 Slot::Failed(e) => return Err(e.clone()),
-                Slot::Donated => {
-                    return Err(Error::invalid(
-                        "storage",
-                        "buffer was donated to another op",
-                    ))
-                }
+                Slot::Donated => return Err(Error::Donated),
             }
         }
     }
@@ -170,10 +171,7 @@ impl Storage {
             Slot::Pending => None,
             Slot::Ready(r) => Some(Ok(r.clone())),
             Slot::Failed(e) => Some(Err(e.clone())),
-            Slot::Donated => Some(Err(Error::invalid(
-                "storage",
-                "buffer was donated to another op",
-            ))),
+            Slot::Donated => Some(Err(Error::Donated)),
         }
     }
 

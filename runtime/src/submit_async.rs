@@ -26,6 +26,18 @@ pub struct SubmitAsync<O: Op> {
     state: AsyncState<O>,
 }
 
+impl Runtime {
+    /// Like [`Runtime::submit`], but waits for mailbox room asynchronously.
+    pub fn submit_async<O: Op>(&self, op: O) -> SubmitAsync<O> {
+        SubmitAsync::new(self.clone(), op, None)
+    }
+
+    /// Like [`Runtime::submit_on`], but waits for mailbox room asynchronously.
+    pub fn submit_async_on<O: Op>(&self, stream: StreamId, op: O) -> SubmitAsync<O> {
+        SubmitAsync::new(self.clone(), op, Some(stream))
+    }
+}
+
 impl<O: Op> SubmitAsync<O> {
     pub(crate) fn new(rt: Runtime, op: O, pin: Option<StreamId>) -> Self {
         SubmitAsync {

@@ -22,7 +22,7 @@ use crate::sync::Arc;
 /// The storage is not reachable from outside the crate:
 ///
 /// ```compile_fail,E0616
-/// fn peek(t: &rtx_runtime::Tensor) { let _ = &t.storage; }
+/// fn peek(t: &rtx::Tensor) { let _ = &t.storage; }
 /// ```
 #[derive(Clone)]
 pub struct Tensor {

@@ -160,7 +160,7 @@ fn rejected_ops_come_back_with_typed_errors() {
         e.error
     );
     // Pinning to a stream that does not exist.
-    let e = rt.submit_on(StreamId(99), add(&a, &a)).unwrap_err();
+    let e = rt.submit_on(StreamId::new(99), add(&a, &a)).unwrap_err();
     assert!(matches!(e.error, Error::InvalidOp { .. }), "{}", e.error);
     // Upload with the wrong element count.
     let e = rt.upload(&[1.0f32; 5], [2, 3]).unwrap_err();
@@ -444,7 +444,11 @@ fn policies_see_queued_load() {
         subs.push(rt.submit(op).unwrap());
     }
     for s in subs {
-        assert_eq!(s.stream(), StreamId(2), "the policy's choice is honoured");
+        assert_eq!(
+            s.stream(),
+            StreamId::new(2),
+            "the policy's choice is honoured"
+        );
         s.wait().unwrap();
     }
     assert!(

@@ -1,4 +1,6 @@
-//! Loom models of the runtime's protocol, end to end through the public API: submit → actor → completion → wake; keep-alive release after
+//! Loom models of the runtime's protocol (the protocol module docs listed in
+//! `runtime/src/lib.rs`), end to end through the public API: submit → actor →
+//! completion → wake; keep-alive release after
 //! the last use; cross-stream ready waits; shutdown with ops in flight; a full mailbox.
 //!
 //! Run with

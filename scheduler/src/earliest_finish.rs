@@ -270,19 +270,19 @@ mod tests {
             pending_input_streams: &[],
         };
         let busy = [StreamLoad {
-            id: StreamId(0),
+            id: StreamId::new(0),
             queued_ops: 1,
             queued_ns: 0,
         }];
         p.place(&op, &busy);
         p.place(&op, &busy);
-        assert_eq!(p.queued(StreamId(0)), Duration::from_micros(10));
+        assert_eq!(p.queued(StreamId::new(0)), Duration::from_micros(10));
         // An op failed (never observed); the runtime now says the stream is empty.
         let idle = [StreamLoad {
             queued_ops: 0,
             ..busy[0].clone()
         }];
         p.place(&op, &idle);
-        assert_eq!(p.queued(StreamId(0)), Duration::from_micros(5));
+        assert_eq!(p.queued(StreamId::new(0)), Duration::from_micros(5));
     }
 }

@@ -48,7 +48,7 @@ mod tests {
 
     fn load(i: usize, ops: usize, ns: u64) -> StreamLoad {
         StreamLoad {
-            id: StreamId(i),
+            id: StreamId::new(i),
             queued_ops: ops,
             queued_ns: ns,
         }
@@ -58,7 +58,7 @@ mod tests {
         let op = OpInfo {
             name: "x",
             cost: Cost::default(),
-            input_streams: &[StreamId(0)],
+            input_streams: &[StreamId::new(0)],
             pending_input_streams: &[],
         };
         LeastLoaded.place(&op, loads)

@@ -56,7 +56,7 @@ mod tests {
         let p = RoundRobin::new();
         let loads: Vec<StreamLoad> = (0..3)
             .map(|i| StreamLoad {
-                id: StreamId(i),
+                id: StreamId::new(i),
                 queued_ops: 0,
                 queued_ns: 0,
             })

@@ -49,7 +49,7 @@ impl Op for Add {
 fn loads(n: usize) -> Vec<StreamLoad> {
     (0..n)
         .map(|i| StreamLoad {
-            id: StreamId(i),
+            id: StreamId::new(i),
             queued_ops: 1,
             queued_ns: 0,
         })
@@ -81,7 +81,7 @@ fn least_loaded_picks_the_emptiest() {
     for (s, ops) in l.iter_mut().zip([5, 2, 7, 3]) {
         s.queued_ops = ops;
     }
-    assert_eq!(LeastLoaded.place(&op("x", 0.0, &[StreamId(0)]), &l), 1);
+    assert_eq!(LeastLoaded.place(&op("x", 0.0, &[StreamId::new(0)]), &l), 1);
     // Equal op counts: the least queued time wins.
     l[3].queued_ops = 2;
     l[1].queued_ns = 9_000;
@@ -93,13 +93,16 @@ fn least_loaded_picks_the_emptiest() {
 fn earliest_finish_keeps_a_dependent_op_on_its_producer_when_loads_are_equal() {
     let p = EarliestFinish::new();
     let l = loads(4);
-    assert_eq!(p.place(&op("x", 0.0, &[StreamId(2)]), &l), 2);
+    assert_eq!(p.place(&op("x", 0.0, &[StreamId::new(2)]), &l), 2);
     // Stream 2 now holds that op (5 µs), more than the 2 µs penalty: the next
     // independent op goes elsewhere, a dependent one of stream 1 stays on stream 1.
     assert_eq!(p.place(&op("x", 0.0, &[]), &l), 0);
-    assert_eq!(p.place(&op("x", 0.0, &[StreamId(1)]), &l), 1);
+    assert_eq!(p.place(&op("x", 0.0, &[StreamId::new(1)]), &l), 1);
     // Two inputs on different streams: one wait either way, the less loaded wins.
-    assert_eq!(p.place(&op("x", 0.0, &[StreamId(3), StreamId(2)]), &l), 3);
+    assert_eq!(
+        p.place(&op("x", 0.0, &[StreamId::new(3), StreamId::new(2)]), &l),
+        3
+    );
 }
 
 #[test]
@@ -108,13 +111,13 @@ fn earliest_finish_leaves_a_far_busier_producer_stream() {
     let l = loads(2);
     // One 5 µs op on stream 0: less than the penalty, a dependent op stays.
     assert_eq!(p.place(&op("x", 0.0, &[]), &l[..1]), 0);
-    assert_eq!(p.place(&op("y", 0.0, &[StreamId(0)]), &l), 0);
+    assert_eq!(p.place(&op("y", 0.0, &[StreamId::new(0)]), &l), 0);
     // 20 more: stream 0 is 105 µs busier than stream 1, a dependent op moves.
     for _ in 0..20 {
         p.place(&op("x", 0.0, &[]), &l[..1]);
     }
-    assert_eq!(p.queued(StreamId(0)), Duration::from_micros(110));
-    assert_eq!(p.place(&op("y", 0.0, &[StreamId(0)]), &l), 1);
+    assert_eq!(p.queued(StreamId::new(0)), Duration::from_micros(110));
+    assert_eq!(p.place(&op("y", 0.0, &[StreamId::new(0)]), &l), 1);
 }
 
 #[test]
@@ -127,7 +130,7 @@ fn earliest_finish_keeps_an_op_whose_input_is_still_queued_on_its_producer() {
     // Stream 0 is 105 µs busier, but the input is not produced yet: the op cannot start
     // before stream 0's queue has run anyway, so leaving only adds the event wait (the
     // same op with a computed input moves: the test above).
-    let pending = [StreamId(0)];
+    let pending = [StreamId::new(0)];
     let dependent = OpInfo {
         pending_input_streams: &pending,
         ..op("y", 0.0, &pending)
@@ -157,8 +160,13 @@ fn earliest_finish_estimates_return_to_zero_after_observe() {
         assert_eq!(p.queued(s.id), Duration::ZERO, "{}", s.id);
     }
     // An observation of an op it did not place (pinned) changes nothing.
-    p.observe("a", Cost::default(), StreamId(0), Duration::from_micros(5));
-    assert_eq!(p.queued(StreamId(0)), Duration::ZERO);
+    p.observe(
+        "a",
+        Cost::default(),
+        StreamId::new(0),
+        Duration::from_micros(5),
+    );
+    assert_eq!(p.queued(StreamId::new(0)), Duration::ZERO);
     assert_eq!(p.model().observations("a"), 11);
 }
 
@@ -171,10 +179,10 @@ fn earliest_finish_queues_calibrated_predictions() {
     let p = EarliestFinish::with_model(model);
     let l = loads(2);
     assert_eq!(p.place(&op("slow", 0.0, &[]), &l), 0);
-    let q = p.queued(StreamId(0)).as_secs_f64();
+    let q = p.queued(StreamId::new(0)).as_secs_f64();
     assert!((q / 1e-3 - 1.0).abs() < 0.01, "{q}");
     // A 5 µs op avoids the 1 ms queue even if its input is there.
-    assert_eq!(p.place(&op("fast", 0.0, &[StreamId(0)]), &l), 1);
+    assert_eq!(p.place(&op("fast", 0.0, &[StreamId::new(0)]), &l), 1);
 }
 
 #[test]
@@ -284,7 +292,7 @@ fn end_to_end_earliest_finish() {
     assert_eq!(p.model().observations("add"), 36);
     assert!(p.model().calibration("add").is_some());
     for s in 0..4 {
-        assert_eq!(p.queued(StreamId(s)), Duration::ZERO);
+        assert_eq!(p.queued(StreamId::new(s)), Duration::ZERO);
     }
 }
 

@@ -38,10 +38,7 @@ impl ReduceWorkspace {
         let mut counter = scx.alloc::<u32>(1)?;
         scx.stream()
             .memset_zeros(&mut counter)
-            .map_err(|e| Error::Cuda {
-                call: "cuMemsetD8Async".into(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| Error::cuda("cuMemsetD8Async", e))?;
         Ok(ReduceWorkspace {
             partials: device_addr(&partials, scx),
             indices: device_addr(&indices, scx),

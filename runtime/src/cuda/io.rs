@@ -1,45 +1,28 @@
 //! Host↔device transfers on the copy stream, through pinned staging memory from the
-//! device's cache (`pinned.rs`).
+//! device's cache (`driver/pinned.rs`).
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
 use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
 
-use super::pinned::Pinned;
-use super::StreamCx;
-use crate::buffer::Buffer;
+use super::Devices;
+use crate::buffer::{Buffer, Element};
 use crate::completion::Payload;
 use crate::device::{Device, StreamId};
-use crate::dtype::Element;
+use crate::driver::pinned::Pinned;
+use crate::driver::StreamCx;
 use crate::error::{Error, Result};
 use crate::op::{Cost, ExecCx, Op, Plan, PlanCx, TensorSpec};
-use crate::runtime::Runtime;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 
-fn cuda_err(call: &str, e: impl std::fmt::Display) -> Error {
-    Error::Cuda {
-        call: call.into(),
-        message: e.to_string(),
-    }
+fn cuda_err(call: &str, e: cudarc::driver::DriverError) -> Error {
+    Error::cuda(call, e)
 }
 
-/// The copy stream of device `ord`.
-pub(crate) fn copy_stream(rt: &Runtime, ord: usize) -> Result<StreamId> {
-    rt.inner
-        .cuda
-        .as_ref()
-        .and_then(|c| {
-            c.copy_streams
-                .iter()
-                .find(|(o, _)| *o == ord)
-                .map(|(_, s)| *s)
-        })
-        .ok_or_else(|| Error::DeviceNotFound(format!("cuda:{ord} is not a device of this runtime")))
-}
-
-struct Upload<T: Element> {
+/// The upload op: a copy from pinned staging memory into a new device tensor.
+pub(crate) struct Upload<T: Element> {
     /// The data, staged in pinned memory (back to the cache when the op is dropped,
     /// after its completion).
     src: Pinned,
@@ -47,22 +30,17 @@ struct Upload<T: Element> {
     _t: PhantomData<T>,
 }
 
-/// Stages `data` in pinned memory from the device's cache and submits the copy to the
-/// copy stream.
+/// Stages `data` in pinned memory from the device's cache; the op that copies it to the
+/// device, and the copy stream to submit it to.
 pub(crate) fn upload<T: Element>(
-    rt: &Runtime,
+    devs: &Devices,
     ord: usize,
     data: &[T],
     shape: Shape,
-) -> Result<Tensor> {
-    let stream = copy_stream(rt, ord)?;
+) -> Result<(StreamId, Upload<T>)> {
+    let stream = devs.copy_stream(ord)?;
     let bytes = std::mem::size_of_val(data);
-    let dev = rt
-        .inner
-        .cuda
-        .as_ref()
-        .and_then(|c| c.shared.iter().find(|d| d.ordinal == ord))
-        .expect("copy_stream found this device");
+    let dev = devs.device(ord)?;
     // A failed device fails the upload with its cause, before any driver call.
     if let Some(e) = dev.poisoned() {
         return Err(e);
@@ -80,11 +58,7 @@ pub(crate) fn upload<T: Element>(
         shape,
         _t: PhantomData,
     };
-    let sub = rt.submit_on(stream, op).map_err(|e| e.error)?;
-    Ok(sub
-        .outputs()
-        .cloned()
-        .expect("an upload has one output tensor"))
+    Ok((stream, op))
 }
 
 impl<T: Element> Op for Upload<T> {
@@ -175,9 +149,9 @@ pub(crate) fn download<T: Element>(
     Ok(Box::new(move || {
         let mut v = Vec::<T>::with_capacity(n);
         // SAFETY: the watcher runs the finisher only after it has synchronized an event
-        // recorded behind the copy (`actor::finish`; on failure the finisher is dropped
-        // unrun), so the copy into `dst` completed and wrote `n` elements of
-        // `T` (plain numbers, any bit pattern valid) from the device tensor; the pinned
+        // recorded behind the copy (`finish` in `cuda/watcher.rs`; on failure the
+        // finisher is dropped unrun), so the copy into `dst` completed and wrote `n`
+        // elements of `T` (plain numbers, any bit pattern valid) from the device tensor; the pinned
         // block is page-aligned, so aligned for `T`; `v` has capacity `n` and does not
         // overlap pinned memory.
         unsafe {

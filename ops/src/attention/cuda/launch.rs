@@ -155,12 +155,6 @@ pub(super) struct AttnState {
     wgmma_failed: HashSet<Kernel>,
 }
 
-/// Whether `RTX_ATTN_WGMMA=0` turns the wgmma kernels off (read once).
-fn wgmma_disabled() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| std::env::var("RTX_ATTN_WGMMA").is_ok_and(|v| v == "0"))
-}
-
 /// The forward for head dim `d`: the wgmma kernel on compute capability 9.0, else the
 /// `mma.sync` one (see [`hopper_or`]).
 pub(super) fn forward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch> {
@@ -174,7 +168,8 @@ pub(super) fn backward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> R
     hopper_or(scx, hopper, Kernel::DqDkDv, d, dtype)
 }
 
-/// `hopper` (an sm_90a kernel) on compute capability 9.0 unless `RTX_ATTN_WGMMA=0` or it
+/// `hopper` (an sm_90a kernel) on compute capability 9.0 unless the runtime's setting
+/// `attn_wgmma` is off (`Runtime::builder().attn_wgmma(false)`, `RTX_ATTN_WGMMA=0`) or it
 /// failed before on this stream, else `fallback`. A failure to get `hopper` ready is
 /// logged once and remembered for the stream, and `fallback` is returned.
 fn hopper_or(
@@ -185,7 +180,10 @@ fn hopper_or(
     dtype: DType,
 ) -> Result<Launch> {
     if let Some(k) = hopper {
-        if scx.arch() == (9, 0) && !wgmma_disabled() && !state(scx)?.wgmma_failed.contains(&k) {
+        if scx.arch() == (9, 0)
+            && scx.settings().attn_wgmma
+            && !state(scx)?.wgmma_failed.contains(&k)
+        {
             match function(scx, k, d, dtype) {
                 Ok(f) => return Ok(f),
                 Err(e) => {
@@ -235,10 +233,8 @@ fn configure(
     dtype: DType,
 ) -> Result<()> {
     let name = format!("{}_d{d}_{}", kernel.prefix(), dtype.name());
-    let cuda_err = |call: &str, e: cudarc::driver::DriverError| Error::Cuda {
-        call: format!("{call}({name})"),
-        message: e.to_string(),
-    };
+    let cuda_err =
+        |call: &str, e: cudarc::driver::DriverError| Error::cuda(format!("{call}({name})"), e);
     scx.context()
         .bind_to_thread()
         .map_err(|e| cuda_err("cuCtxSetCurrent", e))?;

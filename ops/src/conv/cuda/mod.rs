@@ -177,10 +177,9 @@ impl ConvState {
         require_library("cudnn", || unsafe {
             cudarc::cudnn::sys::is_culib_present()
         })?;
-        scx.context().bind_to_thread().map_err(|e| Error::Cuda {
-            call: "cuCtxSetCurrent".into(),
-            message: e.to_string(),
-        })?;
+        scx.context()
+            .bind_to_thread()
+            .map_err(|e| Error::cuda("cuCtxSetCurrent", e))?;
         Ok(ConvState {
             stream: scx.stream().clone(),
             handle: Handle::new(scx.stream())?,
@@ -246,12 +245,12 @@ impl ConvState {
                 SEARCH_FALLBACKS.fetch_add(1, Ordering::Relaxed);
                 descs
                     .heuristic(&self.handle, key.dir, SEARCH_CAP, filter)?
-                    .ok_or_else(|| Error::Cudnn {
-                        call: "algorithm search".into(),
-                        message: format!(
-                            "no {:?} algorithm for {:?} {:?}",
-                            key.dir, key.dtype, key.p
-                        ),
+                    .ok_or_else(|| {
+                        Error::cudnn(
+                            "algorithm search",
+                            cudarc::cudnn::sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED,
+                            format!("no {:?} algorithm for {:?} {:?}", key.dir, key.dtype, key.p),
+                        )
                     })?
             }
         };

@@ -41,12 +41,12 @@ pub(crate) fn alignment(ptr: u64) -> u32 {
     1u32 << ptr.trailing_zeros().min(8)
 }
 
-/// A cuBLAS or cuBLASLt status as [`Error::Cublas`].
-pub(crate) fn cublas_error(call: &str, status: impl std::fmt::Debug) -> Error {
-    Error::Cublas {
-        call: call.to_string(),
-        message: format!("{status:?}"),
-    }
+/// A cuBLAS or cuBLASLt status as [`Error::Cublas`] (the status code kept).
+pub(crate) fn cublas_error(
+    call: &str,
+    status: impl Into<rtx_runtime::CublasStatus> + std::fmt::Debug,
+) -> Error {
+    Error::cublas(call, status)
 }
 
 /// A cuDNN status as [`Error::Cudnn`], with cuDNN's own description.
@@ -62,10 +62,7 @@ pub(crate) fn cudnn_error(call: &str, status: cudarc::cudnn::sys::cudnnStatus_t)
             .to_string_lossy()
             .into_owned()
     };
-    Error::Cudnn {
-        call: call.to_string(),
-        message: format!("{status:?}: {detail}"),
-    }
+    Error::cudnn(call, status, format!("{status:?}: {detail}"))
 }
 
 /// Fails with a readable error unless `present` (a library presence probe) holds;

@@ -97,10 +97,9 @@ impl GemmState {
         require_library("cublas", || unsafe {
             cudarc::cublas::sys::is_culib_present()
         })?;
-        scx.context().bind_to_thread().map_err(|e| Error::Cuda {
-            call: "cuCtxSetCurrent".into(),
-            message: e.to_string(),
-        })?;
+        scx.context()
+            .bind_to_thread()
+            .map_err(|e| Error::cuda("cuCtxSetCurrent", e))?;
         let stream = scx.stream().clone();
         let lt = LtHandle::new()?;
         let bytes = if scx.arch().0 >= 9 { 32 << 20 } else { 4 << 20 };

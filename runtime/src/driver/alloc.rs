@@ -12,11 +12,18 @@
 //! # How
 //!
 //! - Each actor registers a [`StreamMem`] for its stream when it starts (a pool of its
-//!   own, see `pool.rs`, and a block cache) and removes it when it exits.
-//! - [`alloc_uninit`] on an actor's stream rounds the size up to a size class, takes a
-//!   cached block of that class if there is one, else allocates from the stream's pool.
-//! - When a tensor's device memory is dropped ([`recycle`], from `CudaData`'s drop), a
-//!   block of a registered stream goes back to that stream's cache instead of the pool.
+//!   own, see `pool.rs`, and a block cache), owns it, and unregisters it when it exits.
+//!   Its device's [`DeviceMem`] (one per device and runtime) lists it for the
+//!   out-of-memory path.
+//! - [`alloc_in`] (through `StreamCx::alloc`, or [`alloc_uninit`] on the actor's
+//!   thread) rounds the size up to a size class, takes a cached block of that class if
+//!   there is one, else allocates from the stream's pool.
+//! - A published output buffer carries a [`Home`], a weak handle to the memory of the
+//!   actor that ran its op (`ExecCx::set_output` attaches it). When the buffer is
+//!   dropped ([`Home::recycle`], from `CudaData`'s drop), a block of that stream's pool
+//!   goes back to its cache instead of the pool; once the actor has exited (the handle
+//!   no longer upgrades) it is freed stream-ordered as usual. No process-wide registry
+//!   is involved.
 //!
 //! # Why reuse is safe
 //!
@@ -31,17 +38,17 @@
 //! [`CACHE_MAX_BLOCK`] are never cached). When an allocation runs out of memory, every
 //! cache is emptied and every pool trimmed before the retry.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc as StdArc;
-use std::sync::LazyLock;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex as StdMutex;
+use std::sync::{Arc as StdArc, Weak};
 
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DeviceRepr};
-use dashmap::DashMap;
 
 use super::pool::{MemPool, StreamPool};
 use crate::error::{Error, Result};
+use crate::stats::Counters;
 
 /// Blocks above this size are not cached (the pool serves them).
 pub const CACHE_MAX_BLOCK: usize = 64 << 20;
@@ -50,21 +57,75 @@ pub const CACHE_MAX_BYTES: usize = 4 << 30;
 /// Size classes: multiples of this many bytes.
 const GRANULE: usize = 512;
 
-static HITS: AtomicU64 = AtomicU64::new(0);
-static MISSES: AtomicU64 = AtomicU64::new(0);
-
-/// `(hits, misses)` of the stream actors' block caches, process-wide: allocations served
-/// from a cache, and allocations that went to a pool.
-pub fn block_cache_stats() -> (u64, u64) {
-    (HITS.load(Ordering::Relaxed), MISSES.load(Ordering::Relaxed))
-}
-
 /// One stream actor's memory: its pool and its cache of freed blocks. (It holds no
-/// reference to the stream or the context: their lifetimes stay the actor's.)
+/// reference to the stream or the context, only the stream's handle value to recognize
+/// slices of its stream: their lifetimes stay the actor's.) The actor holds the only
+/// strong reference; buffers hold weak ones ([`Home`]).
 pub(crate) struct StreamMem {
-    ordinal: usize,
+    /// The stream's `CUstream` handle, as a number.
+    stream: usize,
     pool: StreamPool,
     cache: StdMutex<BlockCache>,
+    /// The device's list of stream memories (this one among them).
+    device: StdArc<DeviceMem>,
+}
+
+/// The stream memories of one device of one runtime, and the runtime's counters.
+pub(crate) struct DeviceMem {
+    streams: StdMutex<Vec<Weak<StreamMem>>>,
+    counters: StdArc<Counters>,
+}
+
+impl DeviceMem {
+    pub(crate) fn new(counters: StdArc<Counters>) -> Self {
+        DeviceMem {
+            streams: StdMutex::new(Vec::new()),
+            counters,
+        }
+    }
+    /// The stream memories still registered.
+    fn live(&self) -> Vec<StdArc<StreamMem>> {
+        let g = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        g.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+/// Where a device buffer's memory goes when it is dropped: the block cache of the stream
+/// actor whose op produced it, while that actor lives (see the module docs).
+#[derive(Clone, Default)]
+pub(crate) struct Home(Option<Weak<StreamMem>>);
+
+impl std::fmt::Debug for Home {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Home(stream)"
+        } else {
+            "Home(none)"
+        })
+    }
+}
+
+impl Home {
+    /// The home of memory allocated by `mem`'s actor.
+    pub(crate) fn of(mem: &StdArc<StreamMem>) -> Self {
+        Home(Some(StdArc::downgrade(mem)))
+    }
+    /// Whether this is no stream's memory.
+    pub(crate) fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+    /// Takes back the memory of a dropped buffer (see [`recycle`]).
+    pub(crate) fn recycle<T>(&self, s: CudaSlice<T>) {
+        match self.0.as_ref().and_then(Weak::upgrade) {
+            Some(mem) => recycle(&mem, s),
+            None => drop(s),
+        }
+    }
+}
+
+thread_local! {
+    /// The memory of the stream actor running on this thread (for [`alloc_uninit`]).
+    static ACTOR_MEM: RefCell<Option<StdArc<StreamMem>>> = const { RefCell::new(None) };
 }
 
 /// Freed blocks by size class, and the class of every block the pool handed out (a
@@ -112,9 +173,6 @@ impl BlockCache {
     }
 }
 
-/// The registered streams' memory, by stream handle.
-static STREAMS: LazyLock<DashMap<usize, StdArc<StreamMem>>> = LazyLock::new(DashMap::new);
-
 fn key(stream: &CudaStream) -> usize {
     stream.cu_stream() as usize
 }
@@ -124,36 +182,53 @@ fn class_of(bytes: usize) -> usize {
     bytes.div_ceil(GRANULE) * GRANULE
 }
 
-/// Registers an actor's stream: allocations on it come from a pool of its own and its
-/// freed tensor memory is cached for it. Without a pool (creation failed), the stream
-/// uses the device's default pool and no cache; so it does with `RTX_STREAM_POOLS=0`
-/// (for diagnosis: a switch between the two allocation paths).
-pub(crate) fn register(ctx: &CudaContext, stream: &CudaStream) {
-    if std::env::var("RTX_STREAM_POOLS").is_ok_and(|v| v == "0") {
-        return;
+/// Registers an actor's stream, on the actor's thread: allocations on it come from a
+/// pool of its own and its freed tensor memory is cached for it. Without a pool
+/// (creation failed), the stream uses the device's default pool and no cache; so it does
+/// when `pools` is off (setting `stream_pools`, `RTX_STREAM_POOLS=0`; for diagnosis: a
+/// switch between the two allocation paths). The caller owns the returned memory and
+/// gives it to [`unregister`] when it exits.
+pub(crate) fn register(
+    ctx: &CudaContext,
+    stream: &CudaStream,
+    device: &StdArc<DeviceMem>,
+    pools: bool,
+) -> Option<StdArc<StreamMem>> {
+    if !pools {
+        return None;
     }
     match StreamPool::create(ctx) {
         Ok(pool) => {
-            let mem = StreamMem {
-                ordinal: ctx.ordinal(),
+            let mem = StdArc::new(StreamMem {
+                stream: key(stream),
                 pool,
                 cache: StdMutex::new(BlockCache::default()),
-            };
-            STREAMS.insert(key(stream), StdArc::new(mem));
+                device: device.clone(),
+            });
+            let mut list = device.streams.lock().unwrap_or_else(|p| p.into_inner());
+            list.retain(|w| w.strong_count() > 0);
+            list.push(StdArc::downgrade(&mem));
+            drop(list);
+            ACTOR_MEM.with(|m| *m.borrow_mut() = Some(mem.clone()));
+            Some(mem)
         }
-        Err(e) => tracing::warn!(error = %e, "no memory pool of its own for a stream actor"),
+        Err(e) => {
+            tracing::warn!(error = %e, "no memory pool of its own for a stream actor");
+            None
+        }
     }
 }
 
-/// Unregisters an actor's stream (when the actor exits, its work finished): the cached
-/// blocks are freed; memory still held by tensors is freed to the pool when dropped.
-pub(crate) fn unregister(stream: &CudaStream) {
-    if let Some((_, mem)) = STREAMS.remove(&key(stream)) {
-        // Closed under the lock: a `recycle` racing this (it found the entry before the
-        // removal) then frees its block instead of caching it where no one looks.
-        mem.cache.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
-        free_cached(&mem, stream);
-    }
+/// Unregisters an actor's stream (when the actor exits, its work finished), on the
+/// actor's thread: the cached blocks are freed; memory still held by tensors is freed to
+/// the pool when dropped (their [`Home`] no longer upgrades).
+pub(crate) fn unregister(mem: StdArc<StreamMem>, stream: &CudaStream) {
+    ACTOR_MEM.with(|m| m.borrow_mut().take());
+    // Closed under the lock: a `recycle` racing this (it upgraded its handle before the
+    // actor let go) then frees its block instead of caching it where no one looks.
+    mem.cache.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+    free_cached(&mem, stream);
+    drop(mem);
 }
 
 /// Returns `mem`'s unused pool memory to the driver (after its cached blocks were freed
@@ -177,13 +252,13 @@ fn free_cached(mem: &StreamMem, stream: &CudaStream) {
     }
 }
 
-/// Takes back the memory of a dropped tensor buffer: into its stream's cache when the
-/// stream is registered and the cache has room, else freed stream-ordered as usual.
-pub(crate) fn recycle<T>(s: CudaSlice<T>) {
-    let Some(mem) = STREAMS.get(&key(s.stream())).map(|m| m.value().clone()) else {
+/// Takes back the memory of a dropped tensor buffer: into `mem`'s cache when the slice
+/// is of `mem`'s stream and the cache has room, else freed stream-ordered as usual.
+fn recycle<T>(mem: &StreamMem, s: CudaSlice<T>) {
+    if key(s.stream()) != mem.stream {
         drop(s);
         return;
-    };
+    }
     let ptr = {
         use cudarc::driver::DevicePtr;
         let stream = s.stream().clone();
@@ -208,12 +283,10 @@ pub(crate) fn recycle<T>(s: CudaSlice<T>) {
 }
 
 /// Allocates `n` elements stream-ordered on `stream`: from the stream's cache or pool
-/// when `stream` is an actor's, else from the device's default pool. Sizes of actor
-/// streams are rounded up to a multiple of 512 bytes (the slice has `n` elements). When
-/// the device is out of memory, the caches are emptied and the pools (which keep freed
-/// memory) trimmed, and the allocation is retried: first after this stream's work, then
-/// after the whole device's. Then out-of-memory is [`Error::OutOfMemory`] with the
-/// requested and available bytes. Zero elements are an error.
+/// when `stream` is the stream of the actor running on this thread, else from the
+/// device's default pool. See [`StreamCx::alloc`](crate::cuda::StreamCx::alloc) for the
+/// details; this form is for library workspaces. Zero elements are
+/// [`Error::InvalidAllocation`].
 ///
 /// # Safety
 ///
@@ -223,31 +296,71 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
     stream: &StdArc<CudaStream>,
     n: usize,
 ) -> Result<CudaSlice<T>> {
+    let own = ACTOR_MEM.with(|m| {
+        m.borrow()
+            .as_ref()
+            .filter(|m| m.stream == key(stream))
+            .cloned()
+    });
+    // SAFETY: the caller's contract; `own` is this stream's memory.
+    unsafe { alloc_in(own.as_ref(), None, stream, n) }
+}
+
+/// Allocates `n` elements stream-ordered on `stream`: from `own`'s cache or pool
+/// (`own`: the memory of `stream`'s actor), else from the device's default pool. Sizes of actor
+/// streams are rounded up to a multiple of 512 bytes (the slice has `n` elements). When
+/// the device is out of memory, the caches are emptied and the pools (which keep freed
+/// memory) trimmed, and the allocation is retried: first after this stream's work, then
+/// after the whole device's. Then out-of-memory is [`Error::OutOfMemory`] with the
+/// requested and available bytes. The out-of-memory path also empties the caches of
+/// `device`'s other streams (`device`: that of `own` when `None`). Zero elements are
+/// an error.
+///
+/// # Safety
+///
+/// The memory is uninitialized: the caller must write every element before any read of
+/// it (by a kernel, a copy or the host). `own`, if given, is `stream`'s actor's memory.
+pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
+    own: Option<&StdArc<StreamMem>>,
+    device: Option<&DeviceMem>,
+    stream: &StdArc<CudaStream>,
+    n: usize,
+) -> Result<CudaSlice<T>> {
     if n == 0 {
-        return Err(Error::invalid("alloc", "zero-size allocation"));
+        return Err(Error::InvalidAllocation {
+            message: "zero elements".into(),
+        });
     }
-    let bytes = n
-        .checked_mul(std::mem::size_of::<T>())
-        .ok_or_else(|| Error::invalid("alloc", format!("{n} elements overflow usize bytes")))?;
+    let bytes =
+        n.checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::InvalidAllocation {
+                message: format!("{n} elements overflow usize bytes"),
+            })?;
     let ctx = stream.context();
-    let own = STREAMS.get(&key(stream)).map(|m| m.value().clone());
+    let device = device.or(own.map(|m| &*m.device));
     let class = class_of(bytes);
-    if let Some(mem) = &own {
+    if let Some(mem) = own {
         let cached = mem
             .cache
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take(class);
         if let Some(ptr) = cached {
-            HITS.fetch_add(1, Ordering::Relaxed);
+            mem.device
+                .counters
+                .block_hits
+                .fetch_add(1, Ordering::Relaxed);
             // SAFETY: `ptr` is a block of `class` >= `bytes` bytes allocated from this
             // stream's pool and owned by the cache alone; it passes to the slice, which
             // frees or recycles it. The caller's contract covers initialization.
             return Ok(unsafe { stream.upgrade_device_ptr::<T>(ptr, n) });
         }
-        MISSES.fetch_add(1, Ordering::Relaxed);
+        mem.device
+            .counters
+            .block_misses
+            .fetch_add(1, Ordering::Relaxed);
     }
-    let attempt = || match &own {
+    let attempt = || match own {
         Some(mem) => {
             ctx.bind_to_thread()?;
             // SAFETY: the pool is this stream's (registered by its actor for this
@@ -275,11 +388,11 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
         Err(_) => {}
     }
     // Out of memory: give back what this stream keeps and its finished work freed.
-    if let Some(mem) = &own {
+    if let Some(mem) = own {
         free_cached(mem, stream);
     }
     let _ = stream.synchronize();
-    if let Some(mem) = &own {
+    if let Some(mem) = own {
         trim(mem);
     }
     trim_default(ctx);
@@ -291,11 +404,7 @@ pub unsafe fn alloc_uninit<T: DeviceRepr>(
     // Still out: memory may sit in the caches and pools of this device's other streams;
     // empty them, wait for the whole device, and trim their pools.
     let ordinal = ctx.ordinal();
-    let same_device: Vec<StdArc<StreamMem>> = STREAMS
-        .iter()
-        .filter(|e| e.value().ordinal == ordinal)
-        .map(|e| e.value().clone())
-        .collect();
+    let same_device: Vec<StdArc<StreamMem>> = device.map(DeviceMem::live).unwrap_or_default();
     for mem in &same_device {
         free_cached(mem, stream);
     }
@@ -330,10 +439,7 @@ pub(crate) fn driver_error(
             available,
         };
     }
-    Error::Cuda {
-        call: call.into(),
-        message: e.to_string(),
-    }
+    Error::cuda(call, e)
 }
 
 #[cfg(test)]

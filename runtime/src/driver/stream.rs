@@ -4,11 +4,13 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::Arc as StdArc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr};
 
+use super::alloc::{alloc_in, Home, StreamMem};
 use super::DeviceShared;
-use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::settings::Settings;
+use crate::stats::{Counters, Phase};
 
 /// A CUDA stream actor's context, lent to each op it runs: the stream, the device's
 /// context, kernel functions and per-stream library state (cuBLAS, cuDNN handles...).
@@ -16,18 +18,39 @@ use crate::error::{Error, Result};
 pub struct StreamCx {
     pub(crate) stream: StdArc<CudaStream>,
     pub(crate) dev: StdArc<DeviceShared>,
+    /// This actor's memory pool and block cache (`None`: the device's default pool).
+    pub(crate) mem: Option<StdArc<StreamMem>>,
+    pub(crate) settings: Settings,
+    pub(crate) counters: StdArc<Counters>,
     functions: HashMap<(String, String), CudaFunction>,
     ext: HashMap<TypeId, Box<dyn Any>>,
 }
 
 impl StreamCx {
-    pub(crate) fn new(stream: StdArc<CudaStream>, dev: StdArc<DeviceShared>) -> Self {
+    pub(crate) fn new(
+        stream: StdArc<CudaStream>,
+        dev: StdArc<DeviceShared>,
+        mem: Option<StdArc<StreamMem>>,
+        settings: Settings,
+        counters: StdArc<Counters>,
+    ) -> Self {
         StreamCx {
             stream,
             dev,
+            mem,
+            settings,
+            counters,
             functions: HashMap::new(),
             ext: HashMap::new(),
         }
+    }
+    /// The settings of the runtime this stream belongs to.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+    /// Where memory allocated by [`StreamCx::alloc`] goes back to when its buffer drops.
+    pub(crate) fn home(&self) -> Home {
+        self.mem.as_ref().map(Home::of).unwrap_or_default()
     }
     /// The stream ops enqueue on.
     pub fn stream(&self) -> &StdArc<CudaStream> {
@@ -50,16 +73,22 @@ impl StreamCx {
         self.dev.sm_count
     }
 
-    /// Allocates `n` elements stream-ordered. The memory is uninitialized: the op must
-    /// write every element it publishes. Out-of-memory is [`Error::OutOfMemory`].
-    pub fn alloc<T: Element>(&self, n: usize) -> Result<CudaSlice<T>> {
-        let t = crate::profile::clock();
+    /// Allocates `n` elements stream-ordered, from this stream actor's block cache or
+    /// memory pool (or the device's default pool when the runtime's `stream_pools`
+    /// setting is off); sizes are rounded up to a multiple of 512 bytes (the slice has
+    /// `n` elements). The memory is uninitialized: the op must write every element it
+    /// publishes. When the device is out of memory, the caches are emptied and the pools
+    /// trimmed, and the allocation is retried (after this stream's work, then after the
+    /// whole device's); then out-of-memory is [`Error::OutOfMemory`] with the requested
+    /// and available bytes. Zero elements are [`Error::InvalidAllocation`].
+    pub fn alloc<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
+        let t = self.counters.clock();
         // SAFETY: the slice is only published as an op output, and ops write every
         // element of their outputs before publishing (the parity tests poison outputs to
-        // catch unwritten elements).
-        let r = unsafe { super::alloc_uninit::<T>(&self.stream, n) };
+        // catch unwritten elements); `mem` is this stream's memory.
+        let r = unsafe { alloc_in::<T>(self.mem.as_ref(), Some(&self.dev.mem), &self.stream, n) };
         if let Some(t) = t {
-            crate::profile::add(crate::profile::Phase::Alloc, t.elapsed());
+            self.counters.add(Phase::Alloc, t.elapsed());
         }
         r
     }
@@ -84,18 +113,14 @@ impl StreamCx {
                     .dev
                     .ctx
                     .load_module(cudarc::nvrtc::Ptx::from_binary((*bin).clone()))
-                    .map_err(|e| Error::Cuda {
-                        call: format!("cuModuleLoadData({module})"),
-                        message: e.to_string(),
-                    })?;
+                    .map_err(|e| Error::cuda(format!("cuModuleLoadData({module})"), e))?;
                 self.dev.modules.insert(module.to_string(), m.clone());
                 m
             }
         };
-        let f = m.load_function(name).map_err(|e| Error::Cuda {
-            call: format!("cuModuleGetFunction({module}::{name})"),
-            message: e.to_string(),
-        })?;
+        let f = m
+            .load_function(name)
+            .map_err(|e| Error::cuda(format!("cuModuleGetFunction({module}::{name})"), e))?;
         self.functions.insert(key, f.clone());
         Ok(f)
     }

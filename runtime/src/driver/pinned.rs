@@ -34,11 +34,13 @@
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc as StdArc;
 use std::sync::Mutex as StdMutex;
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+
+use crate::stats::Counters;
 
 /// Pinned blocks above this size are not cached (pinned per transfer, freed after it).
 pub const PINNED_MAX_BLOCK: usize = 64 << 20;
@@ -47,15 +49,6 @@ pub const PINNED_MAX_BLOCK: usize = 64 << 20;
 pub const PINNED_MAX_BYTES: usize = 256 << 20;
 /// The smallest block.
 const MIN_BLOCK: usize = 4 << 10;
-
-static HITS: AtomicU64 = AtomicU64::new(0);
-static MISSES: AtomicU64 = AtomicU64::new(0);
-
-/// `(hits, misses)` of the pinned host staging caches, process-wide: transfers that
-/// reused a cached block, and transfers that pinned new memory.
-pub fn pinned_cache_stats() -> (u64, u64) {
-    (HITS.load(Ordering::Relaxed), MISSES.load(Ordering::Relaxed))
-}
 
 /// One pinned allocation and the event recorded behind its last copy.
 struct Block {
@@ -118,13 +111,16 @@ struct Free {
 pub(crate) struct PinnedCache {
     ctx: StdArc<CudaContext>,
     free: StdMutex<Free>,
+    /// The runtime's counters (pinned hits and misses).
+    counters: StdArc<Counters>,
 }
 
 impl PinnedCache {
-    pub(crate) fn new(ctx: StdArc<CudaContext>) -> StdArc<Self> {
+    pub(crate) fn new(ctx: StdArc<CudaContext>, counters: StdArc<Counters>) -> StdArc<Self> {
         StdArc::new(PinnedCache {
             ctx,
             free: StdMutex::new(Free::default()),
+            counters,
         })
     }
 
@@ -147,7 +143,7 @@ impl PinnedCache {
             if let Some(block) = reused {
                 match block.wait(&self.ctx) {
                     Ok(()) => {
-                        HITS.fetch_add(1, Ordering::Relaxed);
+                        self.counters.pinned_hits.fetch_add(1, Ordering::Relaxed);
                         return Ok(self.lend(block, bytes));
                     }
                     // The device failed: this block cannot be proven idle (`free` leaks
@@ -156,7 +152,7 @@ impl PinnedCache {
                 }
             }
         }
-        MISSES.fetch_add(1, Ordering::Relaxed);
+        self.counters.pinned_misses.fetch_add(1, Ordering::Relaxed);
         bind(&self.ctx)?;
         let event = self
             .ctx
@@ -211,10 +207,10 @@ impl PinnedCache {
 impl Drop for PinnedCache {
     /// Frees the cached blocks, one cache at a time process-wide with the actors'
     /// teardown (`cuMemFreeHost` was among the calls in the driver deadlock that
-    /// `actor::TEARDOWN` prevents).
+    /// `teardown::TEARDOWN` prevents).
     fn drop(&mut self) {
         let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
-        super::actor::teardown_serialized(|| {
+        super::teardown::teardown_serialized(|| {
             for block in free.blocks.into_values().flatten() {
                 block.free(&self.ctx);
             }
@@ -295,7 +291,8 @@ mod tests {
     fn a_block_is_not_lent_again_while_its_copy_is_pending() {
         let Some(ctx) = device() else { return };
         let stream = ctx.new_stream().expect("stream");
-        let cache = PinnedCache::new(ctx.clone());
+        let counters = StdArc::new(Counters::default());
+        let cache = PinnedCache::new(ctx.clone(), counters.clone());
         let n = 1usize << 16;
         let data: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.25 - 60.0).collect();
         let src = stream.clone_htod(&data).expect("upload");
@@ -346,7 +343,7 @@ mod tests {
         // waited for its event); page-aligned, so aligned for f32.
         let got = unsafe { std::slice::from_raw_parts(again.as_ptr().cast::<f32>(), n) };
         assert!(got == &data[..], "the reused block holds the copied data");
-        let (hits, _) = pinned_cache_stats();
+        let hits = counters.pinned_hits.load(Ordering::Relaxed);
         assert!(hits >= 1);
     }
 

@@ -13,7 +13,7 @@ use std::sync::Mutex as StdMutex;
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
 /// A CUDA event owned by rtx.
-pub struct RawEvent {
+pub(crate) struct RawEvent {
     ev: sys::CUevent,
     ctx: StdArc<CudaContext>,
 }
@@ -39,13 +39,13 @@ impl RawEvent {
     }
 
     /// Captures the work enqueued on `stream` so far.
-    pub fn record(&self, stream: &CudaStream) -> Result<(), DriverError> {
+    pub(crate) fn record(&self, stream: &CudaStream) -> Result<(), DriverError> {
         // SAFETY: the event is live (owned by self) and the stream is live (borrowed).
         unsafe { sys::cuEventRecord(self.ev, stream.cu_stream()) }.result()
     }
 
     /// Makes `stream` wait (on the device) for the captured work.
-    pub fn wait_on(&self, stream: &CudaStream) -> Result<(), DriverError> {
+    pub(crate) fn wait_on(&self, stream: &CudaStream) -> Result<(), DriverError> {
         // SAFETY: both handles are live for the duration of the call.
         unsafe {
             result::stream::wait_event(
@@ -57,14 +57,14 @@ impl RawEvent {
     }
 
     /// Blocks the calling thread until the captured work is done (sleeping, not spinning).
-    pub fn synchronize(&self) -> Result<(), DriverError> {
+    pub(crate) fn synchronize(&self) -> Result<(), DriverError> {
         self.ctx.bind_to_thread()?;
         // SAFETY: the event is live (owned by self).
         unsafe { result::event::synchronize(self.ev) }
     }
 
     /// Whether the captured work is done, without blocking.
-    pub fn query(&self) -> Result<bool, DriverError> {
+    pub(crate) fn query(&self) -> Result<bool, DriverError> {
         // SAFETY: the event is live (owned by self).
         match unsafe { sys::cuEventQuery(self.ev) } {
             sys::cudaError_enum::CUDA_SUCCESS => Ok(true),
@@ -116,14 +116,14 @@ impl EventPool {
 }
 
 /// An event that returns to its pool when dropped.
-pub struct PooledEvent {
+pub(crate) struct PooledEvent {
     event: Option<RawEvent>,
     pool: StdArc<EventPool>,
 }
 
 impl PooledEvent {
     /// The event.
-    pub fn event(&self) -> &RawEvent {
+    pub(crate) fn event(&self) -> &RawEvent {
         self.event.as_ref().expect("present until drop")
     }
 }

@@ -1,137 +1,43 @@
-//! The runtime: builder, submission, placement, shutdown.
+//! The runtime: submission, placement, shutdown (`builder.rs`: the builder, its
+//! settings, and the assembly of a runtime from what its backend's `start` returns: the
+//! streams and their threads, and the backend's state, [`BackendState`]).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc as StdArc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use crate::actor::ActorCx;
+mod builder;
+
+pub(crate) use builder::BackendState;
+pub use builder::{Backend, BackendKind, Builder};
+
+use crate::actor::{spawn_named, StreamEntry};
 use crate::completion::{Completion, CompletionGuard, Submission};
 use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
 use crate::error::{Error, Result, SubmitError};
 use crate::job::{Envelope, Msg, OpJob};
-use crate::mailbox::{channel, Sender};
 use crate::op::{Op, Outputs, PlanCx};
-use crate::placement::{rough_ns, Affinity, LoadCounters, OpInfo, Policy, StreamLoad};
+use crate::placement::{rough_ns, OpInfo, Policy, StreamLoad};
+use crate::settings::Settings;
+use crate::stats::{Counters, Stats};
 use crate::storage::Storage;
-pub use crate::submit_async::SubmitAsync;
 use crate::sync::{lock, read, replace, thread, Arc, AtomicBool, Mutex, Ordering, RwLock};
 use crate::tensor::Tensor;
-
-/// Which backend to run on.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub enum Backend {
-    /// CUDA when a driver and a device are present, the CPU otherwise.
-    #[default]
-    Auto,
-    /// The CPU backend (rayon).
-    Cpu,
-    /// CUDA on these device ordinals (empty: all devices).
-    Cuda(Vec<usize>),
-}
-
-/// The backend a runtime actually runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    /// CPU.
-    Cpu,
-    /// CUDA.
-    Cuda,
-}
-
-/// Builds a [`Runtime`]. See [`Runtime::builder`].
-pub struct Builder {
-    backend: Backend,
-    streams: usize,
-    mailbox: usize,
-    policy: Option<Arc<dyn Policy>>,
-}
-
-impl Builder {
-    /// Which backend (default [`Backend::Auto`]).
-    pub fn backend(mut self, b: Backend) -> Self {
-        self.backend = b;
-        self
-    }
-    /// Compute streams per device (default 4 on CUDA, 2 on the CPU; at least 1).
-    pub fn streams(mut self, n: usize) -> Self {
-        self.streams = n.max(1);
-        self
-    }
-    /// Mailbox capacity per stream (default 1024; at least 1). A full mailbox makes
-    /// `submit` block and `submit_async` wait.
-    pub fn mailbox(mut self, n: usize) -> Self {
-        self.mailbox = n.max(1);
-        self
-    }
-    /// The placement policy (default [`Affinity`]; see `rtx-scheduler` for others).
-    pub fn policy(mut self, p: impl Policy) -> Self {
-        self.policy = Some(policy_arc(p));
-        self
-    }
-    /// Starts the actors.
-    pub fn build(self) -> Result<Runtime> {
-        let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
-        let want_cuda = match &self.backend {
-            Backend::Cpu => None,
-            Backend::Auto => crate::cuda::probe()
-                .ok()
-                .filter(|n| *n > 0)
-                .map(|n| (0..n).collect::<Vec<_>>()),
-            Backend::Cuda(ords) => {
-                let n = crate::cuda::probe().map_err(Error::DeviceNotFound)?;
-                if n == 0 {
-                    return Err(Error::DeviceNotFound("no CUDA device".into()));
-                }
-                let ords = if ords.is_empty() {
-                    (0..n).collect()
-                } else {
-                    ords.clone()
-                };
-                if let Some(bad) = ords.iter().find(|o| **o >= n) {
-                    return Err(Error::DeviceNotFound(format!(
-                        "cuda:{bad} (found {n} devices)"
-                    )));
-                }
-                Some(ords)
-            }
-        };
-        match want_cuda {
-            Some(ords) if self.backend == Backend::Auto => {
-                // `Auto` falls back to the CPU when CUDA is there but cannot be started
-                // (exclusive-process mode, a broken driver...), and says why.
-                crate::cuda::start(&ords, self.streams_or(4), self.mailbox, policy.clone()).or_else(|e| {
-                    tracing::warn!(error = %e, "CUDA found but not usable; using the CPU backend");
-                    Ok(start_cpu(self.streams_or(2), self.mailbox, policy))
-                })
-            }
-            Some(ords) => crate::cuda::start(&ords, self.streams_or(4), self.mailbox, policy),
-            None => Ok(start_cpu(self.streams_or(2), self.mailbox, policy)),
-        }
-    }
-    fn streams_or(&self, d: usize) -> usize {
-        if self.streams == 0 {
-            d
-        } else {
-            self.streams
-        }
-    }
-}
-
-/// One stream as the runtime sees it.
-pub(crate) struct StreamEntry {
-    pub(crate) info: StreamInfo,
-    pub(crate) tx: Sender<Msg>,
-    pub(crate) load: Arc<LoadCounters>,
-}
 
 pub(crate) struct Inner {
     /// This runtime's id: tensors remember it, since stream ids and events are per runtime.
     pub(crate) id: u64,
-    pub(crate) kind: BackendKind,
+    /// The backend and its state.
+    pub(crate) backend: BackendState,
     pub(crate) devices: Vec<DeviceInfo>,
     pub(crate) streams: Vec<StreamEntry>,
     pub(crate) policy: Arc<dyn Policy>,
+    /// The settings it runs with (builder values, environment overrides applied).
+    pub(crate) settings: Settings,
+    /// Its cache counters and phase timings.
+    pub(crate) counters: StdArc<Counters>,
     /// Set once shutdown begins (a fast early check for `prepare`).
     pub(crate) closed: AtomicBool,
     /// The shutdown gate: every job send holds it shared and checks it; shutdown takes it
@@ -140,7 +46,6 @@ pub(crate) struct Inner {
     /// has drained (it would sit in the channel forever and its waiter would hang).
     pub(crate) gate: RwLock<bool>,
     pub(crate) threads: Mutex<Vec<thread::JoinHandle<()>>>,
-    pub(crate) cuda: Option<crate::cuda::Devices>,
 }
 
 /// The rtx runtime: stream actors, a scheduler, and the completion machinery.
@@ -151,7 +56,7 @@ pub(crate) struct Inner {
 /// # Examples
 ///
 /// ```
-/// use rtx_runtime::{Runtime, Backend, block_on};
+/// use rtx::{Runtime, Backend, block_on};
 /// let rt = Runtime::builder().backend(Backend::Cpu).streams(2).build().unwrap();
 /// let x = rt.upload(&[1.0f32, 2.0, 3.0], [3]).unwrap();
 /// let v: Vec<f32> = block_on(rt.to_vec(&x).unwrap()).unwrap();
@@ -202,107 +107,38 @@ impl std::fmt::Display for RuntimeInfo {
     }
 }
 
-fn start_cpu(n: usize, mailbox: usize, policy: Arc<dyn Policy>) -> Runtime {
-    let mut streams = Vec::with_capacity(n);
-    let mut threads = Vec::with_capacity(n);
-    for i in 0..n {
-        let (tx, rx) = channel(mailbox);
-        let actor = ActorCx {
-            stream: StreamId(i),
-            device: Device::Cpu,
-            policy: policy.clone(),
-        };
-        threads.push(spawn_named(format!("rtx-cpu-{i}"), move || {
-            crate::actor::cpu_actor(rx, actor)
-        }));
-        streams.push(StreamEntry {
-            info: StreamInfo {
-                id: StreamId(i),
-                device: Device::Cpu,
-                kind: StreamKind::Compute,
-            },
-            tx,
-            load: Arc::new(LoadCounters::default()),
-        });
-    }
-    let devices = vec![DeviceInfo {
-        device: Device::Cpu,
-        name: format!("{} rayon threads", rayon::current_num_threads()),
-        memory: None,
-        compute_capability: None,
-    }];
-    Runtime {
-        inner: Arc::new(Inner {
-            id: next_runtime_id(),
-            kind: BackendKind::Cpu,
-            devices,
-            streams,
-            policy,
-            closed: AtomicBool::new(false),
-            gate: RwLock::new(false),
-            threads: Mutex::new(threads),
-            cuda: None,
-        }),
-    }
-}
-
-/// A shared policy. loom's `Arc` cannot unsize to `dyn Policy`, so under loom the trait
-/// object is built as a std `Arc` and converted.
-fn policy_arc(p: impl Policy) -> Arc<dyn Policy> {
-    #[cfg(not(loom))]
-    {
-        Arc::new(p)
-    }
-    #[cfg(loom)]
-    {
-        Arc::from_std(std::sync::Arc::new(p) as std::sync::Arc<dyn Policy>)
-    }
-}
-
-/// A process-wide unique runtime id.
-pub(crate) fn next_runtime_id() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-pub(crate) fn spawn_named(
-    name: String,
-    f: impl FnOnce() + Send + 'static,
-) -> thread::JoinHandle<()> {
-    #[cfg(not(loom))]
-    {
-        thread::Builder::new()
-            .name(name)
-            .spawn(f)
-            .expect("spawning a stream actor thread")
-    }
-    #[cfg(loom)]
-    {
-        let _ = name;
-        thread::spawn(f)
-    }
-}
-
 impl Runtime {
-    /// A builder; `Runtime::builder().build()` picks the best backend present.
-    pub fn builder() -> Builder {
-        Builder {
-            backend: Backend::Auto,
-            streams: 0,
-            mailbox: 1024,
-            policy: None,
-        }
-    }
-
     /// The CPU backend with `streams` streams (a shorthand for tests and examples).
     pub fn cpu(streams: usize) -> Runtime {
-        start_cpu(streams.max(1), 1024, policy_arc(Affinity))
+        Runtime::builder()
+            .backend(Backend::Cpu)
+            .streams(streams)
+            .build()
+            .expect("the CPU backend always starts")
+    }
+
+    /// The settings this runtime runs with: the builder's, with the environment's
+    /// overrides applied (see [`settings`](crate::settings)).
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// This runtime's counters: block and pinned cache hits and misses, and the phase
+    /// timings when it profiles (setting `profile`). Counted since it started or since
+    /// the last [`Runtime::reset_stats`].
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Clears this runtime's counters (for measuring one part of a run).
+    pub fn reset_stats(&self) {
+        self.inner.counters.reset()
     }
 
     /// The backend, devices and streams.
     pub fn info(&self) -> RuntimeInfo {
         RuntimeInfo {
-            backend: self.inner.kind,
+            backend: self.inner.backend.kind(),
             devices: self.inner.devices.clone(),
             streams: self.inner.streams.iter().map(|s| s.info.clone()).collect(),
             policy: self.inner.policy.name(),
@@ -311,7 +147,7 @@ impl Runtime {
 
     /// The backend kind.
     pub fn backend(&self) -> BackendKind {
-        self.inner.kind
+        self.inner.backend.kind()
     }
 
     /// The default device (the first).
@@ -364,6 +200,7 @@ impl Runtime {
     /// Sends a job to its stream's mailbox, blocking while it is full, behind the
     /// shutdown gate (see [`Inner::gate`]). The envelope comes back if the runtime is
     /// shutting down.
+    #[allow(clippy::result_large_err)] // the envelope comes back only on shutdown
     pub(crate) fn send_job(&self, stream: StreamId, env: Envelope) -> Result<(), Envelope> {
         let closed = read(&self.inner.gate);
         if *closed {
@@ -376,14 +213,23 @@ impl Runtime {
         }
     }
 
-    /// Like [`Runtime::submit`], but waits for mailbox room asynchronously.
-    pub fn submit_async<O: Op>(&self, op: O) -> SubmitAsync<O> {
-        SubmitAsync::new(self.clone(), op, None)
-    }
-
-    /// Like [`Runtime::submit_on`], but waits for mailbox room asynchronously.
-    pub fn submit_async_on<O: Op>(&self, stream: StreamId, op: O) -> SubmitAsync<O> {
-        SubmitAsync::new(self.clone(), op, Some(stream))
+    /// Submits an op whose value is produced at completion (`finish_with`).
+    pub(crate) fn submit_payload<O: Op, T: Send + 'static>(
+        &self,
+        stream: StreamId,
+        op: O,
+    ) -> Result<Submission<T>> {
+        let (env, sub, stream) = self.prepare(Some(stream), op).map_err(|e| e.error)?;
+        drop(sub);
+        let completion = env
+            .completion
+            .as_ref()
+            .map(|c| c.completion())
+            .expect("fresh envelope has its completion");
+        match self.send_job(stream, env) {
+            Ok(()) => Ok(Submission::payload(completion, stream)),
+            Err(_) => Err(Error::Shutdown),
+        }
     }
 
     /// Validates, places and packages an op; nothing is enqueued yet.

@@ -75,7 +75,7 @@ impl MemPool {
 /// but leaves the driver to release it later; with that, and with an actor's handles
 /// dropped concurrently with its runtime's other actors', GPU runs 20-21 saw the driver
 /// deadlock at actor teardown in 3 of 17 test processes (none of 20 without per-stream
-/// pools), and runs 22-23 saw none in 60 with this and `actor.rs`'s one-at-a-time
+/// pools), and runs 22-23 saw none in 60 with this and `teardown.rs`'s one-at-a-time
 /// teardown (`benches/RESULTS.md`).
 pub(crate) struct StreamPool(sys::CUmemoryPool, usize);
 

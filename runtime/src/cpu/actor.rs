@@ -1,0 +1,63 @@
+//! The CPU actor: runs each job to completion on its thread (rayon inside the op).
+
+use crate::actor::{execute, observe, run_finisher, wait_inputs, ActorCx};
+use crate::job::{Envelope, Msg};
+use crate::mailbox::Receiver;
+use crate::op::BackendCx;
+use crate::storage::{Mark, Ready};
+use crate::sync::Arc;
+
+/// The CPU actor: runs each job to completion on this thread (rayon inside the op).
+pub(crate) fn cpu_actor(rx: Receiver<Msg>, actor: ActorCx) {
+    actor.settings.enter();
+    while let Some(msg) = rx.recv() {
+        match msg {
+            Msg::Job(env) => run_cpu(env, &actor),
+            Msg::Release(done) => drop(done),
+            Msg::Shutdown => break,
+        }
+    }
+    // Anything sent after the shutdown message is failed by its envelope's drop.
+    while let Some(m) = rx.try_recv() {
+        drop(m);
+    }
+}
+
+fn run_cpu(mut env: Envelope, actor: &ActorCx) {
+    let queued = env.submitted.elapsed();
+    let span = tracing::debug_span!(
+        "op",
+        kind = env.name(),
+        stream = actor.stream.0,
+        queue_wait_us = queued.as_micros() as u64,
+        run_us = tracing::field::Empty
+    );
+    let _enter = span.enter();
+    // Drop the input references before running: a donating op needs to hold the only
+    // reference to its input's buffer.
+    let result = wait_inputs(&env).and_then(|readies| {
+        drop(readies);
+        execute(&mut env, actor, BackendCx::Cpu)
+    });
+    match result {
+        Ok(ex) => {
+            span.record("run_us", ex.took.as_micros() as u64);
+            observe(&*actor.policy, env.name(), env.cost, actor.stream, ex.took);
+            for (s, b) in env.outputs.iter().zip(ex.outputs) {
+                s.publish(Ready {
+                    buf: Arc::new(b),
+                    mark: Mark::Host,
+                });
+            }
+            let payload = ex.finisher.map(|f| run_finisher(env.name(), f)).transpose();
+            if let Some(c) = env.completion.take() {
+                c.finish(payload);
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "op failed");
+            env.fail(e);
+        }
+    }
+    // Dropping the envelope releases the op's keep-alive (its inputs) and the load.
+}

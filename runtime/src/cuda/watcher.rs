@@ -1,0 +1,119 @@
+//! The completion watcher of a CUDA stream actor (protocol in `cuda/mod.rs`, step 3):
+//! it synchronizes the bursts' events in FIFO order, completes the ops, and hands their
+//! keep-alives back to the actor.
+
+use std::time::Duration;
+
+use crate::completion::Payload;
+use crate::driver::event::RawEvent;
+use crate::driver::DeviceShared;
+use crate::error::{Error, Result};
+use crate::job::{Envelope, Msg};
+use crate::mailbox::{Sender, TrySendError};
+use crate::stats::{Counters, Phase};
+use crate::storage::EventBurst;
+use crate::sync::Arc;
+
+/// An enqueued op waiting for its burst's event.
+pub(super) struct Watch {
+    pub(super) env: Envelope,
+    pub(super) burst: Arc<EventBurst>,
+    pub(super) finisher: Option<Box<dyn FnOnce() -> Result<Payload> + Send>>,
+    pub(super) took: Duration,
+}
+
+/// Ops completed per synchronization at most (bounds how long the oldest op of a batch
+/// waits for the newest).
+const WATCH_BATCH: usize = 32;
+
+/// The watcher loop: takes every watch queued so far (up to [`WATCH_BATCH`]), waits for
+/// the newest one's event only — stream order means every earlier op on this stream has
+/// finished once it has — then completes them all in FIFO order. Under load this makes
+/// one driver call per batch instead of two per op; the actor shares the driver's locks
+/// with this thread, so fewer calls here make its launches cheaper.
+pub(super) fn watch(
+    wrx: &crossbeam_channel::Receiver<Vec<Watch>>,
+    release: &Sender<Msg>,
+    dev: &DeviceShared,
+    policy: &dyn crate::placement::Policy,
+    sid: crate::device::StreamId,
+    counters: &Counters,
+) {
+    while let Ok(mut batch) = wrx.recv() {
+        while batch.len() < WATCH_BATCH {
+            match wrx.try_recv() {
+                Ok(more) => batch.extend(more),
+                Err(_) => break,
+            }
+        }
+        let newest = batch.last().expect("one watch at least");
+        let mut t = counters.clock();
+        // The actor records a burst's event before handing its ops over.
+        let r = match newest.burst.get() {
+            Some(Ok(ev)) => wait_event(ev.event()),
+            _ => Err(cudarc::driver::DriverError(
+                cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_READY,
+            )),
+        };
+        counters.lap(Phase::WatchWait, &mut t);
+        let mut done = Vec::with_capacity(batch.len());
+        for w in batch.drain(..) {
+            done.push(finish(w, r, dev, policy, sid));
+            counters.lap(Phase::WatchFinish, &mut t);
+        }
+        // The keep-alives go back to the actor, which frees them between its own driver
+        // calls; if its mailbox is full or gone, they are dropped here.
+        match release.try_send(Msg::Release(done)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(m) | TrySendError::Closed(m)) => drop(m),
+        }
+    }
+}
+
+/// Completes one op whose event (or a later one on its stream) was waited for with
+/// result `r`, then releases its keep-alive.
+fn finish(
+    mut w: Watch,
+    r: Result<(), cudarc::driver::DriverError>,
+    dev: &DeviceShared,
+    policy: &dyn crate::placement::Policy,
+    sid: crate::device::StreamId,
+) -> Envelope {
+    match r {
+        Ok(()) => {
+            crate::actor::observe(policy, w.env.name(), w.env.cost, sid, w.took);
+            let name = w.env.name();
+            let payload = w
+                .finisher
+                .take()
+                .map(|f| crate::actor::run_finisher(name, f))
+                .transpose();
+            for s in &w.env.outputs {
+                s.mark_done();
+            }
+            if let Some(c) = w.env.completion.take() {
+                c.finish(payload);
+            }
+        }
+        Err(e) => {
+            dev.poison(format!("{e} (detected after `{}`)", w.env.name()));
+            let err = dev.poisoned().unwrap_or(Error::synchronization(e));
+            w.env.fail(err);
+        }
+    }
+    // The envelope (the op and its inputs) is released by the caller — after the device
+    // has finished with them; the event goes back to its pool here.
+    w.env
+}
+
+/// Waits for an event: one non-blocking query first (when the GPU is ahead of the
+/// watcher, which is the common case under load, this skips a sleep and a wake-up per
+/// op), then a blocking sync in the driver, without spinning: a spinning watcher would
+/// contend with its actor for the driver's locks.
+fn wait_event(e: &RawEvent) -> Result<(), cudarc::driver::DriverError> {
+    match e.query() {
+        Ok(true) => Ok(()),
+        Ok(false) => e.synchronize(),
+        Err(err) => Err(err),
+    }
+}

@@ -1,0 +1,271 @@
+//! Building a runtime: the backend choice, the [`Builder`] and its settings, and the
+//! assembly of a [`Runtime`] from what the backend's `start` returned.
+
+use std::sync::Arc as StdArc;
+use std::time::Duration;
+
+use super::{Inner, Runtime};
+use crate::actor::{StartCx, Started};
+use crate::error::{Error, Result};
+use crate::placement::{Affinity, Policy};
+use crate::settings::Settings;
+use crate::stats::Counters;
+use crate::sync::{Arc, AtomicBool, Mutex, RwLock};
+
+/// Which backend to run on.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Backend {
+    /// CUDA when a driver and a device are present, the CPU otherwise.
+    #[default]
+    Auto,
+    /// The CPU backend (rayon).
+    Cpu,
+    /// CUDA on these device ordinals (empty: all devices).
+    Cuda(Vec<usize>),
+}
+
+/// The backend a runtime actually runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// CPU.
+    Cpu,
+    /// CUDA.
+    Cuda,
+}
+
+/// The backend side of a runtime: what its backend's `start` returned besides the
+/// streams. One enum, so the backend kind and its state cannot disagree.
+pub(crate) enum BackendState {
+    /// The CPU backend (no state of its own).
+    Cpu,
+    /// The CUDA backend: its devices and copy streams.
+    Cuda(crate::cuda::Devices),
+}
+
+impl BackendState {
+    pub(super) fn kind(&self) -> BackendKind {
+        match self {
+            BackendState::Cpu => BackendKind::Cpu,
+            BackendState::Cuda(_) => BackendKind::Cuda,
+        }
+    }
+}
+
+/// Builds a [`Runtime`]. See [`Runtime::builder`]. The options besides the backend,
+/// streams, mailbox and policy are the runtime's [`Settings`]; each has an environment
+/// variable that overrides it (the table is in [`settings`](crate::settings)).
+pub struct Builder {
+    backend: Backend,
+    streams: usize,
+    mailbox: usize,
+    policy: Option<Arc<dyn Policy>>,
+    settings: Settings,
+}
+
+impl Runtime {
+    /// A builder; `Runtime::builder().build()` picks the best backend present.
+    pub fn builder() -> Builder {
+        Builder {
+            backend: Backend::Auto,
+            streams: 0,
+            mailbox: 1024,
+            policy: None,
+            settings: Settings::default(),
+        }
+    }
+}
+
+impl Builder {
+    /// Which backend (default [`Backend::Auto`]).
+    pub fn backend(mut self, b: Backend) -> Self {
+        self.backend = b;
+        self
+    }
+    /// Compute streams per device (default 4 on CUDA, 2 on the CPU; at least 1).
+    pub fn streams(mut self, n: usize) -> Self {
+        self.streams = n.max(1);
+        self
+    }
+    /// Mailbox capacity per stream (default 1024; at least 1). A full mailbox makes
+    /// `submit` block and `submit_async` wait.
+    pub fn mailbox(mut self, n: usize) -> Self {
+        self.mailbox = n.max(1);
+        self
+    }
+    /// The placement policy (default [`Affinity`]; see `rtx-scheduler` for others).
+    pub fn policy(mut self, p: impl Policy) -> Self {
+        self.policy = Some(policy_arc(p));
+        self
+    }
+    /// All settings at once (default [`Settings::default`]); the environment still
+    /// overrides them.
+    pub fn settings(mut self, s: Settings) -> Self {
+        self.settings = s;
+        self
+    }
+    /// How long idle CUDA stream actors poll their mailbox before sleeping (default:
+    /// 50 µs when the machine has a core for every actor plus four, else 0).
+    /// `RTX_ACTOR_SPIN_US` overrides it.
+    pub fn actor_spin(mut self, d: Duration) -> Self {
+        self.settings.actor_spin = Some(d);
+        self
+    }
+    /// Per-stream memory pools and block caches on CUDA (default on; off, every stream
+    /// allocates from the device's default pool, uncached). `RTX_STREAM_POOLS=0`
+    /// overrides it.
+    pub fn stream_pools(mut self, on: bool) -> Self {
+        self.settings.stream_pools = on;
+        self
+    }
+    /// Times the phases of every op on the CUDA actors, for [`Runtime::stats`] (default
+    /// off). `RTX_PROFILE` overrides it (`1`: on).
+    pub fn profile(mut self, on: bool) -> Self {
+        self.settings.profile = on;
+        self
+    }
+    /// Ops fill each fresh output with NaN (`0xFF` bytes on CUDA) before computing it, so
+    /// that a test catches unwritten elements (default off). `RTX_POISON_OUTPUTS`
+    /// overrides it (`1`: on).
+    pub fn poison_outputs(mut self, on: bool) -> Self {
+        self.settings.poison_outputs = on;
+        self
+    }
+    /// The attention ops' Hopper (wgmma) kernels on compute capability 9.0 (default
+    /// on). `RTX_ATTN_WGMMA=0` overrides it.
+    pub fn attn_wgmma(mut self, on: bool) -> Self {
+        self.settings.attn_wgmma = on;
+        self
+    }
+    /// Starts the actors.
+    pub fn build(self) -> Result<Runtime> {
+        let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
+        let settings = self.settings.with_env();
+        let counters = StdArc::new(Counters::new(settings.profile));
+        let cx = |streams: usize| StartCx {
+            streams,
+            mailbox: self.mailbox,
+            policy: policy.clone(),
+            settings,
+            counters: counters.clone(),
+        };
+        let want_cuda = match &self.backend {
+            Backend::Cpu => None,
+            Backend::Auto => crate::cuda::probe()
+                .ok()
+                .filter(|n| *n > 0)
+                .map(|n| (0..n).collect::<Vec<_>>()),
+            Backend::Cuda(ords) => {
+                let n = crate::cuda::probe().map_err(Error::DeviceNotFound)?;
+                if n == 0 {
+                    return Err(Error::DeviceNotFound("no CUDA device".into()));
+                }
+                let ords = if ords.is_empty() {
+                    (0..n).collect()
+                } else {
+                    ords.clone()
+                };
+                if let Some(bad) = ords.iter().find(|o| **o >= n) {
+                    return Err(Error::DeviceNotFound(format!(
+                        "cuda:{bad} (found {n} devices)"
+                    )));
+                }
+                Some(ords)
+            }
+        };
+        let cpu = || {
+            assemble(
+                crate::cpu::start(&cx(self.streams_or(2))),
+                BackendState::Cpu,
+            )
+        };
+        let cuda = |ords: &[usize]| {
+            crate::cuda::start(&cx(self.streams_or(4)), ords)
+                .map(|s| assemble_with(s, BackendState::Cuda))
+        };
+        let rt = match want_cuda {
+            // `Auto` falls back to the CPU when CUDA is there but cannot be started
+            // (exclusive-process mode, a broken driver...), and says why.
+            Some(ords) if self.backend == Backend::Auto => cuda(&ords).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "CUDA found but not usable; using the CPU backend");
+                cpu()
+            }),
+            Some(ords) => cuda(&ords)?,
+            None => cpu(),
+        };
+        Ok(rt.with(policy, settings, counters))
+    }
+    fn streams_or(&self, d: usize) -> usize {
+        if self.streams == 0 {
+            d
+        } else {
+            self.streams
+        }
+    }
+}
+
+/// A started backend, before the runtime-wide parts are added.
+struct Assembled {
+    started: Started<()>,
+    backend: BackendState,
+}
+
+fn assemble(started: Started<()>, backend: BackendState) -> Assembled {
+    Assembled { started, backend }
+}
+
+/// Splits a backend's [`Started`] into its streams and its state (wrapped by `wrap`).
+fn assemble_with<S>(s: Started<S>, wrap: impl FnOnce(S) -> BackendState) -> Assembled {
+    let backend = wrap(s.state);
+    Assembled {
+        started: Started {
+            devices: s.devices,
+            streams: s.streams,
+            threads: s.threads,
+            state: (),
+        },
+        backend,
+    }
+}
+
+impl Assembled {
+    fn with(
+        self,
+        policy: Arc<dyn Policy>,
+        settings: Settings,
+        counters: StdArc<Counters>,
+    ) -> Runtime {
+        Runtime {
+            inner: Arc::new(Inner {
+                id: next_runtime_id(),
+                backend: self.backend,
+                devices: self.started.devices,
+                streams: self.started.streams,
+                policy,
+                settings,
+                counters,
+                closed: AtomicBool::new(false),
+                gate: RwLock::new(false),
+                threads: Mutex::new(self.started.threads),
+            }),
+        }
+    }
+}
+
+/// A shared policy. loom's `Arc` cannot unsize to `dyn Policy`, so under loom the trait
+/// object is built as a std `Arc` and converted.
+pub(super) fn policy_arc(p: impl Policy) -> Arc<dyn Policy> {
+    #[cfg(not(loom))]
+    {
+        Arc::new(p)
+    }
+    #[cfg(loom)]
+    {
+        Arc::from_std(std::sync::Arc::new(p) as std::sync::Arc<dyn Policy>)
+    }
+}
+
+/// A process-wide unique runtime id.
+fn next_runtime_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}

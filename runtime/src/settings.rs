@@ -1,0 +1,156 @@
+//! A runtime's settings: every knob, set on the builder, with its environment override.
+//!
+//! # The settings and their environment variables
+//!
+//! Each setting is a [`Builder`](crate::Builder) option first. Its environment variable,
+//! when set, overrides the builder's value (so a run can be changed without
+//! recompiling); [`Runtime::settings`](crate::Runtime::settings) reports what a runtime
+//! runs with.
+//!
+//! | Setting (builder method) | Environment variable | Default | Effect |
+//! |---|---|---|---|
+//! | [`actor_spin`](crate::Builder::actor_spin) | `RTX_ACTOR_SPIN_US=<µs>` | 50 µs when the machine has a core for every CUDA actor plus four, else 0 | How long an idle CUDA stream actor polls its mailbox before it sleeps (a sleeping actor costs the next submit a wake-up). |
+//! | [`stream_pools`](crate::Builder::stream_pools) | `RTX_STREAM_POOLS=0` turns off | on | Each CUDA stream actor allocates from a memory pool and block cache of its own; off, every stream uses the device's default pool and nothing is cached (a switch for diagnosis). |
+//! | [`profile`](crate::Builder::profile) | `RTX_PROFILE=1` turns on | off | Times the phases of each op on the CUDA actors and watchers; read with [`Runtime::stats`](crate::Runtime::stats). |
+//! | [`poison_outputs`](crate::Builder::poison_outputs) | `RTX_POISON_OUTPUTS=1` turns on | off | Ops fill every freshly allocated output with NaN (`0xFF` bytes on CUDA) before computing it, so a test catches any element an op forgets to write. Costs one memset per output. |
+//! | [`attn_wgmma`](crate::Builder::attn_wgmma) | `RTX_ATTN_WGMMA=0` turns off | on | The attention ops use their Hopper (sm_90a, wgmma) kernels on compute capability 9.0; off, the `mma.sync` kernels everywhere. |
+//! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
+//!
+//! ```
+//! use rtx::{Backend, Runtime};
+//! let rt = Runtime::builder().backend(Backend::Cpu).poison_outputs(true).build().unwrap();
+//! // The environment variable, when set, wins over the builder.
+//! let env = std::env::var("RTX_POISON_OUTPUTS").ok();
+//! assert_eq!(rt.settings().poison_outputs, env.map_or(true, |v| v == "1"));
+//! // Counters are the runtime's own.
+//! assert_eq!(rt.stats().block_cache.hits, 0);
+//! ```
+//!
+//! Ops read the settings of the runtime they run in through
+//! [`ExecCx::settings`](crate::ExecCx::settings) or
+//! [`StreamCx::settings`](crate::cuda::StreamCx::settings).
+
+use std::cell::Cell;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// A runtime's settings. See the [module docs](self) for the table of settings, their
+/// environment variables and defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settings {
+    /// How long idle CUDA stream actors poll before sleeping; `None`: chosen by the core
+    /// count (`RTX_ACTOR_SPIN_US`).
+    pub actor_spin: Option<Duration>,
+    /// Per-stream memory pools and block caches on CUDA (`RTX_STREAM_POOLS`).
+    pub stream_pools: bool,
+    /// Phase timing of the CUDA actors (`RTX_PROFILE`).
+    pub profile: bool,
+    /// NaN-poisoned fresh outputs (`RTX_POISON_OUTPUTS`).
+    pub poison_outputs: bool,
+    /// The attention ops' Hopper kernels (`RTX_ATTN_WGMMA`).
+    pub attn_wgmma: bool,
+}
+
+impl Default for Settings {
+    /// The built-in defaults, without the environment.
+    fn default() -> Self {
+        Settings {
+            actor_spin: None,
+            stream_pools: true,
+            profile: false,
+            poison_outputs: false,
+            attn_wgmma: true,
+        }
+    }
+}
+
+impl Settings {
+    /// These settings with every environment variable that is set applied over them.
+    pub fn with_env(self) -> Self {
+        self.with_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`Settings::with_env`] with the variables read through `var`.
+    fn with_vars(mut self, var: impl Fn(&str) -> Option<String>) -> Self {
+        if let Some(us) = var("RTX_ACTOR_SPIN_US").and_then(|v| v.parse::<u64>().ok()) {
+            self.actor_spin = Some(Duration::from_micros(us));
+        }
+        if let Some(v) = var("RTX_STREAM_POOLS") {
+            self.stream_pools = v != "0";
+        }
+        if let Some(v) = var("RTX_PROFILE") {
+            self.profile = v == "1";
+        }
+        if let Some(v) = var("RTX_POISON_OUTPUTS") {
+            self.poison_outputs = v == "1";
+        }
+        if let Some(v) = var("RTX_ATTN_WGMMA") {
+            self.attn_wgmma = v != "0";
+        }
+        self
+    }
+
+    /// The settings of the runtime whose stream actor runs on this thread (what its ops
+    /// see through `ExecCx::settings`); on any other thread, the defaults with the
+    /// environment applied. For op helpers that have no context at hand.
+    pub fn current() -> Settings {
+        CURRENT.with(Cell::get).unwrap_or_else(|| {
+            static ENV: OnceLock<Settings> = OnceLock::new();
+            *ENV.get_or_init(|| Settings::default().with_env())
+        })
+    }
+
+    /// Makes `self` this thread's [`Settings::current`] (a stream actor, at its start).
+    pub(crate) fn enter(self) {
+        CURRENT.with(|c| c.set(Some(self)));
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<Option<Settings>> = const { Cell::new(None) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_variables_override_the_builder_values() {
+        let base = Settings {
+            poison_outputs: true,
+            ..Settings::default()
+        };
+        let none = base.with_vars(|_| None);
+        assert_eq!(none, base, "nothing set: the builder's values stay");
+        let env = |name: &str| {
+            match name {
+                "RTX_ACTOR_SPIN_US" => Some("7"),
+                "RTX_STREAM_POOLS" => Some("0"),
+                "RTX_PROFILE" => Some("1"),
+                "RTX_POISON_OUTPUTS" => Some("0"),
+                "RTX_ATTN_WGMMA" => Some("0"),
+                _ => None,
+            }
+            .map(String::from)
+        };
+        let s = base.with_vars(env);
+        assert_eq!(s.actor_spin, Some(Duration::from_micros(7)));
+        assert!(!s.stream_pools && s.profile && !s.poison_outputs && !s.attn_wgmma);
+    }
+
+    #[test]
+    fn an_actor_thread_sees_its_runtime_settings() {
+        let s = Settings {
+            poison_outputs: true,
+            profile: true,
+            ..Settings::default()
+        };
+        std::thread::spawn(move || {
+            s.enter();
+            assert_eq!(Settings::current(), s);
+        })
+        .join()
+        .expect("thread");
+    }
+}

@@ -1,0 +1,199 @@
+//! A runtime's counters: the CUDA block and pinned caches' hits and misses, and the
+//! opt-in timing of the stream actors' phases (setting `profile`, `RTX_PROFILE=1`), to
+//! see where an op's host time goes. Read with [`Runtime::stats`](crate::Runtime::stats).
+//! Profiling is off by default; when off each phase costs one load of a flag.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// A snapshot of a runtime's counters, from [`Runtime::stats`](crate::Runtime::stats).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// The CUDA stream actors' device block caches: allocations served from a cache
+    /// (hits) and allocations that went to a pool (misses).
+    pub block_cache: CacheStats,
+    /// The pinned host staging caches: transfers that reused a cached block (hits) and
+    /// transfers that pinned new memory (misses).
+    pub pinned_cache: CacheStats,
+    /// Every phase sampled so far, when the runtime profiles (else empty).
+    pub phases: Vec<PhaseStats>,
+}
+
+/// Hits and misses of one kind of cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Requests served from the cache.
+    pub hits: u64,
+    /// Requests that allocated.
+    pub misses: u64,
+}
+
+/// The time spent in one phase of the ops' lives on the CUDA actors and watchers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhaseStats {
+    /// The phase: `inputs`, `blocked`, `stream_wait`, `execute`, `alloc`, `record`,
+    /// `publish`, `send`, `watch_wait`, `watch_finish`, `release` or `idle` (see
+    /// `Phase` in `runtime/src/stats.rs` for what each covers).
+    pub phase: &'static str,
+    /// Mean microseconds per sample.
+    pub mean_us: f64,
+    /// Samples taken.
+    pub samples: u64,
+}
+
+/// A phase of an op's life on a CUDA actor or watcher.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Phase {
+    /// The poison check and taking the inputs, when all were published already.
+    Inputs,
+    /// The same when some input was not published yet: the wait for its producer (e.g.
+    /// a download submitted right behind a long chain) is counted here, not above.
+    Blocked,
+    /// The cross-stream event waits (`cuStreamWaitEvent`) and dropping the input views.
+    StreamWait,
+    /// The op's `run` (allocation and launches), bookkeeping included.
+    Execute,
+    /// Device allocations inside `run`.
+    Alloc,
+    /// Recording a burst's event and handing the burst to the watcher (per burst).
+    Record,
+    /// Publishing the outputs.
+    Publish,
+    /// Queueing the op for its burst's hand-off to the watcher.
+    Send,
+    /// The watcher's wait for a batch's newest event (per batch).
+    WatchWait,
+    /// The watcher's completion of one op, its keep-alive release included.
+    WatchFinish,
+    /// An actor dropping a batch of finished ops' keep-alives (per batch; the memory
+    /// goes back to the block caches here).
+    Release,
+    /// An idle actor waiting for its next message (polling, then sleeping), per wait.
+    Idle,
+}
+
+const NAMES: [&str; 12] = [
+    "inputs",
+    "blocked",
+    "stream_wait",
+    "execute",
+    "alloc",
+    "record",
+    "publish",
+    "send",
+    "watch_wait",
+    "watch_finish",
+    "release",
+    "idle",
+];
+
+/// One runtime's counters, shared by its actors, watchers, allocators and caches.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) block_hits: AtomicU64,
+    pub(crate) block_misses: AtomicU64,
+    pub(crate) pinned_hits: AtomicU64,
+    pub(crate) pinned_misses: AtomicU64,
+    /// Whether phases are timed (the `profile` setting).
+    profile: bool,
+    ns: [AtomicU64; 12],
+    count: [AtomicU64; 12],
+}
+
+impl Counters {
+    /// Counters of a runtime that times its phases when `profile` is set.
+    pub(crate) fn new(profile: bool) -> Self {
+        Counters {
+            profile,
+            ..Counters::default()
+        }
+    }
+
+    /// Adds one sample of `d` to `phase`.
+    pub(crate) fn add(&self, phase: Phase, d: Duration) {
+        self.ns[phase as usize].fetch_add(d.as_nanos() as u64, Relaxed);
+        self.count[phase as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Adds the time since `*t` to `phase` and restarts `*t`, if profiling is on.
+    pub(crate) fn lap(&self, phase: Phase, t: &mut Option<Instant>) {
+        if let Some(start) = t {
+            let now = Instant::now();
+            self.add(phase, now - *start);
+            *t = Some(now);
+        }
+    }
+
+    /// A clock for [`Counters::lap`]: `Some(now)` when profiling is on.
+    pub(crate) fn clock(&self) -> Option<Instant> {
+        self.profile.then(Instant::now)
+    }
+
+    /// A snapshot.
+    pub(crate) fn snapshot(&self) -> Stats {
+        let phases = (0..NAMES.len())
+            .filter_map(|i| {
+                let n = self.count[i].load(Relaxed);
+                (n > 0).then(|| PhaseStats {
+                    phase: NAMES[i],
+                    mean_us: self.ns[i].load(Relaxed) as f64 / n as f64 / 1e3,
+                    samples: n,
+                })
+            })
+            .collect();
+        Stats {
+            block_cache: CacheStats {
+                hits: self.block_hits.load(Relaxed),
+                misses: self.block_misses.load(Relaxed),
+            },
+            pinned_cache: CacheStats {
+                hits: self.pinned_hits.load(Relaxed),
+                misses: self.pinned_misses.load(Relaxed),
+            },
+            phases,
+        }
+    }
+
+    /// Clears every counter.
+    pub(crate) fn reset(&self) {
+        for a in [
+            &self.block_hits,
+            &self.block_misses,
+            &self.pinned_hits,
+            &self.pinned_misses,
+        ] {
+            a.store(0, Relaxed);
+        }
+        for i in 0..NAMES.len() {
+            self.ns[i].store(0, Relaxed);
+            self.count[i].store(0, Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_are_timed_only_when_profiling_and_reset_clears_all() {
+        let off = Counters::new(false);
+        let mut t = off.clock();
+        off.lap(Phase::Execute, &mut t);
+        assert!(off.snapshot().phases.is_empty());
+
+        let on = Counters::new(true);
+        on.add(Phase::Alloc, Duration::from_micros(3));
+        on.add(Phase::Alloc, Duration::from_micros(5));
+        on.block_hits.fetch_add(2, Relaxed);
+        let s = on.snapshot();
+        assert_eq!(s.phases.len(), 1);
+        assert_eq!(s.phases[0].phase, "alloc");
+        assert_eq!(s.phases[0].samples, 2);
+        assert!((s.phases[0].mean_us - 4.0).abs() < 1e-9);
+        assert_eq!(s.block_cache, CacheStats { hits: 2, misses: 0 });
+        on.reset();
+        assert_eq!(on.snapshot(), Stats::default());
+    }
+}
