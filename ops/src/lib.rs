@@ -1,7 +1,7 @@
 //! rtx-ops: the op library of rtx.
 //!
 //! One module per family — [`elementwise`], [`reduce`], [`softmax`], [`gemm`], [`conv`],
-//! [`attention`], [`random`], [`optim`], [`layout`] — each with its validation (at submit time), its CPU implementation
+//! [`attention`], [`random`], [`optim`], [`layout`], [`embedding`] — each with its validation (at submit time), its CPU implementation
 //! (`cpu.rs`, also the reference) and its CUDA implementation. The common constructors are
 //! re-exported here: `rtx_ops::add(&a, &b)`, `rtx_ops::matmul(&a, &b)`, ...
 //!
@@ -14,6 +14,7 @@ pub mod attention;
 pub mod conv;
 pub mod cpu_util;
 pub mod elementwise;
+pub mod embedding;
 pub mod gemm;
 mod kernels;
 pub mod layout;
@@ -28,6 +29,7 @@ pub use elementwise::{
     abs, abs_, add, add_, cos, cos_, div, div_, exp, exp_, log, log_, maximum, maximum_, minimum,
     minimum_, mul, mul_, neg, neg_, relu, relu_, sin, sin_, sqrt, sqrt_, sub, sub_,
 };
+pub use embedding::{embedding, embedding_backward};
 pub use gemm::{linear, matmul, Activation};
 pub use layout::{concat, narrow, permute, transpose};
 pub use optim::{adamw, grad_norm, sgd};
