@@ -1,5 +1,5 @@
 //! Layout ops into contiguous memory: [`permute`] / [`transpose`], [`narrow`] and
-//! [`concat`], for every dtype (f32, f16, bf16, i32, u32: the elements are copied as bits).
+//! [`concat()`], for every dtype (f32, f16, bf16, i32, u32: the elements are copied as bits).
 //!
 //! - `cpu.rs`: the strided-copy plan every op reduces to, and its CPU execution.
 //! - `cuda.rs`: the launches of `kernels/cuda/layout.cu` (one per input).
@@ -79,7 +79,7 @@ pub enum LayoutKind {
     Concat(isize),
 }
 
-/// A layout op, built by [`permute`], [`transpose`], [`narrow`] or [`concat`].
+/// A layout op, built by [`permute`], [`transpose`], [`narrow`] or [`concat()`].
 pub struct LayoutOp {
     kind: LayoutKind,
     xs: Vec<Tensor>,

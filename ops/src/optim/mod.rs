@@ -85,7 +85,7 @@ impl Default for AdamW {
     }
 }
 
-/// The initial loss-scaling state for `scale` (upload it as an f32 tensor of shape [4]).
+/// The initial loss-scaling state for `scale` (upload it as an f32 tensor of shape `[4]`).
 pub fn loss_scale_state(scale: f32) -> [f32; 4] {
     [scale, 0.0, 0.0, 0.0]
 }

@@ -117,7 +117,7 @@ impl Step {
         self.h.max_norm = max_norm;
         self
     }
-    /// Dynamic loss scaling with the state `state` (f32, shape [4], see the module
+    /// Dynamic loss scaling with the state `state` (f32, shape `[4]`, see the module
     /// docs), donated; the scale doubles after `growth_interval` good steps.
     pub fn loss_scaling(mut self, state: Tensor, growth_interval: u32) -> Self {
         self.scaler = Some(state);
