@@ -4,8 +4,8 @@
 //! [`gemm`], [`conv`], [`attention`](mod@attention), [`random`], [`optim`], [`layout`],
 //! [`embedding`](mod@embedding) — each with its validation (at submit time), its CPU
 //! implementation (`cpu.rs`, also the reference) and its CUDA implementation. The common
-//! constructors are
-//! re-exported here: `rtx_ops::add(&a, &b)`, `rtx_ops::matmul(&a, &b)`, ...
+//! constructors are re-exported here: `rtx_ops::add(&a, &b)`, `rtx_ops::matmul(&a, &b)`,
+//! ...
 //!
 //! Ops that take an input by value (the `*_` forms, e.g. [`add_`], [`relu_`]) may write
 //! into that input's memory when the handle they were given is the last one; otherwise
