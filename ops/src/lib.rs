@@ -1,10 +1,11 @@
 //! rtx-ops: the op library of rtx.
 //!
 //! One module per family — [`elementwise`], [`reduce`], [`softmax`](mod@softmax),
-//! [`gemm`], [`conv`], [`attention`](mod@attention) — each with its validation (at
-//! submit time), its CPU implementation (also the reference) and its CUDA
-//! implementation. The common constructors are re-exported here:
-//! `rtx::ops::add(&a, &b)`, `rtx::ops::matmul(&a, &b)`, ...
+//! [`gemm`], [`conv`], [`attention`](mod@attention), [`random`], [`optim`], [`layout`],
+//! [`embedding`](mod@embedding) — each with its validation (at submit time), its CPU
+//! implementation (also the reference) and its CUDA implementation. The common
+//! constructors are re-exported here: `rtx::ops::add(&a, &b)`, `rtx::ops::matmul(&a, &b)`,
+//! ...
 //!
 //! Ops that take an input by value (the `*_` forms, e.g. [`add_`], [`relu_`]) may write
 //! into that input's memory when the handle they were given is the last one; otherwise
@@ -34,8 +35,12 @@ pub mod attention;
 pub mod conv;
 mod cpu_util;
 pub mod elementwise;
+pub mod embedding;
 pub mod gemm;
 mod kernels;
+pub mod layout;
+pub mod optim;
+pub mod random;
 pub mod reduce;
 pub mod softmax;
 
@@ -46,7 +51,11 @@ pub use elementwise::{
     abs, abs_, add, add_, cos, cos_, div, div_, exp, exp_, log, log_, maximum, maximum_, minimum,
     minimum_, mul, mul_, neg, neg_, relu, relu_, sin, sin_, sqrt, sqrt_, sub, sub_,
 };
+pub use embedding::{embedding, embedding_backward};
 pub use gemm::{linear, linear_backward, linear_train, matmul, Activation};
+pub use layout::{concat, narrow, permute, transpose};
+pub use optim::{adamw, grad_norm, sgd};
+pub use random::{normal, uniform};
 pub use reduce::{
     argmax, argmax_dim, argmin, argmin_dim, max, max_dim, mean, mean_dim, min, min_dim, prod,
     prod_dim, sum, sum_dim,
