@@ -10,8 +10,10 @@
 //! they allocate. The result is the same either way.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod activation;
 pub mod attention;
 pub mod conv;
+pub mod convert;
 pub mod cpu_util;
 pub mod elementwise;
 pub mod gemm;
@@ -19,8 +21,14 @@ mod kernels;
 pub mod reduce;
 pub mod softmax;
 
+pub use activation::{
+    add_scalar, add_scalar_, gelu, gelu_, gelu_backward, gelu_backward_, mul_scalar, mul_scalar_,
+    relu_backward, relu_backward_, sigmoid, sigmoid_, sigmoid_backward, sigmoid_backward_, silu,
+    silu_, silu_backward, silu_backward_, tanh, tanh_, tanh_backward, tanh_backward_,
+};
 pub use attention::{attention, attention_backward};
 pub use conv::{conv2d, conv2d_backward_data, conv2d_backward_filter, Conv2dOpts, Layout};
+pub use convert::{cast, fill, ones, zeros};
 pub use elementwise::{
     abs, abs_, add, add_, cos, cos_, div, div_, exp, exp_, log, log_, maximum, maximum_, minimum,
     minimum_, mul, mul_, neg, neg_, relu, relu_, sin, sin_, sqrt, sqrt_, sub, sub_,
