@@ -18,6 +18,7 @@ pub mod cpu_util;
 pub mod elementwise;
 pub mod gemm;
 mod kernels;
+pub mod loss;
 pub mod reduce;
 pub mod softmax;
 
@@ -34,6 +35,7 @@ pub use elementwise::{
     minimum_, mul, mul_, neg, neg_, relu, relu_, sin, sin_, sqrt, sqrt_, sub, sub_,
 };
 pub use gemm::{linear, matmul, Activation};
+pub use loss::{cross_entropy, cross_entropy_backward, CrossEntropyOutput};
 pub use reduce::{
     argmax, argmax_dim, argmin, argmin_dim, max, max_dim, mean, mean_dim, min, min_dim, prod,
     prod_dim, sum, sum_dim,
