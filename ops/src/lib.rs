@@ -19,6 +19,7 @@ pub mod elementwise;
 pub mod gemm;
 mod kernels;
 pub mod loss;
+pub mod norm;
 pub mod reduce;
 pub mod softmax;
 
@@ -36,6 +37,7 @@ pub use elementwise::{
 };
 pub use gemm::{linear, matmul, Activation};
 pub use loss::{cross_entropy, cross_entropy_backward, CrossEntropyOutput};
+pub use norm::{layer_norm, layer_norm_backward};
 pub use reduce::{
     argmax, argmax_dim, argmin, argmin_dim, max, max_dim, mean, mean_dim, min, min_dim, prod,
     prod_dim, sum, sum_dim,
