@@ -1,7 +1,8 @@
 //! rtx-ops: the op library of rtx.
 //!
 //! One module per family — [`elementwise`], [`reduce`], [`softmax`], [`gemm`], [`conv`],
-//! [`attention`] — each with its validation (at submit time), its CPU implementation
+//! [`attention`], and for training [`activation`], [`convert`], [`loss`], [`norm`],
+//! [`compare`] — each with its validation (at submit time), its CPU implementation
 //! (`cpu.rs`, also the reference) and its CUDA implementation. The common constructors are
 //! re-exported here: `rtx_ops::add(&a, &b)`, `rtx_ops::matmul(&a, &b)`, ...
 //!
@@ -12,6 +13,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod compare;
 pub mod conv;
 pub mod convert;
 pub mod cpu_util;
@@ -29,6 +31,7 @@ pub use activation::{
     silu_, silu_backward, silu_backward_, tanh, tanh_, tanh_backward, tanh_backward_,
 };
 pub use attention::{attention, attention_backward};
+pub use compare::{eq, gt, lt, where_};
 pub use conv::{conv2d, conv2d_backward_data, conv2d_backward_filter, Conv2dOpts, Layout};
 pub use convert::{cast, fill, ones, zeros};
 pub use elementwise::{

@@ -41,7 +41,7 @@ fn reference(
     (sum / count as f64, lse, dx)
 }
 
-fn labels_of<L: Element>(
+fn labels_of(
     r: &mut rand::rngs::StdRng,
     rows: usize,
     cols: usize,
@@ -71,7 +71,7 @@ fn parity<T: Element, L: Element>(rt: &Runtime, label: &str, ignore: Option<i64>
         (3, 50_257, 6.0),
     ] {
         let x = rand_vec::<T>(&mut r, rows * cols, -spread, spread);
-        let labels = labels_of::<L>(&mut r, rows, cols, ignore);
+        let labels = labels_of(&mut r, rows, cols, ignore);
         let (tx, tl) = (
             upload(rt, &x, &[rows, cols]),
             upload_labels::<L>(rt, &labels),
@@ -136,7 +136,7 @@ backend_test!(gradient_matches_finite_differences, |rt, label| {
     let (seed, mut r) = rng();
     let (rows, cols) = (5usize, 7usize);
     let x = rand_vec::<f32>(&mut r, rows * cols, -3.0, 3.0);
-    let labels = labels_of::<i32>(&mut r, rows, cols, Some(-1));
+    let labels = labels_of(&mut r, rows, cols, Some(-1));
     let (tx, tl) = (
         upload(rt, &x, &[rows, cols]),
         upload_labels::<i32>(rt, &labels),

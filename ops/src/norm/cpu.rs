@@ -8,6 +8,7 @@ use crate::cpu_util::{Float, PAR_CHUNK, PAR_MIN_LEN};
 
 /// Forward over rows of `d`: `y = (x - mean) · rstd · gamma + beta`, with the biased
 /// variance (as PyTorch) and `rstd = 1 / sqrt(var + eps)`.
+#[allow(clippy::too_many_arguments)]
 pub fn forward<T: Float>(
     x: &[T],
     gamma: &[T],
