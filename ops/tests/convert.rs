@@ -18,7 +18,11 @@ fn run<O: rtx_runtime::Op<Output = Tensor>>(rt: &Runtime, op: O) -> Tensor {
 /// the range of f16 when `small`.
 fn values<A: Element>(r: &mut rand::rngs::StdRng, n: usize, small: bool) -> Vec<A> {
     use rand::Rng;
-    let (int, exp) = if small { (30_000, 15) } else { (20_000_000, 17) };
+    let (int, exp) = if small {
+        (30_000, 15)
+    } else {
+        (20_000_000, 17)
+    };
     (0..n)
         .map(|_| match A::DTYPE {
             DType::I32 => A::from_f64(r.gen_range(-int..int) as f64),
