@@ -1,9 +1,10 @@
 //! rtx-ops: the op library of rtx.
 //!
-//! One module per family — [`elementwise`], [`reduce`], [`softmax`], [`gemm`], [`conv`],
-//! [`attention`], and for training [`activation`], [`convert`], [`loss`], [`norm`],
-//! [`compare`] — each with its validation (at submit time), its CPU implementation
-//! (`cpu.rs`, also the reference) and its CUDA implementation. The common constructors are
+//! One module per family — [`elementwise`], [`reduce`], [`softmax`](mod@softmax),
+//! [`gemm`], [`conv`], [`attention`](mod@attention), and for training [`activation`],
+//! [`convert`], [`loss`], [`norm`], [`compare`] — each with its validation (at submit
+//! time), its CPU implementation (`cpu.rs`, also the reference) and its CUDA
+//! implementation. The common constructors are
 //! re-exported here: `rtx_ops::add(&a, &b)`, `rtx_ops::matmul(&a, &b)`, ...
 //!
 //! Ops that take an input by value (the `*_` forms, e.g. [`add_`], [`relu_`]) may write
