@@ -2,7 +2,7 @@
 //! `benches/torch_baseline.py` by `benches/compare.py` (same case names).
 //!
 //! ```text
-//! cargo bench --bench harness -- [SUITE ...]      suites: ew reduce chain gemm conv streams speedup
+//! cargo bench --bench harness -- [SUITE ...]      suites: ew reduce chain gemm conv streams speedup train
 //!                                                 (on request: convtiny attention raw rawstreams)
 //! ```
 //!
@@ -18,6 +18,7 @@
 
 mod bench_util;
 mod streams;
+mod train;
 
 use std::time::Instant;
 
@@ -437,7 +438,7 @@ fn main() {
     let rt = Runtime::builder().streams(4).build().expect("runtime");
     eprintln!("{}", rt.info());
     let all = [
-        "ew", "reduce", "chain", "gemm", "conv", "streams", "speedup",
+        "ew", "reduce", "chain", "gemm", "conv", "streams", "speedup", "train",
     ];
     let suites: Vec<&str> = if args.is_empty() {
         all.to_vec()
@@ -455,6 +456,7 @@ fn main() {
             "streams" => suite_streams(&rt),
             "speedup" => suite_speedup(&rt),
             "attention" => suite_attention(&rt),
+            "train" => train::suite_train(&rt),
             "raw" => suite_raw(&rt),
             "rawstreams" => suite_rawstreams(&rt),
             other => eprintln!("unknown suite {other}"),

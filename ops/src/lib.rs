@@ -1,7 +1,8 @@
 //! rtx-ops: the op library of rtx.
 //!
 //! One module per family — [`elementwise`], [`reduce`], [`softmax`](mod@softmax),
-//! [`gemm`], [`conv`], [`attention`](mod@attention), [`random`], [`optim`], [`layout`],
+//! [`gemm`], [`conv`], [`attention`](mod@attention), and for training [`activation`],
+//! [`convert`], [`loss`], [`norm`], [`compare`], [`random`], [`optim`], [`layout`],
 //! [`embedding`](mod@embedding) — each with its validation (at submit time), its CPU
 //! implementation (also the reference) and its CUDA implementation. The common
 //! constructors are re-exported here: `rtx::ops::add(&a, &b)`, `rtx::ops::matmul(&a, &b)`,
@@ -31,21 +32,33 @@
 //! through a new op.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod activation;
 pub mod attention;
+pub mod compare;
 pub mod conv;
+pub mod convert;
 mod cpu_util;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
 mod kernels;
 pub mod layout;
+pub mod loss;
+pub mod norm;
 pub mod optim;
 pub mod random;
 pub mod reduce;
 pub mod softmax;
 
+pub use activation::{
+    add_scalar, add_scalar_, gelu, gelu_, gelu_backward, gelu_backward_, mul_scalar, mul_scalar_,
+    relu_backward, relu_backward_, sigmoid, sigmoid_, sigmoid_backward, sigmoid_backward_, silu,
+    silu_, silu_backward, silu_backward_, tanh, tanh_, tanh_backward, tanh_backward_,
+};
 pub use attention::{attention, attention_backward};
+pub use compare::{eq, gt, lt, where_};
 pub use conv::{conv2d, conv2d_backward_data, conv2d_backward_filter, Conv2dOpts, Layout};
+pub use convert::{cast, fill, ones, zeros};
 pub use cpu_util::{Float, FloatKind};
 pub use elementwise::{
     abs, abs_, add, add_, cos, cos_, div, div_, exp, exp_, log, log_, maximum, maximum_, minimum,
@@ -54,6 +67,8 @@ pub use elementwise::{
 pub use embedding::{embedding, embedding_backward};
 pub use gemm::{linear, linear_backward, linear_train, matmul, Activation};
 pub use layout::{concat, narrow, permute, transpose};
+pub use loss::{cross_entropy, cross_entropy_backward, CrossEntropyOutput};
+pub use norm::{layer_norm, layer_norm_backward};
 pub use optim::{adamw, grad_norm, sgd};
 pub use random::{normal, uniform};
 pub use reduce::{

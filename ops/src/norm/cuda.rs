@@ -1,0 +1,194 @@
+//! CUDA launches of `kernels/cuda/norm.cu`.
+//!
+//! The backward is three launches: dx (a block per row), the parameter gradients' partial
+//! sums over chunks of rows into a scratch buffer, and their sum in chunk order.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use rtx_runtime::cuda::StreamCx;
+use rtx_runtime::{Buffer, DType, Element, Error, Result};
+
+use super::{BWD, FWD};
+use crate::kernels::{self, config, float_dispatch, grid, launch_error, BLOCK};
+
+const MODULE: &str = "norm";
+
+/// Enqueues the forward; returns `(y, mean, rstd)`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn forward(
+    scx: &mut StreamCx,
+    dtype: DType,
+    x: &Buffer,
+    g: &Buffer,
+    b: &Buffer,
+    rows: usize,
+    d: usize,
+    eps: f32,
+) -> Result<[Buffer; 3]> {
+    float_dispatch!(dtype, FWD, |T| forward_t::<T>(scx, x, g, b, rows, d, eps))
+}
+
+fn forward_t<T: Element>(
+    scx: &mut StreamCx,
+    x: &Buffer,
+    g: &Buffer,
+    b: &Buffer,
+    rows: usize,
+    d: usize,
+    eps: f32,
+) -> Result<[Buffer; 3]> {
+    let f = kernels::function(scx, MODULE, 0, T::DTYPE, || {
+        format!("ln_fwd_{}", T::DTYPE.name())
+    })?;
+    let (x, g, b) = (x.cuda::<T>()?, g.cuda::<T>()?, b.cuda::<T>()?);
+    let mut y = kernels::alloc_out::<T>(scx, rows * d)?;
+    let mut mean = kernels::alloc_out::<f32>(scx, rows)?;
+    let mut rstd = kernels::alloc_out::<f32>(scx, rows)?;
+    let mut lb = scx.stream().launch_builder(&f);
+    lb.arg(x)
+        .arg(g)
+        .arg(b)
+        .arg(&mut y)
+        .arg(&mut mean)
+        .arg(&mut rstd);
+    lb.arg(&rows).arg(&d).arg(&eps);
+    // SAFETY: matches norm.cu's `ln_fwd_{dt}(const T* x, const T* gamma, const T* beta, T*
+    // y, float* mean, float* rstd, size_t rows, size_t d, float eps)`: `x` and `y` hold
+    // rows * d elements, `gamma`, `beta` d, `mean`, `rstd` rows; every output is written.
+    unsafe { lb.launch(config(grid(scx, rows), 0)) }.map_err(|e| launch_error(FWD, e))?;
+    Ok([
+        Buffer::from_cuda(y),
+        Buffer::from_cuda(mean),
+        Buffer::from_cuda(rstd),
+    ])
+}
+
+/// Enqueues the backward; returns `(dx, dgamma, dbeta)`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward(
+    scx: &mut StreamCx,
+    dtype: DType,
+    dy: &Buffer,
+    x: &Buffer,
+    mean: &Buffer,
+    rstd: &Buffer,
+    g: &Buffer,
+    rows: usize,
+    d: usize,
+) -> Result<[Buffer; 3]> {
+    float_dispatch!(dtype, BWD, |T| backward_t::<T>(
+        scx, dy, x, mean, rstd, g, rows, d
+    ))
+}
+
+/// Rows per chunk of the parameter-gradient pass, and the chunks: about 4 blocks per SM
+/// in all, at most 65535 chunks (the grid's y limit).
+fn chunking(sm_count: usize, rows: usize, d: usize) -> (usize, usize) {
+    let tiles = d.div_ceil(BLOCK as usize);
+    let want = (4 * sm_count / tiles).clamp(1, 65535).min(rows);
+    let rpc = rows.div_ceil(want).max(rows.div_ceil(65535));
+    (rpc, rows.div_ceil(rpc))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_t<T: Element>(
+    scx: &mut StreamCx,
+    dy: &Buffer,
+    x: &Buffer,
+    mean: &Buffer,
+    rstd: &Buffer,
+    g: &Buffer,
+    rows: usize,
+    d: usize,
+) -> Result<[Buffer; 3]> {
+    let name = |k: &str| format!("ln_bwd_{k}_{}", T::DTYPE.name());
+    let f_dx = kernels::function(scx, MODULE, 1, T::DTYPE, || name("dx"))?;
+    let f_part = kernels::function(scx, MODULE, 2, T::DTYPE, || name("part"))?;
+    let f_final = kernels::function(scx, MODULE, 3, T::DTYPE, || name("final"))?;
+    let (dy, x, g) = (dy.cuda::<T>()?, x.cuda::<T>()?, g.cuda::<T>()?);
+    let (mean, rstd) = (mean.cuda::<f32>()?, rstd.cuda::<f32>()?);
+    let mut dx = kernels::alloc_out::<T>(scx, rows * d)?;
+    let mut dg = kernels::alloc_out::<T>(scx, d)?;
+    let mut db = kernels::alloc_out::<T>(scx, d)?;
+    let (rpc, chunks) = chunking(scx.sm_count() as usize, rows, d);
+    let scratch = chunks
+        .checked_mul(d)
+        .ok_or_else(|| Error::invalid(BWD, "parameter-gradient scratch overflows"))?;
+    // Freed stream-ordered when dropped at the end of this function, after the launches
+    // that use it.
+    let mut part_g = scx.alloc::<f32>(scratch)?;
+    let mut part_b = scx.alloc::<f32>(scratch)?;
+    {
+        let mut lb = scx.stream().launch_builder(&f_dx);
+        lb.arg(dy)
+            .arg(x)
+            .arg(mean)
+            .arg(rstd)
+            .arg(g)
+            .arg(&mut dx)
+            .arg(&rows)
+            .arg(&d);
+        // SAFETY: `ln_bwd_dx_{dt}(const T* dy, const T* x, const float* mean, const float*
+        // rstd, const T* gamma, T* dx, size_t rows, size_t d)`: `dy`, `x`, `dx` hold rows
+        // * d elements, `mean`, `rstd` rows, `gamma` d; dx is written entirely.
+        unsafe { lb.launch(config(grid(scx, rows), 0)) }.map_err(|e| launch_error(BWD, e))?;
+    }
+    {
+        let cfg = LaunchConfig {
+            grid_dim: (d.div_ceil(BLOCK as usize) as u32, chunks as u32, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut lb = scx.stream().launch_builder(&f_part);
+        lb.arg(dy)
+            .arg(x)
+            .arg(mean)
+            .arg(rstd)
+            .arg(&mut part_g)
+            .arg(&mut part_b);
+        lb.arg(&rows).arg(&d).arg(&rpc);
+        // SAFETY: `ln_bwd_part_{dt}(const T* dy, const T* x, const float* mean, const
+        // float* rstd, float* part_g, float* part_b, size_t rows, size_t d, size_t rpc)`
+        // with grid (ceil(d / 256), chunks), chunks = ceil(rows / rpc) <= 65535: every
+        // part_*[c * d + j], c < chunks, j < d, is written (scratch = chunks * d).
+        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(BWD, e))?;
+    }
+    {
+        let mut lb = scx.stream().launch_builder(&f_final);
+        lb.arg(&part_g)
+            .arg(&part_b)
+            .arg(&mut dg)
+            .arg(&mut db)
+            .arg(&chunks)
+            .arg(&d);
+        // SAFETY: `ln_bwd_final_{dt}(const float* part_g, const float* part_b, T* dgamma,
+        // T* dbeta, size_t chunks, size_t d)`: the partials hold chunks * d elements,
+        // written by the launch before on this stream; dgamma, dbeta d, each written.
+        let blocks = grid(scx, d.div_ceil(BLOCK as usize));
+        unsafe { lb.launch(config(blocks, 0)) }.map_err(|e| launch_error(BWD, e))?;
+    }
+    Ok([
+        Buffer::from_cuda(dx),
+        Buffer::from_cuda(dg),
+        Buffer::from_cuda(db),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn chunking_covers_the_rows_within_the_grid_limit() {
+        for (sm, rows, d) in [
+            (132, 8192, 768),
+            (132, 1, 1),
+            (1, 1 << 20, 4096),
+            (132, 7, 100_000),
+        ] {
+            let (rpc, chunks) = super::chunking(sm, rows, d);
+            assert!(
+                rpc * chunks >= rows && (chunks - 1) * rpc < rows,
+                "{sm} {rows} {d}"
+            );
+            assert!((1..=65535).contains(&chunks));
+        }
+    }
+}
