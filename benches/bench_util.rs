@@ -50,7 +50,7 @@ pub fn time_op<O: Op>(
     time_with(rt, batch, samples, |rt, s| {
         // The output handle is dropped at once: the op still runs and its memory is
         // released after completion.
-        let _ = rt
+        let _submitted = rt
             .submit_on(s, make())
             .map_err(|e| e.error)
             .expect("submit");

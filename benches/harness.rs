@@ -335,7 +335,7 @@ fn suite_attention(rt: &Runtime) {
                         .outputs()
                         .cloned()
                         .expect("out");
-                    let _ = rt
+                    let _submitted = rt
                         .submit_on(
                             s,
                             attention_backward(&q, &k, &v, &o, &lse, &dout).causal(causal),

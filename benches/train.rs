@@ -35,7 +35,7 @@ fn cross_entropy(rt: &Runtime) {
             .map_err(|e| e.error)
             .expect("submit");
         let out = out.outputs().expect("outputs").clone();
-        let _ = rt
+        let _submitted = rt
             .submit_on(
                 s,
                 ops::cross_entropy_backward(&logits, &labels, &out.lse, 1.0),
@@ -68,7 +68,7 @@ fn layer_norm(rt: &Runtime) {
                 .map_err(|e| e.error)
                 .expect("submit");
             let (_y, mean, rstd) = f.outputs().expect("outputs").clone();
-            let _ = rt
+            let _submitted = rt
                 .submit_on(s, ops::layer_norm_backward(&dy, &x, &mean, &rstd, &g))
                 .map_err(|e| e.error)
                 .expect("submit");

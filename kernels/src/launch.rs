@@ -137,7 +137,7 @@ pub fn reduce_dim_grid(outer: usize, r: usize, inner: usize, dtype: Dtype, resid
         let rows_per_block = if warp_per_row { BLOCK as usize / 32 } else { 1 };
         return blocks(outer, rows_per_block, resident);
     }
-    let v = if inner % dtype.vector() == 0 {
+    let v = if inner.is_multiple_of(dtype.vector()) {
         dtype.vector()
     } else {
         1

@@ -1,7 +1,7 @@
 //! CPU kernels of the activation family: the f32 formulas (shared with the CUDA kernels of
 //! `kernels/cuda/activation.cu`, which use the same expressions) and the slice loops.
 //!
-//! Small tensors run serially; large ones are split into [`PAR_CHUNK`]-element rayon
+//! Small tensors run serially; large ones are split into `PAR_CHUNK`-element rayon
 //! tasks, as the element-wise family does.
 
 use rayon::prelude::*;
