@@ -123,7 +123,8 @@ impl Float for bf16 {
     }
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
-        bf16::from_f64(v)
+        // Not `bf16::from_f64`, which misrounds some values: see the runtime's `Element`.
+        <bf16 as rtx_runtime::Element>::from_f64(v)
     }
 }
 

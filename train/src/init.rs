@@ -31,7 +31,12 @@ pub fn uniform(
     match dtype {
         DType::F32 => rt.upload_vec((0..n).map(|_| draw() as f32).collect(), shape),
         DType::F16 => rt.upload_vec((0..n).map(|_| f16::from_f64(draw())).collect(), shape),
-        DType::BF16 => rt.upload_vec((0..n).map(|_| bf16::from_f64(draw())).collect(), shape),
+        DType::BF16 => rt.upload_vec(
+            (0..n)
+                .map(|_| <bf16 as rtx_runtime::Element>::from_f64(draw()))
+                .collect(),
+            shape,
+        ),
         other => Err(Error::dtype("init::uniform", DType::F32, other)),
     }
 }

@@ -190,7 +190,7 @@ impl Fill {
         Ok(match self.dtype {
             DType::F32 => (v as f32).to_bits(),
             DType::F16 => half::f16::from_f64(v).to_bits() as u32,
-            DType::BF16 => half::bf16::from_f64(v).to_bits() as u32,
+            DType::BF16 => <half::bf16 as rtx_runtime::Element>::from_f64(v).to_bits() as u32,
             DType::I32 if int_ok(i32::MIN as f64, i32::MAX as f64) => (v as i32) as u32,
             DType::U32 if int_ok(0.0, u32::MAX as f64) => v as u32,
             d => {

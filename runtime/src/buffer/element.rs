@@ -106,6 +106,59 @@ macro_rules! element {
 
 element!(f32, F32, |x| x as f64, |v| v as f32);
 element!(f16, F16, |x| x.to_f64(), f16::from_f64);
-element!(bf16, BF16, |x| x.to_f64(), bf16::from_f64);
+element!(bf16, BF16, |x| x.to_f64(), bf16_from_f64);
 element!(i32, I32, |x| x as f64, |v| v as i32);
 element!(u32, U32, |x| x as f64, |v| v as u32);
+
+/// f64 to bf16, rounded once to nearest (ties to even).
+///
+/// `half::bf16::from_f64` (2.7) misrounds some values (e.g. the f32 `0xb9c48001`, whose
+/// dropped bits `0x8001` are above the halfway point, comes out rounded down), so go
+/// through f32 with round-to-odd: the f32 keeps 16 more bits than bf16, and making its
+/// last bit sticky when the f64 was not exact keeps the second rounding correct.
+pub(crate) fn bf16_from_f64(v: f64) -> bf16 {
+    let f = v as f32;
+    if !f.is_finite() || f64::from(f) == v {
+        return bf16::from_f32(f);
+    }
+    let mut bits = f.to_bits();
+    if f64::from(f).abs() > v.abs() {
+        bits -= 1; // `as` rounded away from zero: step back to the truncation
+    }
+    bf16::from_f32(f32::from_bits(bits | 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_from_f64_rounds_once() {
+        // From f32 values the conversion must equal bf16::from_f32 (exact RNE).
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let x = f32::from_bits((s >> 32) as u32);
+            if x.is_nan() {
+                continue;
+            }
+            assert_eq!(
+                bf16_from_f64(f64::from(x)).to_bits(),
+                bf16::from_f32(x).to_bits(),
+                "{x:e}"
+            );
+        }
+        let x = f32::from_bits(0xb9c4_8001);
+        assert_eq!(bf16_from_f64(f64::from(x)), bf16::from_f32(x));
+        // A tie in f64 that f32 cannot hold: just above the halfway point of two bf16
+        // values must round up even though `as f32` lands exactly on the midpoint.
+        let lo = f64::from(bf16::from_bits(0x3f80).to_f32()); // 1.0
+        let hi = f64::from(bf16::from_bits(0x3f81).to_f32());
+        let mid = (lo + hi) / 2.0;
+        assert_eq!(bf16_from_f64(mid + 1e-12).to_bits(), 0x3f81);
+        assert_eq!(bf16_from_f64(mid - 1e-12).to_bits(), 0x3f80);
+        assert_eq!(bf16_from_f64(mid).to_bits(), 0x3f80); // tie to even
+    }
+}
