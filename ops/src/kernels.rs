@@ -63,6 +63,35 @@ macro_rules! float_dispatch {
 }
 pub(crate) use float_dispatch;
 
+/// Runs `$body` with `$t` the element type of `$dtype` (any dtype).
+macro_rules! any_dispatch {
+    ($dtype:expr, |$t:ident| $body:expr) => {
+        match $dtype {
+            ::rtx_runtime::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            ::rtx_runtime::DType::F16 => {
+                type $t = ::half::f16;
+                $body
+            }
+            ::rtx_runtime::DType::BF16 => {
+                type $t = ::half::bf16;
+                $body
+            }
+            ::rtx_runtime::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            ::rtx_runtime::DType::U32 => {
+                type $t = u32;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use any_dispatch;
+
 /// Checks that `dtype` is one of the float types the ops compute on.
 pub(crate) fn check_float(op: &str, dtype: DType) -> Result<()> {
     if dtype.is_float() {

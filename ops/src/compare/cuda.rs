@@ -5,7 +5,7 @@ use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Result};
 
 use super::CmpOp;
-use crate::convert::any_dispatch;
+use crate::kernels::any_dispatch;
 use crate::kernels::{self, config, elementwise_grid, launch_error};
 
 const MODULE: &str = "compare";

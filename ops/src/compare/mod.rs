@@ -20,7 +20,7 @@ use rtx_runtime::{
 
 pub use cpu::CmpOp;
 
-use crate::convert::any_dispatch;
+use crate::kernels::any_dispatch;
 use crate::kernels::cpu_out_u32;
 
 /// An element-wise comparison giving a `u32` mask, built by [`eq`], [`gt`] and [`lt`].

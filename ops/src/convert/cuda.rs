@@ -4,7 +4,7 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
-use super::any_dispatch;
+use crate::kernels::any_dispatch;
 use crate::kernels::{self, config, elementwise_grid, launch_error};
 
 const MODULE: &str = "convert";

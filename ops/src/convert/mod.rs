@@ -13,39 +13,11 @@
 pub mod cpu;
 mod cuda;
 
+use crate::kernels::any_dispatch;
 use rtx_runtime::{
     BackendCx, Buffer, Cost, DType, Element, Error, ExecCx, Op, Plan, PlanCx, Result, Shape,
     Tensor, TensorSpec,
 };
-
-/// Runs `$body` with `$t` the element type of `$dtype` (any dtype).
-macro_rules! any_dispatch {
-    ($dtype:expr, |$t:ident| $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            DType::F16 => {
-                type $t = ::half::f16;
-                $body
-            }
-            DType::BF16 => {
-                type $t = ::half::bf16;
-                $body
-            }
-            DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            DType::U32 => {
-                type $t = u32;
-                $body
-            }
-        }
-    };
-}
-pub(crate) use any_dispatch;
 
 /// A dtype conversion, built by [`cast`].
 pub struct Cast {

@@ -17,35 +17,8 @@ use rtx_runtime::{
 };
 
 use crate::kernels::alloc_out;
+use crate::kernels::any_dispatch;
 use cpu::{strides, CopyPlan};
-
-/// Runs `$body` with `$t` the element type of `$dtype` (any dtype).
-macro_rules! any_dispatch {
-    ($dtype:expr, |$t:ident| $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            DType::F16 => {
-                type $t = ::half::f16;
-                $body
-            }
-            DType::BF16 => {
-                type $t = ::half::bf16;
-                $body
-            }
-            DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            DType::U32 => {
-                type $t = u32;
-                $body
-            }
-        }
-    };
-}
 
 /// `dim` (negative: from the end) as an index below `rank`.
 pub fn resolve_dim(op: &str, dim: isize, rank: usize) -> Result<usize> {
