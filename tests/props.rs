@@ -476,3 +476,37 @@ fn donated_inputs_that_are_shared_leave_the_other_handle_untouched() {
         assert_eq!(rt.to_vec::<f32>(&y).unwrap().wait().unwrap(), want);
     });
 }
+
+/// A broadcast whose output is far beyond host memory (`[2^20, 1] + [1, 2^20]`: 2^40 f32,
+/// 4 TiB) is refused at submit with `OutOfMemory` and the inputs back, instead of
+/// aborting the process in the allocator. (The check reads the system's available
+/// memory, which Linux reports in /proc/meminfo.)
+#[cfg(target_os = "linux")]
+#[test]
+fn host_outputs_beyond_memory_are_out_of_memory_not_an_abort() {
+    guarded(|| {
+        let rt = Runtime::cpu(1);
+        let n = 1usize << 20;
+        let a = rt.upload(&values(n, 21), [n, 1]).unwrap();
+        let b = rt.upload(&values(n, 22), [1, n]).unwrap();
+        let Err(e) = rt.submit(ops::add(&a, &b)) else {
+            panic!("a 4 TiB output was accepted")
+        };
+        match e.error {
+            Error::OutOfMemory {
+                requested,
+                available,
+                ..
+            } => {
+                assert_eq!(requested, 4 << 40);
+                assert!(available < requested);
+            }
+            ref other => panic!("expected OutOfMemory, got {other}"),
+        }
+        let (a2, b2) = e.into_op().into_inputs();
+        assert!(a2.same_storage(&a) && b2.same_storage(&b));
+        // The runtime goes on.
+        let y = rt.submit(ops::add(&a, &a)).unwrap().wait().unwrap();
+        assert_eq!(y.dims(), &[n, 1]);
+    });
+}

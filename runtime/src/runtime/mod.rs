@@ -338,6 +338,20 @@ impl Runtime {
                 Some(_) => {}
             }
         }
+        // Host memory: outputs far larger than the machine has would abort the process
+        // in the allocator (Rust's `vec!` does not fail). Checked only for large outputs,
+        // so small ops never read /proc.
+        if device == Device::Cpu {
+            let requested = plan.outputs.iter().try_fold(0usize, |acc, o| {
+                o.shape
+                    .checked_numel()
+                    .and_then(|n| n.checked_mul(o.dtype.size()))
+                    .and_then(|b| acc.checked_add(b))
+            });
+            if let Some(e) = host_memory_check(requested) {
+                return reject(e, op);
+            }
+        }
         // Placement.
         let stream = match pin {
             Some(s) => match self.inner.streams.get(s.0) {
@@ -512,4 +526,29 @@ impl Future for Shutdown {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         self.0.poll_result(cx).map(|_| ())
     }
+}
+
+/// `OutOfMemory` for host outputs of `requested` bytes (`None`: more than `usize`) when
+/// that is over 1 GiB and more than the memory the system reports available; `None`
+/// (no error) otherwise, or when the system does not say (`/proc/meminfo` absent).
+fn host_memory_check(requested: Option<usize>) -> Option<Error> {
+    const LARGE: usize = 1 << 30;
+    let requested = requested.unwrap_or(usize::MAX);
+    if requested <= LARGE {
+        return None;
+    }
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<usize>().ok())
+                .map(|kb| kb.saturating_mul(1024))
+        })?;
+    (requested > available).then_some(Error::OutOfMemory {
+        device: Device::Cpu,
+        requested,
+        available,
+    })
 }
