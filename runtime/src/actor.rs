@@ -225,3 +225,16 @@ pub(crate) fn run_finisher(
         })
     })
 }
+
+/// `[512, 10] f32, [512] f32`: the shapes and dtypes of an op's outputs (for the
+/// timeline recorder, `trace.rs`).
+pub(crate) fn describe(specs: &[crate::op::TensorSpec]) -> String {
+    let mut s = String::new();
+    for (i, o) in specs.iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        s.push_str(&format!("{} {}", o.shape, o.dtype.name()));
+    }
+    s
+}

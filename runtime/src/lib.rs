@@ -10,7 +10,8 @@
 //! above (the `layers` test, `runtime/tests/layers.rs`, fails on any import cycle between
 //! top-level modules and on a driver or core module naming a layer above it):
 //!
-//! 1. **Basics** — `error`, `device`, `dtype`, `shape`, `settings`, `stats`, `sync`:
+//! 1. **Basics** — `error`, `device`, `dtype`, `shape`, `settings`, `stats`, `sync`,
+//!    `trace`:
 //!    plain types and the loom shim; they depend on nothing else of the crate (the
 //!    error type names `device`, `dtype` and `shape`).
 //! 2. **Driver** — `driver/`: CUDA contexts and devices, events, memory pools, each
@@ -74,6 +75,7 @@ mod storage;
 mod submit_async;
 mod sync;
 mod tensor;
+mod trace;
 
 pub use buffer::{Buffer, CpuData, CudaData, Element};
 pub use completion::{block_on, Submission};
@@ -88,5 +90,6 @@ pub use shape::Shape;
 pub use stats::{CacheStats, PhaseStats, Stats};
 pub use submit_async::SubmitAsync;
 pub use tensor::Tensor;
+pub use trace::TraceSpan;
 
 pub use half::{bf16, f16};

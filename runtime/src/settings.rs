@@ -13,6 +13,7 @@
 //! | [`stream_pools`](crate::Builder::stream_pools) | `RTX_STREAM_POOLS=0` turns off | on | Each CUDA stream actor allocates from a memory pool and block cache of its own; off, every stream uses the device's default pool and nothing is cached (a switch for diagnosis). |
 //! | [`profile`](crate::Builder::profile) | `RTX_PROFILE=1` turns on | off | Times the phases of each op on the CUDA actors and watchers; read with [`Runtime::stats`](crate::Runtime::stats). |
 //! | [`poison_outputs`](crate::Builder::poison_outputs) | `RTX_POISON_OUTPUTS=1` turns on | off | Ops fill every freshly allocated output with NaN (`0xFF` bytes on CUDA) before computing it, so a test catches any element an op forgets to write. Costs one memset per output. |
+//! | [`trace`](crate::Builder::trace) | `RTX_TRACE=1` turns on | off | Records a timeline span per op (host clock on the CPU, a pair of CUDA timing events per op on the GPU); read with [`Runtime::take_trace`](crate::Runtime::take_trace). |
 //! | [`attn_wgmma`](crate::Builder::attn_wgmma) | `RTX_ATTN_WGMMA=0` turns off | on | The attention ops use their Hopper (sm_90a, wgmma) kernels on compute capability 9.0; off, the `mma.sync` kernels everywhere. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
@@ -50,6 +51,8 @@ pub struct Settings {
     pub poison_outputs: bool,
     /// The attention ops' Hopper kernels (`RTX_ATTN_WGMMA`).
     pub attn_wgmma: bool,
+    /// The timeline recorder (`RTX_TRACE`).
+    pub trace: bool,
 }
 
 impl Default for Settings {
@@ -61,6 +64,7 @@ impl Default for Settings {
             profile: false,
             poison_outputs: false,
             attn_wgmma: true,
+            trace: false,
         }
     }
 }
@@ -87,6 +91,9 @@ impl Settings {
         }
         if let Some(v) = var("RTX_ATTN_WGMMA") {
             self.attn_wgmma = v != "0";
+        }
+        if let Some(v) = var("RTX_TRACE") {
+            self.trace = v == "1";
         }
         self
     }

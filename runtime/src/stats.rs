@@ -99,6 +99,8 @@ pub(crate) struct Counters {
     profile: bool,
     ns: [AtomicU64; 12],
     count: [AtomicU64; 12],
+    /// The timeline recorder (the `trace` setting; see `trace.rs`).
+    pub(crate) trace: crate::trace::Recorder,
 }
 
 impl Counters {
@@ -108,6 +110,12 @@ impl Counters {
             profile,
             ..Counters::default()
         }
+    }
+
+    /// These counters with a timeline recorder that records when `on`.
+    pub(crate) fn with_trace(mut self, on: bool) -> Self {
+        self.trace = crate::trace::Recorder::new(on);
+        self
     }
 
     /// Adds one sample of `d` to `phase`.

@@ -29,7 +29,7 @@ pub struct SubmitAsync<O: Op> {
 impl Runtime {
     /// Like [`Runtime::submit`], but waits for mailbox room asynchronously.
     pub fn submit_async<O: Op>(&self, op: O) -> SubmitAsync<O> {
-        SubmitAsync::new(self.clone(), op, None)
+        SubmitAsync::new(self.clone(), op, self.pin)
     }
 
     /// Like [`Runtime::submit_on`], but waits for mailbox room asynchronously.

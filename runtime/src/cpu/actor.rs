@@ -1,6 +1,6 @@
 //! The CPU actor: runs each job to completion on its thread (rayon inside the op).
 
-use crate::actor::{execute, observe, run_finisher, wait_inputs, ActorCx};
+use crate::actor::{describe, execute, observe, run_finisher, wait_inputs, ActorCx};
 use crate::job::{Envelope, Msg};
 use crate::mailbox::Receiver;
 use crate::op::BackendCx;
@@ -35,10 +35,20 @@ fn run_cpu(mut env: Envelope, actor: &ActorCx) {
     let _enter = span.enter();
     // Drop the input references before running: a donating op needs to hold the only
     // reference to its input's buffer.
+    let mut began = None;
     let result = wait_inputs(&env).and_then(|readies| {
         drop(readies);
+        began = actor.counters.trace.on().then(std::time::Instant::now);
         execute(&mut env, actor, BackendCx::Cpu)
     });
+    if let (Some(start), Ok(_)) = (began, &result) {
+        let end = std::time::Instant::now();
+        let detail = describe(&env.specs);
+        actor
+            .counters
+            .trace
+            .push_host(actor.stream, env.name(), detail, start, end);
+    }
     match result {
         Ok(ex) => {
             span.record("run_us", ex.took.as_micros() as u64);

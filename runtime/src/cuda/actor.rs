@@ -125,6 +125,7 @@ pub(crate) fn cuda_actor(
             watch(&wrx, &release, &wdev, &*policy, sid, &counters);
         })
         .expect("spawning a completion watcher thread");
+    let origin = super::timing::origin(&dev.ctx, &scx.stream, &actor.counters.trace);
     let mut out = Outbox {
         wtx,
         pool,
@@ -148,7 +149,7 @@ pub(crate) fn cuda_actor(
         };
         match msg {
             Msg::Job(env) => {
-                run_cuda(env, &actor, &mut scx, &mut out, &dev);
+                run_cuda(env, &actor, &mut scx, &mut out, &dev, origin.as_ref());
                 if out.pending.len() >= WATCH_FLUSH {
                     out.flush(&scx);
                 }
@@ -227,6 +228,7 @@ fn run_cuda(
     scx: &mut StreamCx,
     out: &mut Outbox,
     dev: &DeviceShared,
+    origin: Option<&StdArc<super::timing::Origin>>,
 ) {
     let span = tracing::debug_span!(
         "op",
@@ -298,10 +300,17 @@ fn run_cuda(
     }
     drop(readies);
     actor.counters.lap(Phase::StreamWait, &mut t);
+    let mut timing = origin.and_then(|o| {
+        let detail = crate::actor::describe(&env.specs);
+        super::timing::OpTiming::start(o, &scx.stream, actor.stream, detail)
+    });
     let ex = match execute(&mut env, actor, BackendCx::Cuda(scx)) {
         Ok(x) => x,
         Err(e) => return fail_after_enqueue(env, e, scx),
     };
+    if let Some(t) = timing.as_mut() {
+        t.end(&scx.stream);
+    }
     span.record("run_us", ex.took.as_micros() as u64);
     actor.counters.lap(Phase::Execute, &mut t);
     let burst = out.burst();
@@ -320,6 +329,7 @@ fn run_cuda(
         burst,
         finisher: ex.finisher,
         took: ex.took,
+        timing,
     });
     actor.counters.lap(Phase::Send, &mut t);
 }

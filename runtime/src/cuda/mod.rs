@@ -29,6 +29,7 @@
 
 pub(crate) mod actor;
 pub(crate) mod io;
+mod timing;
 mod watcher;
 
 use std::sync::Arc as StdArc;

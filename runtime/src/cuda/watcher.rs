@@ -20,6 +20,8 @@ pub(super) struct Watch {
     pub(super) burst: Arc<EventBurst>,
     pub(super) finisher: Option<Box<dyn FnOnce() -> Result<Payload> + Send>>,
     pub(super) took: Duration,
+    /// The op's timing events, when the runtime records a timeline.
+    pub(super) timing: Option<super::timing::OpTiming>,
 }
 
 /// Ops completed per synchronization at most (bounds how long the oldest op of a batch
@@ -58,7 +60,7 @@ pub(super) fn watch(
         counters.lap(Phase::WatchWait, &mut t);
         let mut done = Vec::with_capacity(batch.len());
         for w in batch.drain(..) {
-            done.push(finish(w, r, dev, policy, sid));
+            done.push(finish(w, r, dev, policy, sid, counters));
             counters.lap(Phase::WatchFinish, &mut t);
         }
         // The keep-alives go back to the actor, which frees them between its own driver
@@ -78,9 +80,13 @@ fn finish(
     dev: &DeviceShared,
     policy: &dyn crate::placement::Policy,
     sid: crate::device::StreamId,
+    counters: &Counters,
 ) -> Envelope {
     match r {
         Ok(()) => {
+            if let Some(t) = w.timing.take() {
+                t.resolve(w.env.name(), &counters.trace);
+            }
             crate::actor::observe(policy, w.env.name(), w.env.cost, sid, w.took);
             let name = w.env.name();
             let payload = w

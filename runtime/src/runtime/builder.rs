@@ -136,11 +136,19 @@ impl Builder {
         self.settings.attn_wgmma = on;
         self
     }
+    /// Records a timeline of every op (stream, name, output shapes, start and duration;
+    /// host clock on the CPU, CUDA timing events on the GPU), for
+    /// [`Runtime::take_trace`] (default off; off, each op pays one flag load).
+    /// `RTX_TRACE` overrides it (`1`: on).
+    pub fn trace(mut self, on: bool) -> Self {
+        self.settings.trace = on;
+        self
+    }
     /// Starts the actors.
     pub fn build(self) -> Result<Runtime> {
         let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
         let settings = self.settings.with_env();
-        let counters = StdArc::new(Counters::new(settings.profile));
+        let counters = StdArc::new(Counters::new(settings.profile).with_trace(settings.trace));
         let cx = |streams: usize| StartCx {
             streams,
             mailbox: self.mailbox,
@@ -235,6 +243,7 @@ impl Assembled {
         counters: StdArc<Counters>,
     ) -> Runtime {
         Runtime {
+            pin: None,
             inner: Arc::new(Inner {
                 id: next_runtime_id(),
                 backend: self.backend,

@@ -65,6 +65,9 @@ pub(crate) struct Inner {
 #[derive(Clone)]
 pub struct Runtime {
     pub(crate) inner: Arc<Inner>,
+    /// The stream every unpinned submission through this handle goes to
+    /// ([`Runtime::on`]); `None`: placed by the policy.
+    pub(crate) pin: Option<StreamId>,
 }
 
 /// What a runtime runs on.
@@ -170,7 +173,42 @@ impl Runtime {
     /// mailbox is full (use [`Runtime::submit_async`] in async code to wait without
     /// blocking the executor).
     pub fn submit<O: Op>(&self, op: O) -> Result<Submission<O::Output>, SubmitError<O>> {
-        self.submit_inner(None, op)
+        self.submit_inner(self.pin, op)
+    }
+
+    /// A handle to this runtime whose [`Runtime::submit`] (and `submit_async`) pins
+    /// every op to `stream`: code written against `&Runtime` (a layer, a model's
+    /// step) then keeps its whole chain on that stream without naming it. Everything
+    /// else is shared with `self` (same actors, tensors, settings); `submit_on` still
+    /// pins where it says. A stream of another device than an op's inputs rejects the
+    /// op at submit, as `submit_on` does.
+    ///
+    /// ```
+    /// use rtx::{ops, Runtime};
+    /// let rt = Runtime::cpu(2);
+    /// let s1 = rt.compute_streams(rt.device())[1];
+    /// let a = rt.upload(&[1.0f32, 2.0], [2])?;
+    /// let sub = rt.on(s1).submit(ops::relu(&a))?;
+    /// assert_eq!(sub.stream(), s1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on(&self, stream: StreamId) -> Runtime {
+        Runtime {
+            inner: self.inner.clone(),
+            pin: Some(stream),
+        }
+    }
+
+    /// The stream this handle pins its submissions to ([`Runtime::on`]), if any.
+    pub fn pinned(&self) -> Option<StreamId> {
+        self.pin
+    }
+
+    /// Takes the timeline spans recorded since the last call (or since the runtime
+    /// started), ordered by start; empty unless the runtime records (setting `trace`,
+    /// [`Builder::trace`]). Spans of ops still running appear in a later call.
+    pub fn take_trace(&self) -> Vec<crate::trace::TraceSpan> {
+        self.inner.counters.trace.take()
     }
 
     /// Submits an op to a chosen stream (pinning).

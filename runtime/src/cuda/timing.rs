@@ -1,0 +1,105 @@
+//! The CUDA side of the timeline recorder (`trace.rs`): a pair of timing events around
+//! each op's launches, read by the completion watcher once the op has finished.
+
+use std::sync::Arc as StdArc;
+use std::time::Instant;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+
+use crate::device::StreamId;
+use crate::trace::{Recorder, TraceSpan};
+
+/// An actor's origin: an event recorded on its (idle) stream and synchronized at the
+/// actor's start, and the recorder time of that synchronization.
+pub(super) struct Origin {
+    event: CudaEvent,
+    us: f64,
+}
+
+/// The origin of the actor of `stream`, or `None` when the recorder is off or the
+/// events cannot be made (then nothing of this stream is traced).
+pub(super) fn origin(
+    ctx: &StdArc<CudaContext>,
+    stream: &CudaStream,
+    rec: &Recorder,
+) -> Option<StdArc<Origin>> {
+    if !rec.on() {
+        return None;
+    }
+    let made = ctx
+        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .and_then(|e| {
+            e.record(stream)?;
+            e.synchronize()?;
+            Ok(e)
+        });
+    match made {
+        Ok(event) => Some(StdArc::new(Origin {
+            event,
+            us: rec.us_since_origin(Instant::now()),
+        })),
+        Err(e) => {
+            tracing::warn!(error = %e, "timing events unavailable; this stream is not traced");
+            None
+        }
+    }
+}
+
+/// One op's pair of events, the start recorded before its launches.
+pub(super) struct OpTiming {
+    origin: StdArc<Origin>,
+    start: CudaEvent,
+    end: Option<CudaEvent>,
+    stream: StreamId,
+    detail: String,
+}
+
+impl OpTiming {
+    /// Records the start event on `stream` (`None` if that fails: the op is not traced).
+    pub(super) fn start(
+        origin: &StdArc<Origin>,
+        stream: &CudaStream,
+        id: StreamId,
+        detail: String,
+    ) -> Option<OpTiming> {
+        let ctx = stream.context();
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).ok()?;
+        start.record(stream).ok()?;
+        Some(OpTiming {
+            origin: origin.clone(),
+            start,
+            end: None,
+            stream: id,
+            detail,
+        })
+    }
+
+    /// Records the end event behind the op's launches.
+    pub(super) fn end(&mut self, stream: &CudaStream) {
+        let ctx = stream.context();
+        if let Ok(e) = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)) {
+            if e.record(stream).is_ok() {
+                self.end = Some(e);
+            }
+        }
+    }
+
+    /// Once the op has finished on the device: its span, into `rec`.
+    pub(super) fn resolve(self, name: &'static str, rec: &Recorder) {
+        let Some(end) = &self.end else { return };
+        let (Ok(from_origin), Ok(dur)) = (
+            self.origin.event.elapsed_ms(&self.start),
+            self.start.elapsed_ms(end),
+        ) else {
+            return;
+        };
+        rec.push(TraceSpan {
+            stream: self.stream,
+            name,
+            detail: self.detail,
+            start_us: self.origin.us + f64::from(from_origin) * 1e3,
+            dur_us: f64::from(dur) * 1e3,
+        });
+    }
+}
