@@ -1,13 +1,25 @@
-//! The `rtx` command line: `rtx info`, `rtx demo` (`rtx --help` lists them).
+//! The `rtx` command line: `rtx` alone runs the main job (the training sweep, `cli/sweep.rs`);
+//! `rtx info`, `rtx demo`, `rtx bench` (`rtx --help` lists them).
+
+mod cli {
+    pub mod bench;
+    pub mod sweep;
+}
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use rtx::ops::{elementwise as ew, reduce, softmax};
 use rtx::{block_on, Backend, Runtime, Submission, Tensor};
 
 /// rtx: an actor-based multi-stream execution runtime for CUDA GPUs, with a CPU backend.
+///
+/// Without a command, runs the main job: 8 heterogeneous training pipelines at once on
+/// one runtime (a sweep of MLP classifiers on a synthetic teacher task), with a progress
+/// bar per pipeline, a final table, and the timeline of the streams written as a Chrome
+/// trace (Perfetto) and an SVG. On the CPU backend the sweep is scaled down to finish in
+/// about a minute.
 ///
 /// Each command runs on the backend `--backend` names; by default the best one present
 /// (CUDA when a driver and a device are found, else the CPU backend).
@@ -17,6 +29,18 @@ struct Cli {
     /// The backend to run on.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto, global = true)]
     backend: BackendArg,
+    /// The main job: compute streams (default 8 on CUDA, 2 on the CPU).
+    #[arg(long, default_value_t = 0)]
+    streams: usize,
+    /// The main job: steps per model (default 200 on CUDA, 300 on the CPU).
+    #[arg(long, default_value_t = 0)]
+    steps: u64,
+    /// The main job: the folder for rtx-timeline.json and rtx-timeline.svg.
+    #[arg(long, default_value = "target/rtx-timeline")]
+    out: std::path::PathBuf,
+    /// The main job: no progress bars.
+    #[arg(long)]
+    quiet: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -49,6 +73,14 @@ enum Command {
     /// Run a multi-stream DAG of ops on the chosen backend and show what ran
     /// where and how long (the quickstart).
     Demo,
+    /// Run the benchmark harness (benches/harness.rs) with these suites, or the sweep
+    /// benchmark (benches/sweep.rs) for `rtx bench sweep`; needs the repository (it runs
+    /// `cargo bench`) or a staged `bench-harness` / `bench-sweep` beside this executable.
+    Bench {
+        /// Suites (e.g. `gemm conv streams`; `sweep` for the sweep benchmark); none: the
+        /// harness's default suites.
+        suites: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -56,11 +88,14 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Some(Command::Info) => info(cli.backend.backend()),
         Some(Command::Demo) => demo(cli.backend.backend()),
-        None => {
-            // No subcommand: the usage on stderr, as a usage error.
-            eprint!("{}", Cli::command().render_help());
-            return ExitCode::from(2);
-        }
+        Some(Command::Bench { suites }) => return cli::bench::run(&suites),
+        None => cli::sweep::run(cli::sweep::Args {
+            backend: cli.backend.backend(),
+            streams: cli.streams,
+            steps: cli.steps,
+            out: cli.out,
+            quiet: cli.quiet,
+        }),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

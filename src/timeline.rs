@@ -71,6 +71,75 @@ impl Timeline {
         }
     }
 
+    /// The timeline of a runtime's recorded spans ([`crate::Runtime::take_trace`]): one
+    /// track per stream of the runtime, compute streams then copy streams as the runtime
+    /// lists them (named `cuda:0 compute 1`, `cuda:0 copy`, `cpu stream 0`), each span
+    /// named by its op with its outputs' shapes as detail. Times are shifted so that
+    /// the first span starts at 0.
+    pub fn from_trace(info: &crate::RuntimeInfo, spans: &[crate::TraceSpan]) -> Timeline {
+        let mut t = Timeline::new();
+        let mut track_of = std::collections::HashMap::new();
+        let mut compute = std::collections::HashMap::<crate::Device, usize>::new();
+        for s in &info.streams {
+            let name = match (s.device, s.kind) {
+                (crate::Device::Cpu, _) => format!("cpu stream {}", s.id.index()),
+                (d, crate::StreamKind::Compute) => {
+                    let n = compute.entry(d).or_insert(0);
+                    *n += 1;
+                    format!("{d} compute {}", *n - 1)
+                }
+                (d, crate::StreamKind::Copy) => format!("{d} copy"),
+            };
+            let name = if t.tracks.contains(&name) {
+                format!("{name} ({})", s.id)
+            } else {
+                name
+            };
+            track_of.insert(s.id, t.track(&name));
+        }
+        let origin = spans
+            .iter()
+            .map(|s| s.start_us)
+            .fold(f64::INFINITY, f64::min);
+        for s in spans {
+            if let Some(&track) = track_of.get(&s.stream) {
+                t.push(Span {
+                    track,
+                    name: s.name.to_string(),
+                    detail: s.detail.clone(),
+                    start_us: s.start_us - origin,
+                    dur_us: s.dur_us,
+                });
+            }
+        }
+        t
+    }
+
+    /// The spans that start in `[from_us, to_us)`, on the same tracks, shifted so that
+    /// `from_us` is 0 (a window of a long run, for a picture that stays readable).
+    pub fn window(&self, from_us: f64, to_us: f64) -> Timeline {
+        Timeline {
+            tracks: self.tracks.clone(),
+            spans: self
+                .spans
+                .iter()
+                .filter(|s| s.start_us >= from_us && s.start_us < to_us)
+                .map(|s| Span {
+                    start_us: s.start_us - from_us,
+                    ..s.clone()
+                })
+                .collect(),
+        }
+    }
+
+    /// The end of the last span, in microseconds.
+    pub fn end_us(&self) -> f64 {
+        self.spans
+            .iter()
+            .map(|s| s.start_us + s.dur_us)
+            .fold(0.0, f64::max)
+    }
+
     /// The tracks, in order.
     pub fn tracks(&self) -> &[String] {
         &self.tracks

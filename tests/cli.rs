@@ -1,5 +1,5 @@
-//! The `rtx` command line: `--help`, `--version`, errors on bad arguments, and `info` on
-//! the CPU backend.
+//! The `rtx` command line: `--help`, `--version`, errors on bad arguments, `info` on the
+//! CPU backend, and the main job (no subcommand: the sweep) in a short CPU run.
 
 use std::process::{Command, Output};
 
@@ -20,7 +20,7 @@ fn help_is_on_stdout_and_exits_0() {
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("Usage: rtx"), "no usage line in {stdout:?}");
-    for sub in ["info", "demo"] {
+    for sub in ["info", "demo", "bench"] {
         assert!(
             stdout.contains(sub),
             "subcommand {sub} not listed in {stdout:?}"
@@ -54,10 +54,44 @@ fn unknown_subcommand_is_an_error_on_stderr() {
 }
 
 #[test]
-fn no_subcommand_prints_usage_on_stderr_and_exits_2() {
-    let out = rtx(&[]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("Usage: rtx"));
+fn no_subcommand_runs_the_main_job_the_sweep() {
+    let dir = std::env::temp_dir().join(format!("rtx-cli-main-{}", std::process::id()));
+    let out = rtx(&[
+        "--backend",
+        "cpu",
+        "--steps",
+        "4",
+        "--quiet",
+        "--out",
+        dir.to_str().expect("utf-8 temp dir"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("scaled down for the CPU backend"),
+        "{stdout}"
+    );
+    for col in [
+        "model",
+        "params",
+        "final loss",
+        "accuracy",
+        "samples/s",
+        "streams",
+    ] {
+        assert!(stdout.contains(col), "no {col} column in {stdout}");
+    }
+    assert_eq!(
+        stdout.matches("mlp-").count(),
+        8,
+        "8 models in the table: {stdout}"
+    );
+    assert!(stdout.contains("whole sweep:"), "{stdout}");
+    let json = std::fs::read_to_string(dir.join("rtx-timeline.json")).expect("trace written");
+    assert!(json.starts_with("{\"traceEvents\":[") && json.contains("cpu stream 1"));
+    let svg = std::fs::read_to_string(dir.join("rtx-timeline.svg")).expect("svg written");
+    assert!(svg.starts_with("<svg"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -14,7 +14,9 @@
 //! - [`Param`] / [`Parameters`]: the (value, gradient) pairs an optimizer takes, with
 //!   [`Param::update`] for in-place updates by donation; [`Module`] for anything that
 //!   has parameters;
-//! - [`init`]: parameter initialization (host-generated from a seed for now).
+//! - [`init`]: parameter initialization (host-generated from a seed for now);
+//! - [`pipeline`]: training jobs (model + optimizer + data + schedule) whose steps are
+//!   submissions only, many at once on one runtime, with a data-parallel mode.
 //!
 //! Gradients are overwritten, not accumulated, by each backward.
 #![deny(unsafe_code)]
@@ -24,6 +26,7 @@ pub mod init;
 mod linear;
 mod mlp;
 mod param;
+pub mod pipeline;
 
 pub use linear::{Linear, LinearConfig, LinearCtx};
 pub use mlp::{Mlp, MlpConfig, MlpCtx};

@@ -142,6 +142,65 @@ impl<'a> Parameters<'a> {
     pub fn numel(&self) -> usize {
         self.iter().map(|p| p.value().numel()).sum()
     }
+
+    /// Replaces every value at once by `f(old values)`, without keeping other handles
+    /// to them, so that a multi-tensor in-place op (a fused optimizer step, which takes
+    /// its parameters by value) can write into their memory by donation. As
+    /// [`Param::update`]: on an error `f` gives the old values back and they are put
+    /// back; the new values must keep each one's shape and dtype, and there must be one
+    /// per parameter.
+    #[allow(clippy::type_complexity)]
+    pub fn update_all(
+        &mut self,
+        f: impl FnOnce(Vec<Tensor>) -> std::result::Result<Vec<Tensor>, Box<(Error, Vec<Tensor>)>>,
+    ) -> Result<()> {
+        let mut old = Vec::with_capacity(self.params.len());
+        for p in self.params.iter_mut() {
+            match p.value.take() {
+                Some(v) => old.push(v),
+                None => {
+                    // Put back what was taken so far (in order), then fail.
+                    for (q, v) in self.params.iter_mut().zip(old) {
+                        q.value = Some(v);
+                    }
+                    return Err(Error::invalid(
+                        "Parameters::update_all",
+                        "parameter value lost",
+                    ));
+                }
+            }
+        }
+        let like: Vec<_> = old.iter().map(|t| (t.shape().clone(), t.dtype())).collect();
+        match f(old) {
+            Ok(new)
+                if new.len() == like.len()
+                    && new
+                        .iter()
+                        .zip(&like)
+                        .all(|(t, (s, d))| t.shape() == s && t.dtype() == *d) =>
+            {
+                for (p, v) in self.params.iter_mut().zip(new) {
+                    p.value = Some(v);
+                }
+                Ok(())
+            }
+            Ok(new) => Err(Error::invalid(
+                "Parameters::update_all",
+                format!(
+                    "{} new values for {} parameters, or a shape or dtype changed (values lost)",
+                    new.len(),
+                    like.len()
+                ),
+            )),
+            Err(rejected) => {
+                let (e, old) = *rejected;
+                for (p, v) in self.params.iter_mut().zip(old) {
+                    p.value = Some(v);
+                }
+                Err(e)
+            }
+        }
+    }
 }
 
 /// The iterator of [`Parameters::iter_mut`].

@@ -1,0 +1,180 @@
+//! The main job (`rtx` with no subcommand): the sweep of 8 heterogeneous training
+//! pipelines on one runtime, with a progress bar per pipeline, a final table and the
+//! timeline of the streams (Chrome trace JSON + SVG).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use rtx::timeline::Timeline;
+use rtx::train::pipeline::sweep::SweepConfig;
+use rtx::train::pipeline::{run_concurrently, Progress};
+use rtx::{Backend, BackendKind, Runtime};
+
+/// What the sweep command is told.
+pub struct Args {
+    /// The backend.
+    pub backend: Backend,
+    /// Compute streams (0: 8 on CUDA, 2 on the CPU).
+    pub streams: usize,
+    /// Steps per model (0: the backend's default).
+    pub steps: u64,
+    /// Where the timeline files go.
+    pub out: PathBuf,
+    /// No progress bars (still the table and the timeline).
+    pub quiet: bool,
+}
+
+/// Runs the sweep and prints its table; writes the timeline files.
+pub fn run(args: Args) -> rtx::Result<()> {
+    let probe = Runtime::builder()
+        .backend(args.backend.clone())
+        .streams(1)
+        .build()?;
+    let cuda = probe.backend() == BackendKind::Cuda;
+    drop(probe);
+    let streams = match args.streams {
+        0 if cuda => 8,
+        0 => 2,
+        n => n,
+    };
+    let rt = Runtime::builder()
+        .backend(args.backend)
+        .streams(streams)
+        .trace(true)
+        .build()?;
+    let mut cfg = if cuda {
+        SweepConfig::full()
+    } else {
+        SweepConfig::cpu()
+    };
+    if args.steps > 0 {
+        cfg.steps = args.steps;
+    }
+    print!("{}", rt.info());
+    if cuda {
+        println!(
+            "sweep: 8 MLPs on {}-d inputs, {} classes, batch {}, {} steps each, {} compute, f32 masters",
+            cfg.dim,
+            cfg.classes,
+            cfg.batch,
+            cfg.steps,
+            cfg.dtype.name()
+        );
+    } else {
+        println!(
+            "sweep (scaled down for the CPU backend: {}-d inputs instead of 256, batch {} instead of 512, \
+             {} steps instead of 200, widths / {}, f32): 8 MLPs, {} classes",
+            cfg.dim, cfg.batch, cfg.steps, cfg.width_div, cfg.classes
+        );
+    }
+    let all = rt.compute_streams(rt.device());
+    let (task, mut pipelines) = cfg.build(&rt, &all, 1, 32)?;
+    println!(
+        "task: teacher MLP {}→{}→{} (tanh), {:.0}% label noise, seed {}; the teacher's accuracy on the held-out set, the bound: {:.1}%\n",
+        cfg.dim,
+        cfg.task().hidden,
+        cfg.classes,
+        cfg.task().noise * 100.0,
+        cfg.seed,
+        task.teacher_accuracy * 100.0
+    );
+    let multi = MultiProgress::new();
+    if args.quiet {
+        multi.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let style =
+        ProgressStyle::with_template("{prefix:>13} {bar:28.cyan/blue} {pos:>4}/{len:4} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    let bars: Vec<ProgressBar> = pipelines
+        .iter()
+        .map(|p| {
+            let b = multi.add(ProgressBar::new(p.config().steps));
+            b.set_style(style.clone());
+            b.set_prefix(p.config().name.clone());
+            b
+        })
+        .collect();
+    let start = Instant::now();
+    let show = |i: usize, p: &Progress| {
+        let b = &bars[i];
+        b.set_position(p.step);
+        let loss = p
+            .loss
+            .map_or("loss   -   ".to_string(), |(_, l)| format!("loss {l:.4}"));
+        b.set_message(format!("{loss}  {:>9.0} samples/s", p.samples_per_s));
+    };
+    run_concurrently(&mut pipelines, &show)?;
+    let wall = start.elapsed();
+    for b in &bars {
+        b.finish();
+    }
+    let reports = pipelines
+        .iter()
+        .map(|p| p.report(&task.eval))
+        .collect::<rtx::Result<Vec<_>>>()?;
+    println!(
+        "\n{:<13} {:>10} {:<16} {:>10} {:>9} {:>9} {:>12}  streams",
+        "model", "params", "optimizer", "final loss", "eval loss", "accuracy", "samples/s"
+    );
+    for r in &reports {
+        let s: Vec<String> = r.streams.iter().map(|s| s.index().to_string()).collect();
+        println!(
+            "{:<13} {:>10} {:<16} {:>10.4} {:>9.4} {:>8.1}% {:>12.0}  {}",
+            r.name,
+            r.params,
+            r.optimizer,
+            r.final_loss,
+            r.eval_loss,
+            r.accuracy * 100.0,
+            r.samples_per_s,
+            s.join(",")
+        );
+    }
+    let samples: u64 = pipelines
+        .iter()
+        .map(|p| p.steps_done() * cfg.batch as u64)
+        .sum();
+    println!(
+        "\nwhole sweep: {samples} samples in {:.2} s = {:.0} samples/s on {} compute streams (teacher bound {:.1}%)",
+        wall.as_secs_f64(),
+        samples as f64 / wall.as_secs_f64(),
+        all.len(),
+        task.teacher_accuracy * 100.0
+    );
+    drop(pipelines);
+    write_timeline(&rt, &args.out, wall)
+}
+
+/// Writes the Chrome trace of the whole run and an SVG of a window of it.
+fn write_timeline(rt: &Runtime, out: &Path, wall: Duration) -> rtx::Result<()> {
+    // Let the last completions land in the recorder.
+    let _ = rtx::block_on(rt.shutdown());
+    let spans = rt.take_trace();
+    let timeline = Timeline::from_trace(&rt.info(), &spans);
+    let io = |e: std::io::Error| rtx::Error::invalid("timeline", format!("{}: {e}", out.display()));
+    std::fs::create_dir_all(out).map_err(io)?;
+    let json = out.join("rtx-timeline.json");
+    let svg = out.join("rtx-timeline.svg");
+    std::fs::write(&json, timeline.to_chrome_trace()).map_err(io)?;
+    // The picture: a window early in the run (every pipeline still going), 0.5% of it,
+    // so that single ops stay visible.
+    let end = timeline.end_us();
+    let (from, to) = (end * 0.1, end * 0.105);
+    let window = timeline.window(from, to);
+    std::fs::write(&svg, window.to_svg(1200)).map_err(io)?;
+    println!(
+        "timeline: {} spans on {} tracks ({:.2} s recorded, run {:.2} s; at most {} streams busy at once in the picture) -> {} (open in https://ui.perfetto.dev), {} ({:.1}-{:.1} ms)",
+        timeline.spans().len(),
+        timeline.tracks().len(),
+        end / 1e6,
+        wall.as_secs_f64(),
+        window.max_concurrency(),
+        json.display(),
+        svg.display(),
+        from / 1e3,
+        to / 1e3
+    );
+    Ok(())
+}

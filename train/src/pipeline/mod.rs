@@ -1,0 +1,339 @@
+//! Training pipelines: a model, its optimizer, a data source and a schedule, whose
+//! steps are submissions only, so that many pipelines run at once on one runtime.
+//!
+//! A [`Pipeline`] step
+//!
+//! 1. takes the batch uploaded during the previous step and uploads the next one (on
+//!    CUDA the upload runs on the device's copy stream from pinned staging memory, so
+//!    the copy of batch `k+1` runs under the compute of batch `k`: double buffering);
+//! 2. submits forward, cross-entropy, backward and the fused optimizer step, all pinned
+//!    to the pipeline's stream ([`Runtime::on`]): the whole chain stays on one stream
+//!    and needs no cross-stream event;
+//! 3. every `loss_every` steps submits a download of the loss and collects the
+//!    downloads that have completed, without waiting ([`Pipeline::losses`]). The host
+//!    waits only when more than [`MAX_PENDING_LOSSES`] downloads are outstanding (it is
+//!    then that far ahead of the device: backpressure, not a round trip per step).
+//!
+//! Independent pipelines get different streams ([`assign_streams`] spreads them), and
+//! [`run_concurrently`] drives each from a thread of its own: on CUDA each stream's actor
+//! launches its pipeline's kernels while the others do the same.
+//!
+//! # Data parallel
+//!
+//! A pipeline given `K > 1` streams splits each batch into `K` micro-batches, one per
+//! stream: the forward and backward of micro-batch `i` run on stream `i` (reading the
+//! shared weights), each with the loss scaled by `1/K`; the gradients are summed on the
+//! first stream, whose adds wait for the other streams' events on the device (no host
+//! sync), and the optimizer step runs once, there. The result equals the single-stream
+//! step on the whole batch within float rounding (the `pipeline` tests check it).
+
+mod data;
+mod model;
+mod optim;
+mod run;
+pub mod sweep;
+
+pub use data::{Batches, DataSource, Dataset, Task, TeacherTask};
+pub use model::Classifier;
+pub use optim::{Optimizer, OptimizerConfig};
+pub use run::{assign_streams, run_concurrently, Progress, Report};
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use rtx_ops::elementwise::add_;
+use rtx_ops::{argmax_dim, cast, cross_entropy, eq, mean, mul_scalar_};
+use rtx_runtime::{DType, Error, Result, Runtime, StreamId, Submission, Tensor};
+
+use crate::submit;
+
+/// Loss downloads a pipeline lets run ahead before its host thread waits for the oldest.
+pub const MAX_PENDING_LOSSES: usize = 4;
+
+/// The schedule and placement of a [`Pipeline`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineConfig {
+    /// A name for progress and reports.
+    pub name: String,
+    /// Training steps.
+    pub steps: u64,
+    /// The loss is read back every this many steps (and after the last).
+    pub loss_every: u64,
+    /// The compute streams: one, or `K` for data parallel (the batch must divide by
+    /// `K`).
+    pub streams: Vec<StreamId>,
+}
+
+/// One training job. See the [module docs](self).
+pub struct Pipeline {
+    cfg: PipelineConfig,
+    rt: Runtime,
+    model: Box<dyn Classifier>,
+    opt: Optimizer,
+    data: Box<dyn DataSource>,
+    step: u64,
+    next: Option<Vec<(Tensor, Tensor)>>,
+    pending: VecDeque<(u64, Submission<Vec<f32>>)>,
+    losses: Vec<(u64, f32)>,
+    params: usize,
+    started: Option<Instant>,
+    took: Option<Duration>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("cfg", &self.cfg)
+            .field("step", &self.step)
+            .field("losses", &self.losses.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pipeline {
+    /// A pipeline training `model` with an optimizer of `opt` on `data`. Errors: no
+    /// stream, a stream not of `rt`, `steps` or `loss_every` zero, or a batch that does
+    /// not split into the streams.
+    pub fn new(
+        rt: &Runtime,
+        cfg: PipelineConfig,
+        mut model: Box<dyn Classifier>,
+        opt: OptimizerConfig,
+        data: Box<dyn DataSource>,
+    ) -> Result<Self> {
+        let what = "Pipeline::new";
+        let k = cfg.streams.len();
+        if k == 0 || cfg.steps == 0 || cfg.loss_every == 0 {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "{}: needs a stream, steps and loss_every (got {k}, {}, {})",
+                    cfg.name, cfg.steps, cfg.loss_every
+                ),
+            ));
+        }
+        let own = rt.compute_streams(rt.device());
+        if let Some(s) = cfg.streams.iter().find(|s| !own.contains(s)) {
+            return Err(Error::invalid(
+                what,
+                format!("{s} is not a compute stream of the runtime's default device"),
+            ));
+        }
+        if data.batch() % k != 0 {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "a batch of {} does not split into {k} streams",
+                    data.batch()
+                ),
+            ));
+        }
+        let r0 = rt.on(cfg.streams[0]);
+        let opt = Optimizer::new(&r0, opt, &model.params())?;
+        let params = model.params().numel();
+        Ok(Pipeline {
+            cfg,
+            rt: rt.clone(),
+            model,
+            opt,
+            data,
+            step: 0,
+            next: None,
+            pending: VecDeque::new(),
+            losses: Vec::new(),
+            params,
+            started: None,
+            took: None,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PipelineConfig {
+        &self.cfg
+    }
+    /// Steps submitted so far.
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+    /// Whether every step has been submitted.
+    pub fn is_done(&self) -> bool {
+        self.step >= self.cfg.steps
+    }
+    /// Number of trainable elements.
+    pub fn num_params(&self) -> usize {
+        self.params
+    }
+    /// The optimizer.
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.opt
+    }
+    /// The losses read back so far: `(step, loss)`, step counted from 0.
+    pub fn losses(&self) -> &[(u64, f32)] {
+        &self.losses
+    }
+    /// The model.
+    pub fn model_mut(&mut self) -> &mut dyn Classifier {
+        &mut *self.model
+    }
+
+    /// Uploads batch `k` as one micro-batch per stream.
+    fn upload(&self, k: u64) -> Result<Vec<(Tensor, Tensor)>> {
+        let (x, y) = self.data.get(k);
+        let n = self.cfg.streams.len();
+        let (b, d) = (self.data.batch(), self.data.dim());
+        let mb = b / n;
+        (0..n)
+            .map(|i| {
+                let xs = self.rt.upload(&x[i * mb * d..(i + 1) * mb * d], [mb, d])?;
+                let ys = self.rt.upload(&y[i * mb..(i + 1) * mb], [mb])?;
+                Ok((xs, ys))
+            })
+            .collect()
+    }
+
+    /// Submits one training step (see the module docs); returns at once unless more
+    /// than [`MAX_PENDING_LOSSES`] loss downloads are outstanding.
+    pub fn step(&mut self) -> Result<()> {
+        if self.is_done() {
+            return Ok(());
+        }
+        self.started.get_or_insert_with(Instant::now);
+        let batch = match self.next.take() {
+            Some(b) => b,
+            None => self.upload(self.step)?,
+        };
+        // Batch k+1 goes up (the copy stream, on CUDA) while batch k computes.
+        if self.step + 1 < self.cfg.steps {
+            self.next = Some(self.upload(self.step + 1)?);
+        }
+        let streams = self.cfg.streams.clone();
+        let r0 = self.rt.on(streams[0]);
+        let loss = if streams.len() == 1 {
+            let (x, y) = &batch[0];
+            self.model.loss_backward(&r0, x, y, 1.0)?
+        } else {
+            self.data_parallel(&batch, &streams)?
+        };
+        self.opt.step(&r0, &mut self.model.params())?;
+        let k = self.step;
+        self.step += 1;
+        if self.step % self.cfg.loss_every == 0 || self.is_done() {
+            self.pending.push_back((k, self.rt.to_vec::<f32>(&loss)?));
+        }
+        self.collect(false)
+    }
+
+    /// The micro-batches' forward and backward on their streams, the gradients summed
+    /// on the first; the mean loss.
+    fn data_parallel(
+        &mut self,
+        batch: &[(Tensor, Tensor)],
+        streams: &[StreamId],
+    ) -> Result<Tensor> {
+        let r0 = self.rt.on(streams[0]);
+        let scale = 1.0 / streams.len() as f32;
+        let mut acc: Option<Vec<Tensor>> = None;
+        let mut loss: Option<Tensor> = None;
+        for ((x, y), s) in batch.iter().zip(streams) {
+            let rs = self.rt.on(*s);
+            let l = self.model.loss_backward(&rs, x, y, scale)?;
+            let mut params = self.model.params();
+            let g = params
+                .iter_mut()
+                .map(|p| p.take_grad())
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| Error::invalid("Pipeline::step", "a backward left no gradient"))?;
+            acc = Some(match acc {
+                None => g,
+                Some(a) => a
+                    .into_iter()
+                    .zip(&g)
+                    .map(|(a, g)| submit(&r0, add_(a, g)))
+                    .collect::<Result<_>>()?,
+            });
+            loss = Some(match loss {
+                None => l,
+                Some(a) => submit(&r0, add_(a, &l))?,
+            });
+        }
+        let (acc, loss) = acc
+            .zip(loss)
+            .ok_or_else(|| Error::invalid("Pipeline::step", "no stream"))?;
+        for (p, g) in self.model.params().iter_mut().zip(acc) {
+            p.set_grad(g)?;
+        }
+        submit(&r0, mul_scalar_(loss, scale))
+    }
+
+    /// Moves completed loss downloads into [`Pipeline::losses`]; with `all`, waits for
+    /// every one, else only while more than [`MAX_PENDING_LOSSES`] are outstanding.
+    fn collect(&mut self, all: bool) -> Result<()> {
+        while let Some((_, sub)) = self.pending.front() {
+            let must = all || self.pending.len() > MAX_PENDING_LOSSES;
+            if !must && !sub.is_done() {
+                break;
+            }
+            let (k, sub) = self.pending.pop_front().expect("front exists");
+            let v = sub.wait()?;
+            self.losses
+                .push((k, v.first().copied().unwrap_or(f32::NAN)));
+        }
+        Ok(())
+    }
+
+    /// Waits for every outstanding loss and stops the clock.
+    pub fn finish(&mut self) -> Result<()> {
+        self.collect(true)?;
+        if let (Some(t), None) = (self.started, self.took) {
+            self.took = Some(t.elapsed());
+        }
+        Ok(())
+    }
+
+    /// Samples per second from the first step to [`Pipeline::finish`] (or to now).
+    pub fn samples_per_s(&self) -> f64 {
+        let took = self
+            .took
+            .or_else(|| self.started.map(|t| t.elapsed()))
+            .unwrap_or_default();
+        let samples = (self.step * self.data.batch() as u64) as f64;
+        if took.is_zero() {
+            0.0
+        } else {
+            samples / took.as_secs_f64()
+        }
+    }
+
+    /// Mean loss and accuracy on `data` (all rows at once), computed on the device
+    /// (`argmax` of the logits, `eq` with the labels, `mean`); two small downloads.
+    pub fn evaluate(&self, data: &Dataset) -> Result<(f32, f32)> {
+        let r0 = self.rt.on(self.cfg.streams[0]);
+        let x = self.rt.upload(&data.x, [data.len(), data.dim])?;
+        let y = self.rt.upload(&data.y, [data.len()])?;
+        let logits = self.model.logits(&r0, &x)?;
+        let ce = submit(&r0, cross_entropy(&logits, &y))?;
+        let pred = submit(&r0, argmax_dim(&logits, 1, false))?;
+        let hit = submit(&r0, eq(&pred, &y))?;
+        let hit = submit(&r0, cast(&hit, DType::F32))?;
+        let acc = submit(&r0, mean(&hit))?;
+        let loss = self.rt.to_vec::<f32>(&ce.loss)?;
+        let acc = self.rt.to_vec::<f32>(&acc)?;
+        let first = |v: Vec<f32>| v.first().copied().unwrap_or(f32::NAN);
+        Ok((first(loss.wait()?), first(acc.wait()?)))
+    }
+
+    /// The report of a finished pipeline, with its evaluation on `eval`.
+    pub fn report(&self, eval: &Dataset) -> Result<Report> {
+        let (eval_loss, accuracy) = self.evaluate(eval)?;
+        Ok(Report {
+            name: self.cfg.name.clone(),
+            params: self.params,
+            optimizer: self.opt.config().label(),
+            final_loss: self.losses.last().map_or(f32::NAN, |l| l.1),
+            eval_loss,
+            accuracy,
+            samples_per_s: self.samples_per_s(),
+            streams: self.cfg.streams.clone(),
+        })
+    }
+}

@@ -1,0 +1,61 @@
+//! What a pipeline trains: a classifier whose step is forward, cross-entropy and
+//! backward, all submissions.
+
+use rtx_ops::convert::cast;
+use rtx_ops::loss::{cross_entropy, cross_entropy_backward};
+use rtx_runtime::{Result, Runtime, Tensor};
+
+use crate::param::{Module, Parameters};
+use crate::{submit, Mlp};
+
+/// A model trained on class labels: logits `[N, classes]` from inputs `[N, features]`.
+pub trait Classifier: Send {
+    /// The logits; submissions only.
+    fn logits(&self, rt: &Runtime, x: &Tensor) -> Result<Tensor>;
+    /// Forward, mean cross-entropy against `y`, and backward of `scale · loss`: stores
+    /// every parameter's gradient and returns the loss (`[1]` f32); submissions only.
+    fn loss_backward(&mut self, rt: &Runtime, x: &Tensor, y: &Tensor, scale: f32)
+        -> Result<Tensor>;
+    /// The parameters, in a fixed order.
+    fn params(&mut self) -> Parameters<'_>;
+}
+
+/// `x` in the dtype of `mlp`'s weights (a cast on the device when they differ: f32
+/// batches into a bf16 model, as autocast does).
+fn as_model_dtype(mlp: &Mlp, rt: &Runtime, x: &Tensor) -> Result<Tensor> {
+    let want = mlp
+        .layers()
+        .first()
+        .map_or(x.dtype(), |l| l.weight().value().dtype());
+    if x.dtype() == want {
+        Ok(x.clone())
+    } else {
+        submit(rt, cast(x, want))
+    }
+}
+
+/// An MLP classifies with its output layer's values as logits; inputs of another float
+/// dtype than its weights are cast to theirs first.
+impl Classifier for Mlp {
+    fn logits(&self, rt: &Runtime, x: &Tensor) -> Result<Tensor> {
+        let x = as_model_dtype(self, rt, x)?;
+        Ok(self.forward(rt, &x)?.0)
+    }
+    fn loss_backward(
+        &mut self,
+        rt: &Runtime,
+        x: &Tensor,
+        y: &Tensor,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let x = as_model_dtype(self, rt, x)?;
+        let (logits, ctx) = self.forward(rt, &x)?;
+        let ce = submit(rt, cross_entropy(&logits, y))?;
+        let dlogits = submit(rt, cross_entropy_backward(&logits, y, &ce.lse, scale))?;
+        self.backward(rt, &dlogits, &ctx)?;
+        Ok(ce.loss)
+    }
+    fn params(&mut self) -> Parameters<'_> {
+        self.parameters()
+    }
+}

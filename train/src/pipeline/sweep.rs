@@ -1,0 +1,195 @@
+//! The sweep workload: 8 heterogeneous MLP classifiers (widths, depths, optimizers and
+//! learning rates differ) trained at once on one synthetic teacher task
+//! ([`TeacherTask`]). The same models, batch and steps are in
+//! `benches/torch_sweep.py` (its `MODELS` list), for the comparison with PyTorch.
+
+use std::sync::Arc;
+
+use rtx_ops::optim::{AdamW, Sgd};
+use rtx_runtime::{DType, Result, Runtime, StreamId};
+
+use super::{
+    assign_streams, Batches, OptimizerConfig, Pipeline, PipelineConfig, Task, TeacherTask,
+};
+use crate::init::derive_seed;
+use crate::{Mlp, MlpConfig};
+
+/// One model of the sweep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    /// Its name, e.g. `mlp-512x3`.
+    pub name: String,
+    /// Hidden width.
+    pub width: usize,
+    /// Linear layers (hidden layers + the output layer).
+    pub depth: usize,
+    /// The optimizer.
+    pub opt: OptimizerConfig,
+}
+
+/// The size of a sweep run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepConfig {
+    /// Input features.
+    pub dim: usize,
+    /// Classes.
+    pub classes: usize,
+    /// Rows per batch.
+    pub batch: usize,
+    /// Steps per model.
+    pub steps: u64,
+    /// Hidden widths are the full sweep's divided by this (1 on the GPU).
+    pub width_div: usize,
+    /// Loss read back every this many steps.
+    pub loss_every: u64,
+    /// The models' compute dtype: f32, or bf16 with f32 master weights (the
+    /// optimizer keeps them).
+    pub dtype: DType,
+    /// The task's seed.
+    pub seed: u64,
+}
+
+impl SweepConfig {
+    /// The full sweep (the GPU run): 256-d inputs, 10 classes, batch 512, 200 steps,
+    /// widths 128-2048, bf16 compute with f32 masters.
+    pub fn full() -> Self {
+        SweepConfig {
+            dim: 256,
+            classes: 10,
+            batch: 512,
+            steps: 200,
+            width_div: 1,
+            loss_every: 10,
+            dtype: DType::BF16,
+            seed: 2026,
+        }
+    }
+    /// The CPU run, scaled to finish in well under two minutes on two cores: 64-d
+    /// inputs, batch 256, 300 steps, widths divided by 8 (16-256), f32.
+    pub fn cpu() -> Self {
+        SweepConfig {
+            dim: 64,
+            batch: 256,
+            steps: 300,
+            width_div: 8,
+            dtype: DType::F32,
+            ..SweepConfig::full()
+        }
+    }
+
+    /// The teacher task of this sweep.
+    pub fn task(&self) -> TeacherTask {
+        TeacherTask {
+            dim: self.dim,
+            hidden: 64,
+            classes: self.classes,
+            noise: 0.05,
+            seed: self.seed,
+        }
+    }
+
+    /// The 8 models: widths 128-2048 (divided by `width_div`), depths 2-4, SGD with
+    /// momentum and AdamW at several learning rates.
+    pub fn models(&self) -> Vec<ModelSpec> {
+        let adamw = |lr| {
+            OptimizerConfig::AdamW(AdamW {
+                lr,
+                weight_decay: 0.0,
+                ..AdamW::default()
+            })
+        };
+        let sgd = |lr, momentum| {
+            OptimizerConfig::Sgd(Sgd {
+                lr,
+                momentum,
+                nesterov: false,
+                weight_decay: 0.0,
+            })
+        };
+        let list = [
+            (128, 2, adamw(3e-3)),
+            (256, 3, sgd(0.05, 0.9)),
+            (512, 3, adamw(1e-3)),
+            (512, 4, sgd(0.1, 0.9)),
+            (1024, 2, adamw(1e-3)),
+            (1024, 3, sgd(0.05, 0.9)),
+            (2048, 2, adamw(5e-4)),
+            (2048, 4, adamw(3e-4)),
+        ];
+        list.into_iter()
+            .map(|(w, depth, opt)| {
+                let width = (w / self.width_div.max(1)).max(4);
+                ModelSpec {
+                    name: format!("mlp-{width}x{depth}"),
+                    width,
+                    depth,
+                    opt,
+                }
+            })
+            .collect()
+    }
+
+    /// The task (`train_batches` batches of training rows, four batches of evaluation
+    /// rows) and one pipeline per model, the models spread over `streams`
+    /// (each pipeline on one stream; `per_model` streams each for data parallel).
+    pub fn build(
+        &self,
+        rt: &Runtime,
+        streams: &[StreamId],
+        per_model: usize,
+        train_batches: usize,
+    ) -> Result<(Task, Vec<Pipeline>)> {
+        let task = self
+            .task()
+            .generate(self.batch * train_batches.max(1), self.batch * 4);
+        let models = self.models();
+        let placed = assign_streams(streams, &vec![per_model; models.len()]);
+        let pipelines = models
+            .iter()
+            .zip(placed)
+            .enumerate()
+            .map(|(i, (m, s))| {
+                self.pipeline(
+                    rt,
+                    m,
+                    s,
+                    &task.train,
+                    derive_seed(self.seed, 100 + i as u64),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((task, pipelines))
+    }
+
+    /// The pipeline of model `m` on `streams`, initialized from `seed`.
+    pub fn pipeline(
+        &self,
+        rt: &Runtime,
+        m: &ModelSpec,
+        streams: Vec<StreamId>,
+        train: &Arc<super::Dataset>,
+        seed: u64,
+    ) -> Result<Pipeline> {
+        let Some(&first) = streams.first() else {
+            return Err(rtx_runtime::Error::invalid(
+                "SweepConfig::pipeline",
+                format!("{}: no stream given", m.name),
+            ));
+        };
+        let mut sizes = vec![self.dim];
+        sizes.extend(std::iter::repeat_n(m.width, m.depth.saturating_sub(1)));
+        sizes.push(self.classes);
+        let r0 = rt.on(first);
+        let model = Mlp::new(&r0, &MlpConfig::new(&sizes).dtype(self.dtype), seed)?;
+        let data = Batches::new(train.clone(), self.batch).ok_or_else(|| {
+            rtx_runtime::Error::invalid("SweepConfig::pipeline", "fewer rows than a batch")
+        })?;
+        let cfg = PipelineConfig {
+            name: m.name.clone(),
+            steps: self.steps,
+            loss_every: self.loss_every,
+            streams,
+        };
+        Pipeline::new(rt, cfg, Box::new(model), m.opt, Box::new(data))
+    }
+}
