@@ -9,10 +9,13 @@
 //! 2. submits forward, cross-entropy, backward and the fused optimizer step, all pinned
 //!    to the pipeline's stream ([`Runtime::on`]): the whole chain stays on one stream
 //!    and needs no cross-stream event;
-//! 3. every `loss_every` steps submits a download of the loss and collects the
-//!    downloads that have completed, without waiting ([`Pipeline::losses`]). The host
-//!    waits only when more than [`MAX_PENDING_LOSSES`] downloads are outstanding (it is
-//!    then that far ahead of the device: backpressure, not a round trip per step).
+//! 3. every `loss_every` steps enqueues a timing marker behind the step on its stream
+//!    (`Runtime::mark`); once the stream has passed it, the loss is downloaded (so the
+//!    download, on CUDA on the copy stream shared by all pipelines, never holds up the
+//!    other pipelines' uploads behind it while this one computes), and finished
+//!    downloads are collected without waiting ([`Pipeline::losses`]). The host waits
+//!    only when more than [`MAX_PENDING_LOSSES`] losses are outstanding (it is then that
+//!    far ahead of the device: backpressure, not a round trip per step).
 //!
 //! Independent pipelines get different streams ([`assign_streams`] spreads them), and
 //! [`run_concurrently`] drives each from a thread of its own: on CUDA each stream's actor
@@ -43,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use rtx_ops::elementwise::add_;
 use rtx_ops::{argmax_dim, cast, cross_entropy, eq, mean, mul_scalar_};
-use rtx_runtime::{DType, Error, Result, Runtime, StreamId, Submission, Tensor};
+use rtx_runtime::{DType, Error, Marker, Result, Runtime, StreamId, Submission, Tensor};
 
 use crate::submit;
 
@@ -73,6 +76,8 @@ pub struct Pipeline {
     data: Box<dyn DataSource>,
     step: u64,
     next: Option<Vec<(Tensor, Tensor)>>,
+    /// Losses whose step the stream has not passed yet, with the marker behind it.
+    unread: VecDeque<(u64, Tensor, Submission<Marker>)>,
     pending: VecDeque<(u64, Submission<Vec<f32>>)>,
     losses: Vec<(u64, f32)>,
     params: usize,
@@ -139,6 +144,7 @@ impl Pipeline {
             data,
             step: 0,
             next: None,
+            unread: VecDeque::new(),
             pending: VecDeque::new(),
             losses: Vec::new(),
             params,
@@ -218,7 +224,8 @@ impl Pipeline {
         let k = self.step;
         self.step += 1;
         if self.step % self.cfg.loss_every == 0 || self.is_done() {
-            self.pending.push_back((k, self.rt.to_vec::<f32>(&loss)?));
+            let mark = self.rt.mark(streams[0])?;
+            self.unread.push_back((k, loss, mark));
         }
         self.collect(false)
     }
@@ -268,6 +275,15 @@ impl Pipeline {
     /// Moves completed loss downloads into [`Pipeline::losses`]; with `all`, waits for
     /// every one, else only while more than [`MAX_PENDING_LOSSES`] are outstanding.
     fn collect(&mut self, all: bool) -> Result<()> {
+        while let Some((_, _, mark)) = self.unread.front() {
+            let must = all || self.unread.len() + self.pending.len() > MAX_PENDING_LOSSES;
+            if !must && !mark.is_done() {
+                break;
+            }
+            let (k, loss, mark) = self.unread.pop_front().expect("front exists");
+            mark.wait()?;
+            self.pending.push_back((k, self.rt.to_vec::<f32>(&loss)?));
+        }
         while let Some((_, sub)) = self.pending.front() {
             let must = all || self.pending.len() > MAX_PENDING_LOSSES;
             if !must && !sub.is_done() {
