@@ -368,18 +368,22 @@ impl Op for LaunchSegment {
                 }
             }
         } else {
-            let slots = lock(&self.shared.slots).clone();
-            let srcs: Vec<_> = self
-                .inputs
-                .iter()
-                .map(|(i, t)| Ok((self.shared.inputs[*i].0, cx.input(t)?)))
-                .collect::<Result<_>>()?;
+            let mut copies = Vec::with_capacity(self.inputs.len());
+            if !self.inputs.is_empty() {
+                let slots = lock(&self.shared.slots);
+                for (i, t) in &self.inputs {
+                    let key = self.shared.inputs[*i].0;
+                    let dst = slots.get(&key).cloned().ok_or_else(|| {
+                        Error::invalid("graph launch", "a bound input has no buffer")
+                    })?;
+                    copies.push((dst, cx.input(t)?));
+                }
+            }
             let (id, seg) = (self.shared.id, self.seg);
             let BackendCx::Cuda(scx) = cx.backend() else {
                 unreachable!("checked above")
             };
-            for (key, src) in &srcs {
-                let dst = slots.get(key).expect("captured inputs have buffers");
+            for (dst, src) in &copies {
                 copy_into(dst, src, scx)?;
             }
             let stream = scx.stream().clone();
