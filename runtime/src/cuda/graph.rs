@@ -11,7 +11,7 @@
 //! leaves the actor's thread (`CudaGraph` is `!Send`, since CUDA graph objects are not
 //! internally synchronized).
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! fn send<T: Send>() {}
 //! send::<rtx::cuda::CudaGraph>(); // a CUDA graph lives on its actor
 //! ```

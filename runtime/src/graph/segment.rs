@@ -234,81 +234,86 @@ impl Op for CaptureSegment {
 
 impl CaptureSegment {
     /// Captures the segment's ops into one CUDA graph of this stream, each op handed
-    /// its warm-up outputs as its allocations.
+    /// its warm-up outputs as its allocations; on any failure the capture is ended and
+    /// discarded before anything it handed out is freed (a free inside the capture
+    /// would be recorded, not done).
     fn capture(&self, cx: &mut ExecCx<'_>, ops: &mut [Recorded], local: &mut Slots) -> Result<()> {
         if let BackendCx::Cpu = cx.backend() {
             return Ok(());
         }
         begin_capture(cuda_of(cx))?;
-        let mut last = "graph capture";
-        for rec in ops.iter_mut() {
-            last = rec.name;
-            let mut queue = VecDeque::new();
-            for k in &rec.outs {
-                let b = local.remove(k).expect("warm-up set every output");
-                let b = match Arc::try_unwrap(b) {
-                    Ok(b) => b,
-                    Err(b) => {
-                        local.insert(*k, b);
-                        let scx = cuda_of(cx);
-                        abort_capture(scx);
-                        return Err(Error::invalid(
-                            rec.name,
-                            "an op kept a reference to its input buffer past its run",
-                        ));
-                    }
-                };
-                queue.push_back(into_any_slice(b)?);
+        let mut unused: Vec<Box<dyn Any>> = Vec::new();
+        let captured = capture_ops(cx, ops, local, &mut unused);
+        let graph = match captured {
+            Ok(last) => end_capture(cuda_of(cx), last),
+            Err(e) => {
+                abort_capture(cuda_of(cx));
+                Err(e)
             }
-            capture::enter(rec.name, queue);
-            let r = run_recorded(cx, rec, local);
-            let left = capture::leave();
-            let scx = cuda_of(cx);
-            let status = scx.stream().capture_status();
-            let invalidated = !matches!(
-                status,
-                Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
-            );
-            match r {
-                Ok(outs) if left.is_empty() && !invalidated => {
-                    for (k, b) in rec.outs.iter().zip(outs) {
-                        local.insert(*k, Arc::new(b));
-                    }
-                }
-                Ok(_) if !left.is_empty() => {
-                    abort_capture(scx);
-                    drop(left);
-                    return Err(Error::NotCapturable {
-                        op: rec.name.to_string(),
-                        hazard: CaptureHazard::Allocation,
-                    });
-                }
-                Ok(_) => {
-                    abort_capture(scx);
-                    return Err(Error::NotCapturable {
-                        op: rec.name.to_string(),
-                        hazard: CaptureHazard::HostSync,
-                    });
-                }
-                Err(e) => {
-                    abort_capture(scx);
-                    drop(left);
-                    return Err(map_capture_error(rec.name, e));
-                }
-            }
-        }
-        let scx = cuda_of(cx);
-        let graph = end_capture(scx, last)?;
-        let id = self.shared.id;
-        let seg = self.seg;
+        };
+        drop(unused);
+        let graph = graph?;
+        let key = (self.shared.id, self.seg);
         match cx.backend() {
             BackendCx::Cuda(scx) => {
-                GraphTable::of(scx)?.graphs.insert((id, seg), graph);
+                GraphTable::of(scx)?.graphs.insert(key, graph);
             }
             BackendCx::Cpu => unreachable!("captured on CUDA"),
         }
         Ok(())
     }
+}
+
+/// The capture proper (the stream is capturing): each op in order, with its outputs
+/// queued for `StreamCx::alloc`. Returns the last op's name; what an op left of its
+/// queue goes to `unused`, freed by the caller once the capture has ended.
+fn capture_ops(
+    cx: &mut ExecCx<'_>,
+    ops: &mut [Recorded],
+    local: &mut Slots,
+    unused: &mut Vec<Box<dyn Any>>,
+) -> Result<&'static str> {
+    let mut last = "graph capture";
+    for rec in ops.iter_mut() {
+        last = rec.name;
+        let mut queue = VecDeque::new();
+        for k in &rec.outs {
+            let b = local.remove(k).expect("the warm-up set every output");
+            let b = Arc::try_unwrap(b).map_err(|_| {
+                Error::invalid(rec.name, "an op kept its input's buffer past its run")
+            })?;
+            queue.push_back(into_any_slice(b)?);
+        }
+        capture::enter(rec.name, queue);
+        let ran = run_recorded(cx, rec, local);
+        let left = capture::leave();
+        let status = cuda_of(cx).stream().capture_status();
+        let active = matches!(
+            status,
+            Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        );
+        let clean = left.is_empty();
+        unused.extend(left);
+        let outs = ran.map_err(|e| map_capture_error(rec.name, e))?;
+        if !active {
+            // CUDA invalidated the capture: the op made a call a capture forbids.
+            return Err(Error::NotCapturable {
+                op: rec.name.to_string(),
+                hazard: CaptureHazard::HostSync,
+            });
+        }
+        if !clean {
+            // It got its output memory some other way than `StreamCx::alloc`.
+            return Err(Error::NotCapturable {
+                op: rec.name.to_string(),
+                hazard: CaptureHazard::Allocation,
+            });
+        }
+        for (k, b) in rec.outs.iter().zip(outs) {
+            local.insert(*k, Arc::new(b));
+        }
+    }
+    Ok(last)
 }
 
 fn cuda_of<'c>(cx: &'c mut ExecCx<'_>) -> &'c StreamCx {
