@@ -61,7 +61,7 @@ fn set_token(cx: &mut ExecCx<'_>) -> Result<()> {
 fn run_recorded(parent: &mut ExecCx<'_>, rec: &mut Recorded, slots: &Slots) -> Result<Vec<Buffer>> {
     let backend = match &mut parent.backend {
         BackendCx::Cpu => BackendCx::Cpu,
-        BackendCx::Cuda(s) => BackendCx::Cuda(&mut **s),
+        BackendCx::Cuda(s) => BackendCx::Cuda(s),
     };
     let mut cx = ExecCx {
         name: rec.name,
