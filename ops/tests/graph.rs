@@ -360,36 +360,90 @@ backend_test!(a_launch_checks_its_inputs, |rt, label| {
     assert!(r.is_err(), "{label}");
 });
 
+/// A copy that allocates per-call scratch memory on CUDA (as an op without a cached
+/// workspace would): capturable on the CPU, refused on CUDA.
+struct Scratchy(Tensor);
+
+impl Op for Scratchy {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "scratchy"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.0]
+    }
+    fn plan(&self, _cx: &PlanCx) -> rtx_runtime::Result<Plan> {
+        Ok(Plan {
+            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
+            cost: Cost::default(),
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> rtx_runtime::Result<()> {
+        let x = cx.input(&self.0)?;
+        let out = match cx.backend() {
+            rtx_runtime::BackendCx::Cpu => rtx_runtime::Buffer::from_vec(x.cpu::<f32>()?.to_vec()),
+            rtx_runtime::BackendCx::Cuda(scx) => {
+                let _scratch = scx.alloc::<f32>(64)?;
+                let mut y = scx.alloc::<f32>(x.len())?;
+                scx.stream()
+                    .memcpy_dtod(x.cuda::<f32>()?, &mut y)
+                    .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", e))?;
+                rtx_runtime::Buffer::from_cuda(y)
+            }
+        };
+        cx.set_output(0, out)
+    }
+}
+
 backend_test!(scratch_allocations_are_refused_on_cuda, |rt, label| {
-    // A reduction allocates per-call scratch (partial sums): capturable on the CPU,
-    // refused on CUDA with the allocation hazard, naming the op.
     let (seed, mut g) = rng();
     let x0 = rt
-        .upload(&rand_vec::<f32>(&mut g, 4096, -1.0, 1.0), [4096])
+        .upload(&rand_vec::<f32>(&mut g, 64, -1.0, 1.0), [64])
         .unwrap();
     let r = rt.capture(|c| {
         let x = c.input(&x0)?;
-        let s = c.submit(ops::sum(&x))?;
+        let s = c.submit(Scratchy(x))?;
         c.output(&s)?;
         Ok(())
     });
     if label.starts_with("cpu") {
         let mut graph = r.unwrap();
         let got = graph.launch(&[&x0]).unwrap().to_vec::<f32>(0).unwrap();
-        let want = down(rt, &rt.submit(ops::sum(&x0)).unwrap().wait().unwrap());
-        assert_eq!(got, want, "{label} (seed {seed})");
+        assert_eq!(got, down(rt, &x0), "{label} (seed {seed})");
     } else {
         assert!(
-            matches!(
-                &r,
-                Err(Error::NotCapturable {
-                    hazard: CaptureHazard::Allocation,
-                    ..
-                })
-            ),
+            matches!(&r, Err(Error::NotCapturable { op, hazard: CaptureHazard::Allocation }) if op == "scratchy"),
             "{label}: {:?}",
             r.err()
         );
         still_usable(rt, label);
     }
 });
+
+backend_test!(
+    a_reduction_with_a_stream_workspace_replays_like_eager,
+    |rt, label| {
+        // The full reductions keep their scratch in per-stream state, made by the warm-up:
+        // capturable on every backend.
+        let (seed, mut g) = rng();
+        let x0 = rt
+            .upload(&rand_vec::<f32>(&mut g, 4096, -1.0, 1.0), [4096])
+            .unwrap();
+        let mut graph = rt
+            .capture(|c| {
+                let x = c.input(&x0)?;
+                let s = c.submit(ops::sum(&x))?;
+                c.output(&s)?;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        for _ in 0..10 {
+            let x = rt
+                .upload(&rand_vec::<f32>(&mut g, 4096, -1.0, 1.0), [4096])
+                .unwrap();
+            let got = graph.launch(&[&x]).unwrap().to_vec::<f32>(0).unwrap();
+            let want = down(rt, &rt.submit(ops::sum(&x)).unwrap().wait().unwrap());
+            assert_eq!(got, want, "{label} (seed {seed})");
+        }
+    }
+);
