@@ -58,7 +58,7 @@
 //! naming the op and the [`CaptureHazard`](crate::CaptureHazard), and nothing of the
 //! capture is kept (the runtime stays usable):
 //!
-//! - at submit, an op that declares a hazard ([`Op::capture_hazard`]: a download, a
+//! - at submit, an op that declares a hazard ([`Op::capture_hazard`](crate::Op::capture_hazard): a download, a
 //!   host synchronization, an algorithm search);
 //! - while capturing, an allocation beyond the op's planned outputs (per-call scratch
 //!   memory), a host synchronization or event query (CUDA invalidates the capture), a
