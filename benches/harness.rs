@@ -2,7 +2,7 @@
 //! `benches/torch_baseline.py` by `benches/compare.py` (same case names).
 //!
 //! ```text
-//! cargo bench --bench harness -- [SUITE ...]      suites: ew reduce chain gemm conv streams speedup train
+//! cargo bench --bench harness -- [SUITE ...]      suites: ew reduce chain chaingraph gemm conv streams streamsgraph speedup train
 //!                                                 (on request: convtiny attention raw rawstreams)
 //! ```
 //!
@@ -17,12 +17,14 @@
 //! was skipped) on stderr; `RTX_PROFILE=1` adds the actors' phase timers to some cases.
 
 mod bench_util;
+mod graphs;
 mod streams;
 mod train;
 
 use std::time::Instant;
 
 use bench_util::*;
+use graphs::{suite_chain_graph, suite_streams_graph};
 use rtx::ops::conv::{conv2d, Conv2dOpts, Layout};
 use rtx::ops::gemm::{gemm_plan_cache_stats, matmul};
 use rtx::ops::{conv, elementwise as ew, reduce, softmax};
@@ -438,7 +440,16 @@ fn main() {
     let rt = Runtime::builder().streams(4).build().expect("runtime");
     eprintln!("{}", rt.info());
     let all = [
-        "ew", "reduce", "chain", "gemm", "conv", "streams", "speedup", "train",
+        "ew",
+        "reduce",
+        "chain",
+        "chaingraph",
+        "gemm",
+        "conv",
+        "streams",
+        "streamsgraph",
+        "speedup",
+        "train",
     ];
     let suites: Vec<&str> = if args.is_empty() {
         all.to_vec()
@@ -450,6 +461,8 @@ fn main() {
             "ew" => suite_ew(&rt),
             "reduce" => suite_reduce(&rt),
             "chain" => suite_chain(&rt),
+            "chaingraph" => suite_chain_graph(&rt),
+            "streamsgraph" => suite_streams_graph(&rt),
             "gemm" => suite_gemm(&rt),
             "conv" => suite_conv(&rt),
             "convtiny" => suite_convtiny(&rt),

@@ -82,6 +82,37 @@ fn main() {
             median(&mut sub),
         ));
 
+        // The same chain captured once as a graph (`Runtime::capture`) and launched:
+        // on the CPU backend a launch replays the recorded ops on the actor.
+        let mut graph = rt
+            .capture(|g| {
+                let mut x = g.input(&at)?;
+                for _ in 0..N {
+                    x = g.submit_on(s, ew::add(&x, &at))?;
+                }
+                g.output(&x)?;
+                Ok(())
+            })
+            .expect("capture");
+        let mut launch = || {
+            let t0 = Instant::now();
+            let mut l = graph.launch(&[&at]).expect("launch");
+            let t1 = Instant::now();
+            std::hint::black_box(l.to_vec::<f32>(0).expect("result"));
+            (
+                t0.elapsed().as_secs_f64() * 1e6 / N as f64,
+                (t1 - t0).as_secs_f64() * 1e6 / N as f64,
+            )
+        };
+        launch();
+        let (mut g2e, mut gsub): (Vec<f64>, Vec<f64>) = (0..9).map(|_| launch()).unzip();
+        rows.push((
+            format!("graph launch of the chain, {streams}-stream runtime"),
+            median(&mut g2e),
+            median(&mut gsub),
+        ));
+        drop(graph);
+
         // Round trip: submit and await each op before the next.
         let mut rt_lat = Vec::new();
         for _ in 0..5 {

@@ -252,7 +252,7 @@ def suite_chain():
         graph_ms = None
     del graph
     forms = {"eager": eager, "graph": graph_ms}
-    emit_best(["chain_1000_tiny_adds"], forms, 0.0, 0.0, lines_for_forms="chain_1000_tiny_adds",
+    emit_best(["chain_1000_tiny_adds", "chain_1000_tiny_adds_graph"], forms, 0.0, 0.0, lines_for_forms="chain_1000_tiny_adds",
               submit_us=submit_us,
               us_per_op=min(v for v in forms.values() if v is not None))
 
@@ -406,7 +406,9 @@ def suite_streams():
         extra["best_graph_form"] = min(graph, key=graph.get)
         extra["best_graph_ms"] = graph[extra["best_graph_form"]]
     # The harness's case names (two rtx forms x 1, 2, 4, 8 streams) all get PyTorch's best.
+    # Their graph forms (`benches/graphs.rs`, `<case>_graph`) too.
     cases = [f"streams_8x200_{f}_{k}" for f in ("gemm256_relu", "linear_relu") for k in (1, 2, 4, 8)]
+    cases += [f"{c}_graph" for c in cases]
     emit_best(cases, forms, 0.0, flops, lines_for_forms="streams_8x200", **extra)
     del graphs
 

@@ -123,6 +123,7 @@ pub(crate) fn execute(
         outputs: (0..env.specs.len()).map(|_| None).collect(),
         finisher: None,
         declared,
+        slots: None,
     };
     let start = Instant::now();
     let ran = catch_unwind(AssertUnwindSafe(|| job.run(&mut cx)));

@@ -124,6 +124,41 @@ pub enum Error {
     /// The runtime was shut down before the op could run.
     #[error("the runtime is shut down")]
     Shutdown,
+    /// Op `op` cannot be captured into a graph (`Runtime::capture`): it would do
+    /// `hazard` inside the captured body. Nothing of the capture is kept; the runtime
+    /// stays usable.
+    #[error("op `{op}` cannot be captured into a graph: {hazard}")]
+    NotCapturable { op: String, hazard: CaptureHazard },
+}
+
+/// What makes an op unsafe to capture into a graph (see `runtime/src/graph/mod.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CaptureHazard {
+    /// It allocates device memory inside the captured body beyond its planned outputs
+    /// (per-call scratch memory): a replay would reuse memory the graph does not own.
+    Allocation,
+    /// It synchronizes the host with the device (a stream or event synchronize).
+    HostSync,
+    /// It queries an event or stream status from the host.
+    EventQuery,
+    /// It reads device data back to the host (a download, a finisher).
+    Readback,
+    /// It searches for a library algorithm by running candidates (cuDNN find).
+    AlgorithmSearch,
+}
+
+impl std::fmt::Display for CaptureHazard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CaptureHazard::Allocation => {
+                "it allocates device memory beyond its planned outputs inside the capture"
+            }
+            CaptureHazard::HostSync => "it synchronizes the host with the device",
+            CaptureHazard::EventQuery => "it queries an event or stream from the host",
+            CaptureHazard::Readback => "it reads device data back to the host",
+            CaptureHazard::AlgorithmSearch => "it searches for an algorithm by running it",
+        })
+    }
 }
 
 /// A driver status as text: its name, and the driver's description when the driver

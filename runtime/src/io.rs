@@ -130,6 +130,9 @@ impl<T: Element> Op for Download<T> {
     fn name(&self) -> &'static str {
         "to_vec"
     }
+    fn capture_hazard(&self) -> Option<crate::error::CaptureHazard> {
+        Some(crate::error::CaptureHazard::Readback)
+    }
     fn inputs(&self) -> Vec<&Tensor> {
         vec![&self.t]
     }

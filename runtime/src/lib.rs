@@ -59,6 +59,7 @@ mod device;
 mod driver;
 mod dtype;
 mod error;
+mod graph;
 mod io;
 mod job;
 #[cfg(all(test, loom))]
@@ -81,7 +82,8 @@ pub use buffer::{Buffer, CpuData, CudaData, Element};
 pub use completion::{block_on, Submission};
 pub use device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
 pub use dtype::DType;
-pub use error::{CublasStatus, CudaCode, CudnnStatus, Error, Result, SubmitError};
+pub use error::{CaptureHazard, CublasStatus, CudaCode, CudnnStatus, Error, Result, SubmitError};
+pub use graph::{Capture, Graph, Launch};
 pub use marker::Marker;
 pub use op::{BackendCx, BufferRef, Cost, ExecCx, Op, Outputs, Plan, PlanCx, TensorSpec};
 pub use runtime::{Backend, BackendKind, Builder, Runtime, RuntimeInfo, Shutdown};

@@ -5,7 +5,7 @@ use crate::completion::Payload;
 use crate::device::{Device, StreamId};
 use crate::driver::StreamCx;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{CaptureHazard, Error, Result};
 use crate::settings::Settings;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
@@ -73,6 +73,14 @@ pub trait Op: Send + 'static {
     fn plan(&self, cx: &PlanCx) -> Result<Plan>;
     /// Executes (CPU) or enqueues (CUDA) the op, setting every output.
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()>;
+    /// What would make this op unsafe to capture into a graph (`Runtime::capture`), if
+    /// anything: an op that synchronizes with the host, reads data back or searches
+    /// for algorithms by running them says so here, and its submission into a capture
+    /// fails with [`Error::NotCapturable`] before anything is recorded. The default:
+    /// nothing (what the op does on the device is also checked while it is captured).
+    fn capture_hazard(&self) -> Option<CaptureHazard> {
+        None
+    }
 }
 
 /// Builds an op's output value from its output tensors.
@@ -115,7 +123,7 @@ impl Outputs for Vec<Tensor> {
 }
 
 /// A shared, read-only reference to an input's memory, held while the op runs.
-pub struct BufferRef(crate::sync::Arc<Buffer>);
+pub struct BufferRef(pub(crate) crate::sync::Arc<Buffer>);
 
 impl std::ops::Deref for BufferRef {
     type Target = Buffer;
@@ -145,6 +153,9 @@ pub struct ExecCx<'a> {
     /// The storages the op declared in `inputs` (by address): only those may be read,
     /// since only those were waited for.
     pub(crate) declared: Vec<usize>,
+    /// Inside a graph (`runtime/src/graph/`): the graph's own buffers, by the address of
+    /// the placeholder storage they stand for. Inputs found here are read from them.
+    pub(crate) slots: Option<&'a std::collections::HashMap<usize, crate::sync::Arc<Buffer>>>,
 }
 
 impl<'a> ExecCx<'a> {
@@ -187,6 +198,9 @@ impl<'a> ExecCx<'a> {
                 "input used that the op did not declare in `inputs`",
             ));
         }
+        if let Some(b) = self.slots.and_then(|m| m.get(&addr)) {
+            return Ok(BufferRef(b.clone()));
+        }
         match t.storage().try_ready() {
             Some(Ok(r)) => Ok(BufferRef(r.buf)),
             Some(Err(e)) => Err(e),
@@ -200,7 +214,8 @@ impl<'a> ExecCx<'a> {
     /// (rule 3 of the storage protocol, `runtime/src/storage.rs`). Returns `None` when another handle or a pending reader can still
     /// see it: then allocate instead. The tensor is unusable afterwards.
     pub fn donate(&mut self, t: &mut Tensor) -> Option<Buffer> {
-        if !t.is_unique() {
+        // A graph replays its ops again and again: their inputs stay its own.
+        if self.slots.is_some() || !t.is_unique() {
             return None;
         }
         t.storage().take_unique()

@@ -28,6 +28,7 @@
 //!    pending and later op on it fails with the error, nothing hangs.
 
 pub(crate) mod actor;
+pub(crate) mod graph;
 pub(crate) mod io;
 mod timing;
 mod watcher;
@@ -40,6 +41,7 @@ pub use crate::driver::{
     alloc_uninit, probe, StreamCx, CACHE_MAX_BLOCK, CACHE_MAX_BYTES, PINNED_MAX_BLOCK,
     PINNED_MAX_BYTES,
 };
+pub use graph::CudaGraph;
 
 use crate::actor::{spawn_named, StartCx, Started, StreamEntry};
 use crate::device::{DeviceInfo, StreamId, StreamInfo, StreamKind};

@@ -326,6 +326,13 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
     stream: &StdArc<CudaStream>,
     n: usize,
 ) -> Result<CudaSlice<T>> {
+    if super::capture::active() {
+        // Inside a graph capture (`capture.rs`): the graph would replay into memory it
+        // does not own.
+        return Err(super::capture::refuse(
+            crate::error::CaptureHazard::Allocation,
+        ));
+    }
     if n == 0 {
         return Err(Error::InvalidAllocation {
             message: "zero elements".into(),

@@ -10,9 +10,11 @@
 //!   buffers carry back to it;
 //! - `pinned.rs`: the pinned host staging cache for transfers;
 //! - `stream.rs`: [`StreamCx`], what a CUDA op sees of its stream;
-//! - `teardown.rs`: the process-wide serialization of driver teardown.
+//! - `teardown.rs`: the process-wide serialization of driver teardown;
+//! - `capture.rs`: the thread-local capture mode (no allocation inside a graph capture).
 
 pub(crate) mod alloc;
+pub(crate) mod capture;
 mod device;
 pub(crate) mod event;
 pub(crate) mod pinned;

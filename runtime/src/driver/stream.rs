@@ -81,7 +81,14 @@ impl StreamCx {
     /// trimmed, and the allocation is retried (after this stream's work, then after the
     /// whole device's); then out-of-memory is [`Error::OutOfMemory`] with the requested
     /// and available bytes. Zero elements are [`Error::InvalidAllocation`].
-    pub fn alloc<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
+    ///
+    /// While the actor captures the op into a graph, this hands out the op's outputs,
+    /// allocated before the capture, in order; any other allocation is
+    /// [`Error::NotCapturable`] (see `runtime/src/driver/capture.rs`).
+    pub fn alloc<T: DeviceRepr + 'static>(&self, n: usize) -> Result<CudaSlice<T>> {
+        if let Some(r) = super::capture::take::<T>(n) {
+            return r;
+        }
         let t = self.counters.clock();
         // SAFETY: the slice is only published as an op output, and ops write every
         // element of their outputs before publishing (the parity tests poison outputs to

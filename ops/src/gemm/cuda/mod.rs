@@ -193,10 +193,26 @@ impl GemmState {
             None => {
                 let blas = match blas {
                     Some(b) => b,
-                    None => blas.insert(
-                        CudaBlas::new(owned_stream.clone())
-                            .map_err(|e| cublas_error("cublasCreate", e.0))?,
-                    ),
+                    None => {
+                        let h = CudaBlas::new(owned_stream.clone())
+                            .map_err(|e| cublas_error("cublasCreate", e.0))?;
+                        // cuBLAS gets this stream's workspace (shared with cuBLASLt:
+                        // both run stream-ordered on this one stream), so it never
+                        // allocates one itself: capture-safe in a graph.
+                        // SAFETY: `ws` is this stream's live workspace of `ws_len`
+                        // bytes, kept as long as the handle (both in this state).
+                        let st = unsafe {
+                            cublas::sys::cublasSetWorkspace_v2(
+                                *h.handle(),
+                                ws as *mut std::ffi::c_void,
+                                ws_len,
+                            )
+                        };
+                        if st != cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                            return Err(cublas_error("cublasSetWorkspace", st));
+                        }
+                        blas.insert(h)
+                    }
                 };
                 blas_gemm(blas, g, d)?;
                 Ok(g.bias.is_some() || g.act != Activation::None)

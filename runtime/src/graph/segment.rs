@@ -1,0 +1,496 @@
+//! The ops a graph is made of on the actors: per segment one [`CaptureSegment`] (warm-up
+//! and capture), then per launch one [`LaunchSegment`]; [`ReadSlot`] copies an output
+//! out after a launch, and [`Release`] frees a stream's graphs when the graph is
+//! dropped. They go through the ordinary submission path (`submit_on` the segment's
+//! stream), so inputs, events, bursts and keep-alives are those of any op; the segments'
+//! order is carried by one-element *token* outputs that later segments take as inputs.
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use cudarc::driver::DevicePtr;
+
+use super::record::Recorded;
+use crate::actor::panic_message;
+use crate::buffer::{Buffer, CudaData};
+use crate::cuda::graph::{
+    abort_capture, begin_capture, copy_dtod, end_capture, map_capture_error, GraphTable,
+};
+use crate::driver::{capture, StreamCx};
+use crate::dtype::DType;
+use crate::error::{CaptureHazard, Error, Result};
+use crate::op::{BackendCx, Cost, ExecCx, Op, Plan, PlanCx, TensorSpec};
+use crate::sync::{lock, Arc, Mutex};
+use crate::tensor::Tensor;
+
+/// Buffers by placeholder key.
+pub(crate) type Slots = HashMap<usize, Arc<Buffer>>;
+
+/// What the ops of one graph share across its segments and launches.
+pub(crate) struct Shared {
+    pub(crate) id: u64,
+    /// The graph's buffers: bound inputs, intermediates, outputs.
+    pub(crate) slots: Mutex<Slots>,
+    /// The recorded ops of each segment (replayed by the CPU backend; kept alive on
+    /// CUDA, with the eager tensors they read).
+    pub(crate) ops: Vec<Mutex<Vec<Recorded>>>,
+    /// Each bound input's placeholder key and spec.
+    pub(crate) inputs: Vec<(usize, TensorSpec)>,
+    /// The placeholders (their addresses are the slots' keys: kept alive, unique).
+    pub(crate) _placeholders: Vec<Tensor>,
+}
+
+fn token_plan() -> Result<Plan> {
+    Ok(Plan {
+        outputs: vec![TensorSpec::new(vec![1], DType::U32)],
+        cost: Cost::default(),
+    })
+}
+
+fn set_token(cx: &mut ExecCx<'_>) -> Result<()> {
+    let buf = match cx.backend() {
+        BackendCx::Cpu => Buffer::from_vec(vec![0u32]),
+        BackendCx::Cuda(scx) => Buffer::from_cuda(scx.alloc::<u32>(1)?),
+    };
+    cx.set_output(0, buf)
+}
+
+/// Runs one recorded op inside `parent`'s context, its inputs read from `slots` (or
+/// their eager storages), returning its outputs.
+fn run_recorded(parent: &mut ExecCx<'_>, rec: &mut Recorded, slots: &Slots) -> Result<Vec<Buffer>> {
+    let backend = match &mut parent.backend {
+        BackendCx::Cpu => BackendCx::Cpu,
+        BackendCx::Cuda(s) => BackendCx::Cuda(s),
+    };
+    let mut cx = ExecCx {
+        name: rec.name,
+        stream: parent.stream,
+        device: parent.device,
+        backend,
+        settings: parent.settings,
+        specs: &rec.specs,
+        outputs: (0..rec.specs.len()).map(|_| None).collect(),
+        finisher: None,
+        declared: rec.declared.clone(),
+        slots: Some(slots),
+    };
+    let job = &mut rec.job;
+    match catch_unwind(AssertUnwindSafe(|| job.run(&mut cx))) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(p) => {
+            return Err(Error::OpPanicked {
+                op: rec.name.to_string(),
+                message: panic_message(&*p),
+            })
+        }
+    }
+    if cx.finisher.is_some() {
+        return Err(Error::NotCapturable {
+            op: rec.name.to_string(),
+            hazard: CaptureHazard::Readback,
+        });
+    }
+    if let Some(i) = cx.outputs.iter().position(Option::is_none) {
+        return Err(Error::invalid(
+            rec.name,
+            format!("op did not set output {i}"),
+        ));
+    }
+    Ok(cx.outputs.into_iter().flatten().collect())
+}
+
+macro_rules! by_dtype {
+    ($dt:expr, $T:ident => $body:expr) => {
+        match $dt {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            DType::U32 => {
+                type $T = u32;
+                $body
+            }
+        }
+    };
+}
+
+/// Fresh device memory of `dtype` and `n` elements from this stream's allocator.
+fn alloc_like(scx: &StreamCx, dtype: DType, n: usize) -> Result<Buffer> {
+    by_dtype!(dtype, T => Ok(Buffer::from_cuda(scx.alloc::<T>(n)?)))
+}
+
+/// A device buffer's address and size in bytes.
+fn raw(buf: &Buffer, scx: &StreamCx) -> Result<(u64, usize)> {
+    let bytes = buf.len() * buf.dtype().size();
+    by_dtype!(buf.dtype(), T => Ok((buf.cuda::<T>()?.device_ptr(scx.stream()).0, bytes)))
+}
+
+/// Copies `src` into `dst` (same dtype and length) on the stream.
+fn copy_into(dst: &Buffer, src: &Buffer, scx: &StreamCx) -> Result<()> {
+    let (d, bytes) = raw(dst, scx)?;
+    let (s, _) = raw(src, scx)?;
+    // SAFETY: both are live device buffers of `bytes` bytes (same dtype and length,
+    // checked by the callers' specs); `dst` is the graph's own buffer, which only this
+    // graph's ops on the device touch, ordered by the segments' tokens; `src` is kept
+    // alive by the op holding it until its completion.
+    unsafe { copy_dtod(d, s, bytes, scx.stream()) }
+}
+
+/// An output buffer as the typed slice `StreamCx::alloc` hands out during capture.
+fn into_any_slice(buf: Buffer) -> Result<Box<dyn Any>> {
+    let Buffer::Cuda(d) = buf else {
+        return Err(Error::invalid(
+            "graph",
+            "a graph buffer is not device memory",
+        ));
+    };
+    let dt = d.dtype();
+    by_dtype!(dt, T => d
+        .into_slice::<T>()
+        .map(|s| Box::new(s) as Box<dyn Any>)
+        .map_err(|_: CudaData| Error::invalid("graph", "buffer dtype changed")))
+}
+
+/// Warm-up and capture of one segment (see `mod.rs`). Its output is a token.
+pub(crate) struct CaptureSegment {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) seg: usize,
+    /// Eager tensors the segment's ops read, and the bound inputs' examples.
+    pub(crate) externals: Vec<Tensor>,
+    pub(crate) examples: Vec<(usize, Tensor)>,
+    pub(crate) deps: Vec<Tensor>,
+}
+
+impl Op for CaptureSegment {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "graph capture"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        let ex = self.examples.iter().map(|(_, t)| t);
+        self.externals.iter().chain(ex).chain(&self.deps).collect()
+    }
+    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
+        token_plan()
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let mut local = lock(&self.shared.slots).clone();
+        let mut mine: Vec<usize> = Vec::new();
+        // The bound inputs this segment copies in: graph-owned buffers holding the
+        // examples' contents (on the CPU, the examples' own immutable buffers).
+        for (i, ex) in &self.examples {
+            let src = cx.input(ex)?;
+            let key = self.shared.inputs[*i].0;
+            let slot = match cx.backend() {
+                BackendCx::Cpu => src.0.clone(),
+                BackendCx::Cuda(scx) => {
+                    let dst = alloc_like(scx, src.dtype(), src.len())?;
+                    copy_into(&dst, &src, scx)?;
+                    Arc::new(dst)
+                }
+            };
+            local.insert(key, slot);
+            mine.push(key);
+        }
+        let mut ops = lock(&self.shared.ops[self.seg]);
+        // Warm-up: run every op eagerly once. Modules load, library handles, plans and
+        // workspaces are made and cached, and the outputs are allocated: from now on
+        // they are the graph's buffers.
+        for rec in ops.iter_mut() {
+            let outs = run_recorded(cx, rec, &local)?;
+            for (k, b) in rec.outs.iter().zip(outs) {
+                local.insert(*k, Arc::new(b));
+                mine.push(*k);
+            }
+        }
+        if let BackendCx::Cuda(_) = cx.backend() {
+            self.capture(cx, &mut ops, &mut local)?;
+        }
+        drop(ops);
+        let mut slots = lock(&self.shared.slots);
+        for k in mine {
+            if let Some(b) = local.remove(&k) {
+                slots.insert(k, b);
+            }
+        }
+        drop(slots);
+        set_token(cx)
+    }
+}
+
+impl CaptureSegment {
+    /// Captures the segment's ops into one CUDA graph of this stream, each op handed
+    /// its warm-up outputs as its allocations; on any failure the capture is ended and
+    /// discarded before anything it handed out is freed (a free inside the capture
+    /// would be recorded, not done).
+    fn capture(&self, cx: &mut ExecCx<'_>, ops: &mut [Recorded], local: &mut Slots) -> Result<()> {
+        if let BackendCx::Cpu = cx.backend() {
+            return Ok(());
+        }
+        begin_capture(cuda_of(cx))?;
+        let mut unused: Vec<Box<dyn Any>> = Vec::new();
+        let captured = capture_ops(cx, ops, local, &mut unused);
+        let graph = match captured {
+            Ok(last) => end_capture(cuda_of(cx), last),
+            Err(e) => {
+                abort_capture(cuda_of(cx));
+                Err(e)
+            }
+        };
+        drop(unused);
+        let graph = graph?;
+        let key = (self.shared.id, self.seg);
+        match cx.backend() {
+            BackendCx::Cuda(scx) => {
+                GraphTable::of(scx)?.graphs.insert(key, graph);
+            }
+            BackendCx::Cpu => unreachable!("captured on CUDA"),
+        }
+        Ok(())
+    }
+}
+
+/// The capture proper (the stream is capturing): each op in order, with its outputs
+/// queued for `StreamCx::alloc`. Returns the last op's name; what an op left of its
+/// queue goes to `unused`, freed by the caller once the capture has ended.
+fn capture_ops(
+    cx: &mut ExecCx<'_>,
+    ops: &mut [Recorded],
+    local: &mut Slots,
+    unused: &mut Vec<Box<dyn Any>>,
+) -> Result<&'static str> {
+    let mut last = "graph capture";
+    for rec in ops.iter_mut() {
+        last = rec.name;
+        let mut queue = VecDeque::new();
+        for k in &rec.outs {
+            let b = local.remove(k).expect("the warm-up set every output");
+            let b = Arc::try_unwrap(b).map_err(|_| {
+                Error::invalid(rec.name, "an op kept its input's buffer past its run")
+            })?;
+            queue.push_back(into_any_slice(b)?);
+        }
+        capture::enter(rec.name, queue);
+        let ran = run_recorded(cx, rec, local);
+        let left = capture::leave();
+        let status = cuda_of(cx).stream().capture_status();
+        let active = matches!(
+            status,
+            Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        );
+        let clean = left.is_empty();
+        unused.extend(left);
+        let outs = ran.map_err(|e| map_capture_error(rec.name, e))?;
+        if !active {
+            // CUDA invalidated the capture: the op made a call a capture forbids.
+            return Err(Error::NotCapturable {
+                op: rec.name.to_string(),
+                hazard: CaptureHazard::HostSync,
+            });
+        }
+        if !clean {
+            // It got its output memory some other way than `StreamCx::alloc`.
+            return Err(Error::NotCapturable {
+                op: rec.name.to_string(),
+                hazard: CaptureHazard::Allocation,
+            });
+        }
+        for (k, b) in rec.outs.iter().zip(outs) {
+            local.insert(*k, Arc::new(b));
+        }
+    }
+    Ok(last)
+}
+
+fn cuda_of<'c>(cx: &'c mut ExecCx<'_>) -> &'c StreamCx {
+    match cx.backend() {
+        BackendCx::Cuda(scx) => scx,
+        BackendCx::Cpu => unreachable!("only called on the CUDA backend"),
+    }
+}
+
+/// One segment of one launch: copy in its bound inputs, then replay (CPU: run its ops
+/// again; CUDA: launch its graph). Its output is a token.
+pub(crate) struct LaunchSegment {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) seg: usize,
+    /// (bound input index, the tensor this launch reads for it).
+    pub(crate) inputs: Vec<(usize, Tensor)>,
+    pub(crate) deps: Vec<Tensor>,
+}
+
+impl Op for LaunchSegment {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "graph launch"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        self.inputs
+            .iter()
+            .map(|(_, t)| t)
+            .chain(&self.deps)
+            .collect()
+    }
+    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
+        token_plan()
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        if let BackendCx::Cpu = cx.backend() {
+            let mut local = lock(&self.shared.slots).clone();
+            let mut mine = Vec::new();
+            for (i, t) in &self.inputs {
+                let key = self.shared.inputs[*i].0;
+                local.insert(key, cx.input(t)?.0);
+                mine.push(key);
+            }
+            let mut ops = lock(&self.shared.ops[self.seg]);
+            for rec in ops.iter_mut() {
+                let outs = run_recorded(cx, rec, &local)?;
+                for (k, b) in rec.outs.iter().zip(outs) {
+                    local.insert(*k, Arc::new(b));
+                    mine.push(*k);
+                }
+            }
+            drop(ops);
+            let mut slots = lock(&self.shared.slots);
+            for k in mine {
+                if let Some(b) = local.remove(&k) {
+                    slots.insert(k, b);
+                }
+            }
+        } else {
+            let mut copies = Vec::with_capacity(self.inputs.len());
+            if !self.inputs.is_empty() {
+                let slots = lock(&self.shared.slots);
+                for (i, t) in &self.inputs {
+                    let key = self.shared.inputs[*i].0;
+                    let dst = slots.get(&key).cloned().ok_or_else(|| {
+                        Error::invalid("graph launch", "a bound input has no buffer")
+                    })?;
+                    copies.push((dst, cx.input(t)?));
+                }
+            }
+            let (id, seg) = (self.shared.id, self.seg);
+            let BackendCx::Cuda(scx) = cx.backend() else {
+                unreachable!("checked above")
+            };
+            for (dst, src) in &copies {
+                copy_into(dst, src, scx)?;
+            }
+            let stream = scx.stream().clone();
+            let table = GraphTable::of(scx)?;
+            let graph = table.graphs.get(&(id, seg)).ok_or_else(|| {
+                Error::invalid("graph launch", "the segment's graph is not on this stream")
+            })?;
+            graph.launch(&stream)?;
+        }
+        set_token(cx)
+    }
+}
+
+/// Copies output `key` of the graph into a fresh tensor, after the launch's segment
+/// that produced it (`token`).
+pub(crate) struct ReadSlot {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) key: usize,
+    pub(crate) spec: TensorSpec,
+    pub(crate) token: Tensor,
+}
+
+impl Op for ReadSlot {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "graph output"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.token]
+    }
+    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
+        Ok(Plan {
+            outputs: vec![self.spec.clone()],
+            cost: Cost {
+                flops: 0.0,
+                bytes: (2 * self.spec.shape.numel() * self.spec.dtype.size()) as f64,
+            },
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let src = lock(&self.shared.slots)
+            .get(&self.key)
+            .cloned()
+            .ok_or_else(|| Error::invalid("graph output", "the output was never computed"))?;
+        let out = match cx.backend() {
+            BackendCx::Cpu => match &*src {
+                Buffer::Cpu(d) => Buffer::Cpu(d.clone()),
+                Buffer::Cuda(_) => {
+                    return Err(Error::invalid("graph output", "device buffer on the CPU"))
+                }
+            },
+            BackendCx::Cuda(scx) => {
+                let dst = alloc_like(scx, src.dtype(), src.len())?;
+                copy_into(&dst, &src, scx)?;
+                dst
+            }
+        };
+        cx.set_output(0, out)
+    }
+}
+
+/// Frees the graphs of `segs` on this stream once every launch before it has finished.
+pub(crate) struct Release {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) segs: Vec<usize>,
+    pub(crate) deps: Vec<Tensor>,
+}
+
+impl Op for Release {
+    type Output = Vec<Tensor>;
+    fn name(&self) -> &'static str {
+        "graph release"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        self.deps.iter().collect()
+    }
+    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
+        Ok(Plan {
+            outputs: vec![],
+            cost: Cost::default(),
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        if let BackendCx::Cuda(scx) = cx.backend() {
+            let id = self.shared.id;
+            let any = GraphTable::of(scx)?
+                .graphs
+                .keys()
+                .any(|(g, s)| *g == id && self.segs.contains(s));
+            if any {
+                // No launch of these graphs may still run when they are destroyed: the
+                // launches are ahead of this op on the stream (and on the others, by
+                // the tokens it waited for).
+                scx.stream()
+                    .synchronize()
+                    .map_err(|e| Error::cuda("cuStreamSynchronize", e))?;
+                let table = GraphTable::of(scx)?;
+                for s in &self.segs {
+                    table.graphs.remove(&(id, *s));
+                }
+            }
+        }
+        Ok(())
+    }
+}
