@@ -3,7 +3,7 @@
 // dt is f32 (T = float), f16 (T = __half) or bf16 (T = __nv_bfloat16); all arithmetic is
 // in f32 and rounded to T once (round to nearest even). Block: 256 threads (RTX_BLOCK;
 // fewer, a multiple of 32, also work); grid: any size (grid-stride loops), best
-// min(ceil(n / (256 * 4 * V)), resident blocks), V = 16 / sizeof(T). No shared memory.
+// ceil(n / (256 * V)) (a 16-byte vector per thread), V = 16 / sizeof(T). No shared memory.
 // The formulas are those of ops/src/activation/cpu.rs (the CPU reference).
 //
 // Forward, y[i] = op(x[i]) for i < n; op in tanh sigmoid gelu silu add_scalar mul_scalar:

@@ -1,7 +1,7 @@
 // convert.cu — dtype conversion and constant fill.
 //
 // Block: 256 threads (RTX_BLOCK; fewer, a multiple of 32, also work); grid: any size
-// (grid-stride loops), best min(ceil(n / (256 * 4 * V)), resident blocks), V = 16 / the
+// (grid-stride loops), best ceil(n / (256 * V)) (a vector per thread), V = 16 / the
 // larger element size. No shared memory. The CPU reference is ops/src/convert/cpu.rs.
 //
 // Cast, y[i] = (B) x[i] for i < n, through f32: integers round to the nearest f32, then

@@ -7,8 +7,10 @@
 // gather is clamped to column 0). The CPU reference is ops/src/loss/cpu.rs.
 //
 // Block: 256 threads (RTX_BLOCK, required: the final combine uses 256 slots). A block
-// per row (grid-stride over rows), online (max, sum) per thread, merged over the block.
-// 16-byte loads when x (and dx) are 16-byte aligned and cols % (16 / sizeof(T)) == 0.
+// per row (grid-stride over rows), online (max, sum) per thread in the log2 domain (one
+// rescale per 4 vectors of 16 bytes, exp2 of x * log2(e)), merged over the block.
+// 16-byte loads (4 in flight per thread) when x (and dx) are 16-byte aligned and
+// cols % (16 / sizeof(T)) == 0.
 //
 // Forward:
 //   extern "C" __global__ void ce_fwd_{dt}_{lt}(const T* x, const L* labels, float* lse,
@@ -42,45 +44,68 @@ namespace {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-struct MaxSum {
-    float m, s;
-    __device__ __forceinline__ void push(float v) {
-        if (v > m) { s = s * expf(m - v) + 1.0f; m = v; }
-        else if (v != neg_inf()) s += expf(v - m);  // NaN falls through here: s becomes NaN
-    }
-};
+
+#define CE_LOG2E 1.4426950408889634f
+#define CE_LN2 0.6931471805599453f
+#ifndef CE_U
+#define CE_U 4  // 16-byte vectors per thread per step (loads in flight)
+#endif
+
+// Adds a chunk of K values, already scaled by log2(e), to the running (m, s) of a thread
+// (the log2 domain: the values are 2^f, m their max, s = sum 2^(f - m)): one rescale per
+// chunk. A NaN reaches s (2^NaN); -inf values add 0; m stays -inf while all are -inf.
+template <int K>
+__device__ __forceinline__ void push_chunk(float& m, float& s, const float* f) {
+    float cm = f[0];
+#pragma unroll
+    for (int e = 1; e < K; ++e) cm = fmaxf(cm, f[e]);
+    const float nm = fmaxf(m, cm);
+    const float base = nm == neg_inf() ? 0.0f : nm;
+    float add = 0.0f;
+#pragma unroll
+    for (int e = 0; e < K; ++e) add += exp2f(f[e] - base);
+    s = s * exp2f(m - base) + add;
+    m = nm;
+}
 
 // The log-sum-exp of one row, on every thread of the block.
 template <typename T>
 __device__ __forceinline__ float row_lse(const T* xr, size_t cols, bool vec) {
     constexpr int V = Ty<T>::V;
     const unsigned t = threadIdx.x, nt = blockDim.x;
-    MaxSum st{neg_inf(), 0.0f};
+    float m = neg_inf(), s = 0.0f;
     size_t done = 0;
     if (vec) {
         const size_t nv = cols / V;
         size_t i = t;
-        for (; i + nt < nv; i += 2 * nt) {
-            float f[2][V];
-            load_vec<T, V>(xr + i * V, f[0]);
-            load_vec<T, V>(xr + (i + nt) * V, f[1]);
+        for (; i + (CE_U - 1) * nt < nv; i += CE_U * nt) {
+            uint4 raw[CE_U];
 #pragma unroll
-            for (int u = 0; u < 2; ++u)
+            for (int u = 0; u < CE_U; ++u) raw[u] = ldg16(xr + (i + u * nt) * V);
+            float f[CE_U * V];
 #pragma unroll
-                for (int e = 0; e < V; ++e) st.push(f[u][e]);
+            for (int u = 0; u < CE_U; ++u) Ty<T>::unpack(raw[u], f + u * V);
+#pragma unroll
+            for (int e = 0; e < CE_U * V; ++e) f[e] *= CE_LOG2E;
+            push_chunk<CE_U * V>(m, s, f);
         }
         for (; i < nv; i += nt) {
             float f[V];
             load_vec<T, V>(xr + i * V, f);
 #pragma unroll
-            for (int e = 0; e < V; ++e) st.push(f[e]);
+            for (int e = 0; e < V; ++e) f[e] *= CE_LOG2E;
+            push_chunk<V>(m, s, f);
         }
         done = nv * V;
     }
-    for (size_t j = done + t; j < cols; j += nt) st.push(Ty<T>::load(xr + j));
-    const float m = block_reduce(st.m, MaxOp(), neg_inf());
-    const float s = block_reduce(st.m == neg_inf() ? 0.0f : st.s * expf(st.m - m), AddOp(), 0.0f);
-    return m + logf(s);
+    for (size_t j = done + t; j < cols; j += nt) {
+        float f[1] = {Ty<T>::load(xr + j) * CE_LOG2E};
+        push_chunk<1>(m, s, f);
+    }
+    const float bm = block_reduce(m, MaxOp(), neg_inf());
+    const float base = bm == neg_inf() ? 0.0f : bm;
+    const float bs = block_reduce(m == neg_inf() ? 0.0f : s * exp2f(m - base), AddOp(), 0.0f);
+    return (bm + log2f(bs)) * CE_LN2;
 }
 
 __device__ __forceinline__ unsigned warp_sum_u32(unsigned v) {
@@ -184,16 +209,35 @@ __device__ __forceinline__ void ce_bwd(const T* x, const L* labels, const float*
         // A bad label makes the row NaN (exp(x - NaN)); an ignored row is 0.
         const float l = ok ? lse[row] : __int_as_float(0x7fc00000);
         const float rg = ignored ? 0.0f : g;
+        const float l2 = l * CE_LOG2E;
         size_t done = 0;
         if (vec) {
             const size_t nv = cols / V;
-            for (size_t i = t; i < nv; i += nt) {
+            size_t i = t;
+            for (; i + (CE_U - 1) * nt < nv; i += CE_U * nt) {
+                uint4 raw[CE_U];
+#pragma unroll
+                for (int u = 0; u < CE_U; ++u) raw[u] = ldg16(xr + (i + u * nt) * V);
+#pragma unroll
+                for (int u = 0; u < CE_U; ++u) {
+                    float f[V];
+                    Ty<T>::unpack(raw[u], f);
+                    const long long c0 = (long long)((i + u * nt) * V);
+#pragma unroll
+                    for (int e = 0; e < V; ++e) {
+                        const float hot = c0 + e == lab ? 1.0f : 0.0f;
+                        f[e] = ignored ? 0.0f : (exp2f(fmaf(f[e], CE_LOG2E, -l2)) - hot) * rg;
+                    }
+                    store_vec<T, V>(dr + (i + u * nt) * V, f);
+                }
+            }
+            for (; i < nv; i += nt) {
                 float f[V];
                 load_vec<T, V>(xr + i * V, f);
 #pragma unroll
                 for (int e = 0; e < V; ++e) {
                     const float hot = (long long)(i * V + e) == lab ? 1.0f : 0.0f;
-                    f[e] = ignored ? 0.0f : (expf(f[e] - l) - hot) * rg;
+                    f[e] = ignored ? 0.0f : (exp2f(fmaf(f[e], CE_LOG2E, -l2)) - hot) * rg;
                 }
                 store_vec<T, V>(dr + i * V, f);
             }

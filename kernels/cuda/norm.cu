@@ -3,9 +3,9 @@
 // dt is f32 (T = float), f16 (T = __half) or bf16 (T = __nv_bfloat16); math in f32.
 // x, y, dy, dx are [rows, d] contiguous; gamma, beta, dgamma, dbeta [d] of type T;
 // mean, rstd [rows] f32. The CPU reference is ops/src/norm/cpu.rs. Block: 256 threads
-// (RTX_BLOCK; a multiple of 32 also works). No argument may overlap another.
+// (RTX_BLOCK; a multiple of 32 up to 256 also works). No argument may overlap another.
 //
-// Forward, a block per row (grid-stride over rows; best min(rows, resident blocks)):
+// Forward and dx, grid-stride over rows (best grid min(rows, resident blocks)):
 //   extern "C" __global__ void ln_fwd_{dt}(const T* x, const T* gamma, const T* beta,
 //       T* y, float* mean, float* rstd, size_t rows, size_t d, float eps)
 //   mean[r] = sum x / d; var = sum (x - mean)^2 / d (two passes, biased);
@@ -14,71 +14,262 @@
 // Backward, three launches:
 //   extern "C" __global__ void ln_bwd_dx_{dt}(const T* dy, const T* x, const float* mean,
 //       const float* rstd, const T* gamma, T* dx, size_t rows, size_t d)
-//     a block per row: g = dy * gamma, xh = (x - mean) * rstd,
+//     g = dy * gamma, xh = (x - mean) * rstd,
 //     dx = rstd * (g - mean_row(g) - xh * mean_row(g * xh)).
 //   extern "C" __global__ void ln_bwd_part_{dt}(const T* dy, const T* x, const float* mean,
 //       const float* rstd, float* part_g, float* part_b, size_t rows, size_t d, size_t rpc)
-//     grid (ceil(d / blockDim.x), chunks): thread per column, chunk c sums rows
-//     [c * rpc, min(rows, (c + 1) * rpc)): part_g[c * d + j] = sum dy * xh,
-//     part_b[c * d + j] = sum dy. chunks = ceil(rows / rpc) <= 65535.
+//     grid (ceil(d / blockDim.x), chunks): block (bx, c) owns columns [bx * blockDim.x,
+//     (bx + 1) * blockDim.x) and sums rows [c * rpc, min(rows, (c + 1) * rpc)):
+//     part_g[c * d + j] = sum dy * xh, part_b[c * d + j] = sum dy. chunks = ceil(rows /
+//     rpc) <= 65535. Static shared memory: 16 KiB.
 //   extern "C" __global__ void ln_bwd_final_{dt}(const float* part_g, const float* part_b,
 //       T* dgamma, T* dbeta, size_t chunks, size_t d)
 //     thread per column (grid-stride): the chunks' partials summed in chunk order (f64).
 // Deterministic: no atomics; the order of every sum depends only on the launch shape.
+//
+// Row kernels (fwd, dx), when every row pointer is 16-byte aligned (d % V == 0 and the
+// bases aligned, V = 16 / sizeof(T)): the row is read once into registers (raw 16-byte
+// vectors, at most LN_NV = 4 per thread) and everything is computed from there. A row
+// goes to a group of the fewest threads (a power of two from a warp to the block) that
+// hold it, and the block's groups take consecutive rows (reductions: shuffles, then a
+// named barrier per group): bf16 D = 768 a warp per row, D = 4096 128 threads per row.
+// Rows longer than blockDim.x * LN_NV vectors, or unaligned ones, take the scalar path
+// (a block per row, rereading the row from memory).
+// ln_bwd_part reads 16-byte vectors (V columns per thread, V row groups per block,
+// combined in shared memory in a fixed order) under the same alignment condition.
 
 #include "common.cuh"
 
 using namespace rtx;
 
+#ifndef LN_NV
+#define LN_NV 4  // most 16-byte vectors of a row per thread
+#endif
+#ifndef LN_MIN_BLOCKS
+#define LN_MIN_BLOCKS 4  // fwd, dx: at most 64 registers (no spills seen at this cap)
+#endif
+
 namespace {
+
+// Row groups: a row is taken by a group of gn threads (a power of two, 32 <= gn <=
+// blockDim.x): the fewest that hold the row at LN_NV vectors per thread, so that each
+// thread keeps several 16-byte loads in flight and a block works on blockDim.x / gn rows
+// at once. Group gi of the block is warps [gi * gn / 32, (gi + 1) * gn / 32).
+__device__ __forceinline__ unsigned ln_group(size_t nv) {
+    unsigned gn = 32;
+    while (gn < blockDim.x && (size_t)gn * LN_NV < nv) gn *= 2;
+    return gn;
+}
+
+__device__ __forceinline__ void group_bar(unsigned gi, unsigned gn) {
+    // Named barrier 1 + gi over the group's gn threads (0 is __syncthreads's).
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + gi), "r"(gn) : "memory");
+}
+
+// Sum of v over the group (every thread of it gets the sum; the same order every time).
+// sm: 32 floats of shared memory for the block.
+__device__ __forceinline__ float group_sum(float v, unsigned gi, unsigned gn, float* sm) {
+    v = warp_reduce(v, AddOp());
+    if (gn == 32) return v;
+    const unsigned w0 = gi * (gn >> 5), nw = gn >> 5;
+    if (gn == blockDim.x) __syncthreads(); else group_bar(gi, gn);  // earlier reads of sm done
+    if (lane_id() == 0) sm[threadIdx.x >> 5] = v;
+    if (gn == blockDim.x) __syncthreads(); else group_bar(gi, gn);
+    float t = 0.0f;
+    for (unsigned k = 0; k < nw; ++k) t += sm[w0 + k];
+    return t;
+}
+
+// ---- row in registers -----------------------------------------------------------------
+
+// One row of the forward by a group of `gn` threads (lane `gl`), nv = d / V vectors.
+template <typename T>
+__device__ __forceinline__ void ln_fwd_row(const T* xr, const T* gamma, const T* beta, T* yr, size_t nv,
+                                           float inv_d, float eps, unsigned gl, unsigned gi, unsigned gn,
+                                           float* sm, float& mu, float& r) {
+    constexpr int V = Ty<T>::V;
+    uint4 raw[LN_NV];
+#pragma unroll
+    for (int k = 0; k < LN_NV; ++k) {
+        const size_t i = gl + (size_t)k * gn;
+        if (i < nv) raw[k] = ldg16(xr + i * V);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < LN_NV; ++k) {
+        if (gl + (size_t)k * gn < nv) {
+            float f[V];
+            Ty<T>::unpack(raw[k], f);
+#pragma unroll
+            for (int e = 0; e < V; ++e) s += f[e];
+        }
+    }
+    mu = group_sum(s, gi, gn, sm) * inv_d;
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < LN_NV; ++k) {
+        if (gl + (size_t)k * gn < nv) {
+            float f[V];
+            Ty<T>::unpack(raw[k], f);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float c = f[e] - mu;
+                q += c * c;
+            }
+        }
+    }
+    r = rsqrtf(group_sum(q, gi, gn, sm) * inv_d + eps);
+#pragma unroll
+    for (int k = 0; k < LN_NV; ++k) {
+        const size_t i = gl + (size_t)k * gn;
+        if (i < nv) {
+            float f[V], g[V], b[V];
+            Ty<T>::unpack(raw[k], f);
+            load_vec<T, V>(gamma + i * V, g);
+            load_vec<T, V>(beta + i * V, b);
+#pragma unroll
+            for (int e = 0; e < V; ++e) f[e] = (f[e] - mu) * r * g[e] + b[e];
+            store_vec<T, V>(yr + i * V, f);
+        }
+    }
+}
+
+// One row of dx by a group of `gn` threads (lane `gl`).
+template <typename T>
+__device__ __forceinline__ void ln_dx_row(const T* dyr, const T* xr, const T* gamma, T* dxr, size_t nv,
+                                          float inv_d, float m, float rs, unsigned gl, unsigned gi, unsigned gn,
+                                          float* sm) {
+    constexpr int V = Ty<T>::V;
+    uint4 rdy[LN_NV], rx[LN_NV];
+#pragma unroll
+    for (int k = 0; k < LN_NV; ++k) {
+        const size_t i = gl + (size_t)k * gn;
+        if (i < nv) {
+            rdy[k] = ldg16(dyr + i * V);
+            rx[k] = ldg16(xr + i * V);
+        }
+    }
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < LN_NV; ++k) {
+        const size_t i = gl + (size_t)k * gn;
+        if (i < nv) {
+            float fd[V], fx[V], g[V];
+            Ty<T>::unpack(rdy[k], fd);
+            Ty<T>::unpack(rx[k], fx);
+            load_vec<T, V>(gamma + i * V, g);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float gg = fd[e] * g[e];
+                sg += gg;
+                sgx += gg * (fx[e] - m) * rs;
+            }
+        }
+    }
+    const float mg = group_sum(sg, gi, gn, sm) * inv_d;
+    const float mgx = group_sum(sgx, gi, gn, sm) * inv_d;
+#pragma unroll
+    for (int k = 0; k < LN_NV; ++k) {
+        const size_t i = gl + (size_t)k * gn;
+        if (i < nv) {
+            float fd[V], fx[V], g[V];
+            Ty<T>::unpack(rdy[k], fd);
+            Ty<T>::unpack(rx[k], fx);
+            load_vec<T, V>(gamma + i * V, g);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float gg = fd[e] * g[e];
+                const float xh = (fx[e] - m) * rs;
+                fd[e] = rs * (gg - mg - xh * mgx);
+            }
+            store_vec<T, V>(dxr + i * V, fd);
+        }
+    }
+}
+
+// ---- scalar fallback (a block per row) --------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ void ln_fwd_scalar(const T* xr, const T* gamma, const T* beta, T* yr, size_t d,
+                                              float inv_d, float eps, float& mu, float& r) {
+    const unsigned t = threadIdx.x, nt = blockDim.x;
+    float s = 0.0f;
+    for (size_t j = t; j < d; j += nt) s += Ty<T>::load(xr + j);
+    mu = block_reduce(s, AddOp(), 0.0f) * inv_d;
+    float q = 0.0f;
+    for (size_t j = t; j < d; j += nt) {
+        const float c = Ty<T>::load(xr + j) - mu;
+        q += c * c;
+    }
+    r = rsqrtf(block_reduce(q, AddOp(), 0.0f) * inv_d + eps);
+    for (size_t j = t; j < d; j += nt)
+        Ty<T>::store(yr + j, (Ty<T>::load(xr + j) - mu) * r * Ty<T>::load(gamma + j) + Ty<T>::load(beta + j));
+}
+
+template <typename T>
+__device__ __forceinline__ void ln_dx_scalar(const T* dyr, const T* xr, const T* gamma, T* dxr, size_t d,
+                                             float inv_d, float m, float rs) {
+    const unsigned t = threadIdx.x, nt = blockDim.x;
+    float sg = 0.0f, sgx = 0.0f;
+    for (size_t j = t; j < d; j += nt) {
+        const float g = Ty<T>::load(dyr + j) * Ty<T>::load(gamma + j);
+        sg += g;
+        sgx += g * (Ty<T>::load(xr + j) - m) * rs;
+    }
+    const float mg = block_reduce(sg, AddOp(), 0.0f) * inv_d;
+    const float mgx = block_reduce(sgx, AddOp(), 0.0f) * inv_d;
+    for (size_t j = t; j < d; j += nt) {
+        const float g = Ty<T>::load(dyr + j) * Ty<T>::load(gamma + j);
+        const float xh = (Ty<T>::load(xr + j) - m) * rs;
+        Ty<T>::store(dxr + j, rs * (g - mg - xh * mgx));
+    }
+}
+
+// ---- kernels ------------------------------------------------------------------------------
 
 template <typename T>
 __device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta, T* y, float* mean,
                                        float* rstd, size_t rows, size_t d, float eps) {
-    const unsigned t = threadIdx.x, nt = blockDim.x;
+    constexpr int V = Ty<T>::V;
     const float inv_d = 1.0f / (float)d;
-    for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const T* xr = x + row * d;
-        T* yr = y + row * d;
-        float s = 0.0f;
-        for (size_t j = t; j < d; j += nt) s += Ty<T>::load(xr + j);
-        const float mu = block_reduce(s, AddOp(), 0.0f) * inv_d;
-        float q = 0.0f;
-        for (size_t j = t; j < d; j += nt) {
-            const float c = Ty<T>::load(xr + j) - mu;
-            q += c * c;
+    const bool vec = d % V == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta);
+    const size_t nv = d / V;
+    if (vec && nv <= (size_t)blockDim.x * LN_NV) {
+        __shared__ float sm[32];
+        const unsigned gn = ln_group(nv), gpb = blockDim.x / gn, gi = threadIdx.x / gn, gl = threadIdx.x % gn;
+        for (size_t row = (size_t)blockIdx.x * gpb + gi; row < rows; row += (size_t)gridDim.x * gpb) {
+            float mu, r;
+            ln_fwd_row<T>(x + row * d, gamma, beta, y + row * d, nv, inv_d, eps, gl, gi, gn, sm, mu, r);
+            if (gl == 0) { mean[row] = mu; rstd[row] = r; }
         }
-        const float var = block_reduce(q, AddOp(), 0.0f) * inv_d;
-        const float r = rsqrtf(var + eps);
-        if (t == 0) {
-            mean[row] = mu;
-            rstd[row] = r;
+    } else {
+        for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
+            float mu, r;
+            ln_fwd_scalar<T>(x + row * d, gamma, beta, y + row * d, d, inv_d, eps, mu, r);
+            if (threadIdx.x == 0) { mean[row] = mu; rstd[row] = r; }
         }
-        for (size_t j = t; j < d; j += nt)
-            Ty<T>::store(yr + j, (Ty<T>::load(xr + j) - mu) * r * Ty<T>::load(gamma + j) + Ty<T>::load(beta + j));
     }
 }
 
 template <typename T>
 __device__ __forceinline__ void ln_bwd_dx(const T* dy, const T* x, const float* mean, const float* rstd,
                                           const T* gamma, T* dx, size_t rows, size_t d) {
-    const unsigned t = threadIdx.x, nt = blockDim.x;
+    constexpr int V = Ty<T>::V;
     const float inv_d = 1.0f / (float)d;
-    for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const size_t o = row * d;
-        const float m = mean[row], rs = rstd[row];
-        float sg = 0.0f, sgx = 0.0f;
-        for (size_t j = t; j < d; j += nt) {
-            const float g = Ty<T>::load(dy + o + j) * Ty<T>::load(gamma + j);
-            sg += g;
-            sgx += g * (Ty<T>::load(x + o + j) - m) * rs;
+    const bool vec = d % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(gamma);
+    const size_t nv = d / V;
+    if (vec && nv <= (size_t)blockDim.x * LN_NV) {
+        __shared__ float sm[32];
+        const unsigned gn = ln_group(nv), gpb = blockDim.x / gn, gi = threadIdx.x / gn, gl = threadIdx.x % gn;
+        for (size_t row = (size_t)blockIdx.x * gpb + gi; row < rows; row += (size_t)gridDim.x * gpb) {
+            const size_t o = row * d;
+            ln_dx_row<T>(dy + o, x + o, gamma, dx + o, nv, inv_d, __ldg(mean + row), __ldg(rstd + row), gl, gi,
+                         gn, sm);
         }
-        const float mg = block_reduce(sg, AddOp(), 0.0f) * inv_d;
-        const float mgx = block_reduce(sgx, AddOp(), 0.0f) * inv_d;
-        for (size_t j = t; j < d; j += nt) {
-            const float g = Ty<T>::load(dy + o + j) * Ty<T>::load(gamma + j);
-            const float xh = (Ty<T>::load(x + o + j) - m) * rs;
-            Ty<T>::store(dx + o + j, rs * (g - mg - xh * mgx));
+    } else {
+        for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
+            const size_t o = row * d;
+            ln_dx_scalar<T>(dy + o, x + o, gamma, dx + o, d, inv_d, __ldg(mean + row), __ldg(rstd + row));
         }
     }
 }
@@ -86,18 +277,81 @@ __device__ __forceinline__ void ln_bwd_dx(const T* dy, const T* x, const float* 
 template <typename T>
 __device__ __forceinline__ void ln_bwd_part(const T* dy, const T* x, const float* mean, const float* rstd,
                                             float* part_g, float* part_b, size_t rows, size_t d, size_t rpc) {
-    const size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= d) return;
+    constexpr int V = Ty<T>::V;
     const size_t r0 = (size_t)blockIdx.y * rpc;
     const size_t r1 = r0 + rpc < rows ? r0 + rpc : rows;
-    float ag = 0.0f, ab = 0.0f;
-    for (size_t r = r0; r < r1; ++r) {
-        const float g = Ty<T>::load(dy + r * d + j);
-        ag += g * (Ty<T>::load(x + r * d + j) - __ldg(mean + r)) * __ldg(rstd + r);
-        ab += g;
+    const size_t c0 = (size_t)blockIdx.x * blockDim.x;  // the block's first column
+    const bool vec = d % V == 0 && aligned16(dy) && aligned16(x) && blockDim.x <= RTX_BLOCK;
+    if (!vec) {
+        const size_t j = c0 + threadIdx.x;
+        if (j >= d) return;
+        float ag = 0.0f, ab = 0.0f;
+        for (size_t r = r0; r < r1; ++r) {
+            const float g = Ty<T>::load(dy + r * d + j);
+            ag += g * (Ty<T>::load(x + r * d + j) - __ldg(mean + r)) * __ldg(rstd + r);
+            ab += g;
+        }
+        part_g[blockIdx.y * d + j] = ag;
+        part_b[blockIdx.y * d + j] = ab;
+        return;
     }
-    part_g[blockIdx.y * d + j] = ag;
-    part_b[blockIdx.y * d + j] = ab;
+    // V row groups of blockDim.x / V threads; thread (rg, cv) sums columns
+    // c0 + cv * V .. + V over rows r0 + rg, r0 + rg + V, ...
+    __shared__ float s_g[V][RTX_BLOCK], s_b[V][RTX_BLOCK];
+    const unsigned vpb = blockDim.x / V, rg = threadIdx.x / vpb, cv = threadIdx.x % vpb;
+    const size_t j0 = c0 + (size_t)cv * V;
+    float ag[V], ab[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) { ag[e] = 0.0f; ab[e] = 0.0f; }
+    if (rg < V && j0 < d) {
+        size_t r = r0 + rg;
+        for (; r + V < r1; r += 2 * V) {
+            float g0[V], x0[V], g1[V], x1[V];
+            load_vec<T, V>(dy + r * d + j0, g0);
+            load_vec<T, V>(x + r * d + j0, x0);
+            load_vec<T, V>(dy + (r + V) * d + j0, g1);
+            load_vec<T, V>(x + (r + V) * d + j0, x1);
+            const float m0 = __ldg(mean + r), s0 = __ldg(rstd + r);
+            const float m1 = __ldg(mean + r + V), s1 = __ldg(rstd + r + V);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                ag[e] += g0[e] * (x0[e] - m0) * s0;
+                ab[e] += g0[e];
+                ag[e] += g1[e] * (x1[e] - m1) * s1;
+                ab[e] += g1[e];
+            }
+        }
+        for (; r < r1; r += V) {
+            float g0[V], x0[V];
+            load_vec<T, V>(dy + r * d + j0, g0);
+            load_vec<T, V>(x + r * d + j0, x0);
+            const float m0 = __ldg(mean + r), s0 = __ldg(rstd + r);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                ag[e] += g0[e] * (x0[e] - m0) * s0;
+                ab[e] += g0[e];
+            }
+        }
+    }
+    if (rg < V) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            s_g[rg][cv * V + e] = ag[e];
+            s_b[rg][cv * V + e] = ab[e];
+        }
+    }
+    __syncthreads();
+    const size_t j = c0 + threadIdx.x;
+    if (threadIdx.x < vpb * V && j < d) {
+        float sg = 0.0f, sb = 0.0f;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            sg += s_g[k][threadIdx.x];
+            sb += s_b[k][threadIdx.x];
+        }
+        part_g[blockIdx.y * d + j] = sg;
+        part_b[blockIdx.y * d + j] = sb;
+    }
 }
 
 template <typename T>
@@ -117,12 +371,12 @@ __device__ __forceinline__ void ln_bwd_final(const float* part_g, const float* p
 }  // namespace
 
 #define RTX_LN(dt, T)                                                                          \
-    extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
+    extern "C" __global__ void __launch_bounds__(RTX_BLOCK, LN_MIN_BLOCKS)                     \
         ln_fwd_##dt(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd, \
                     size_t rows, size_t d, float eps) {                                        \
         ln_fwd<T>(x, gamma, beta, y, mean, rstd, rows, d, eps);                                \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
+    extern "C" __global__ void __launch_bounds__(RTX_BLOCK, LN_MIN_BLOCKS)                     \
         ln_bwd_dx_##dt(const T* dy, const T* x, const float* mean, const float* rstd,          \
                        const T* gamma, T* dx, size_t rows, size_t d) {                         \
         ln_bwd_dx<T>(dy, x, mean, rstd, gamma, dx, rows, d);                                   \

@@ -7,7 +7,7 @@
 // grid-stride (any size), best min(ceil(n / 256), resident blocks); sumsq_finish and
 // scaler_* take one block.
 //
-// One tensor per launch (the op launches once per parameter tensor, all on one stream):
+// One tensor per launch:
 //   struct Hyper { float lr, beta1, beta2, eps, wd, momentum, t, max_norm;
 //                  int nesterov, copy_kind; };             // 40 bytes, by value
 //   extern "C" __global__ void adamw_{p}_{g}(const P* p_in, P* p_out, const G* g,
@@ -29,6 +29,16 @@
 //   SGD (torch.optim.SGD, dampening 0): g += wd p; m = mu m + g;
 //     d = nesterov ? g + mu m : m (d = g when mu == 0); p -= lr d.
 //
+// Many tensors per launch (the op groups its tensors of one gradient dtype, RTX_MT_MAX
+// = 24 a launch), the same arithmetic per element:
+//   struct MtTensor { u64 p_in, p_out, g, m_in, m_out, v_in, v_out, copy, n; };  // 72 B
+//   struct MtTable { MtTensor t[24]; u64 tile_end[24]; int count, pad_; };     // 1928 B
+//   extern "C" __global__ void adamw_mt_{p}_{g}(MtTable tab, Hyper h, const float* norm,
+//       const float* scaler)   (and sgd_mt_{p}_{g}); tab by value: tensors t[0..count],
+//   each with the one-tensor kernel's pointers (addresses; null as there) and n;
+//   tile_end[k] = sum over tensors 0..=k of ceil(n / 4096) (tiles of RTX_MT_TILE = 4096
+//   elements). Block b takes tiles b, b + grid, ...; any grid, best a block per tile.
+//
 //   extern "C" __global__ void nonfinite_{dt}(const T* g, size_t n, float* flag)
 //     sets *flag = 1 when some g[i] is NaN or infinite (never clears it).
 //   extern "C" __global__ void sumsq_{dt}(const T* x, size_t n, float* partials)
@@ -45,6 +55,9 @@
 #include "common.cuh"
 
 using namespace rtx;
+
+#define RTX_MT_MAX 24     // tensors per multi-tensor launch
+#define RTX_MT_TILE 4096  // elements per tile of a multi-tensor launch
 
 struct Hyper {
     float lr, beta1, beta2, eps, wd, momentum, t, max_norm;
@@ -117,6 +130,82 @@ struct SgdRule {
     static constexpr bool TWO = false;
 };
 
+// 4 consecutive elements through one 16-byte (f32) or 8-byte (f16, bf16) access; p must
+// be aligned to 4 elements (aligned4).
+template <typename T> __device__ __forceinline__ bool aligned4(const void* p) {
+    return ((u64)p & (4 * sizeof(T) - 1)) == 0;
+}
+template <typename T> __device__ __forceinline__ void load4(const T* p, float* f) {
+    if constexpr (sizeof(T) == 4) {
+        Ty<float>::unpack(ldg16(p), f);
+    } else {
+        const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+        Ty<T>::word(u.x, f);
+        Ty<T>::word(u.y, f + 2);
+    }
+}
+template <typename T> __device__ __forceinline__ void store4(T* p, const float* f) {
+    if constexpr (sizeof(T) == 4) {
+        st16(p, Ty<float>::pack(f));
+    } else {
+        *reinterpret_cast<uint2*>(p) = make_uint2(Ty<T>::pair(f[0], f[1]), Ty<T>::pair(f[2], f[3]));
+    }
+}
+
+// Elements [i0, i0 + 4) of one tensor, through 4-element vector accesses.
+template <class R, typename P, typename G>
+__device__ __forceinline__ void step4(const P* p_in, P* p_out, const G* g, const P* m_in, P* m_out,
+                                      const P* v_in, P* v_out, void* copy, size_t i0, const R& rule,
+                                      float mult, bool skip, int copy_kind) {
+    const bool has_m = m_in != nullptr, has_v = R::TWO;
+    float p[4], gg[4], m[4] = {0.0f, 0.0f, 0.0f, 0.0f}, v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    load4<P>(p_in + i0, p);
+    load4<G>(g + i0, gg);
+    if (has_m) load4<P>(m_in + i0, m);
+    if (has_v) load4<P>(v_in + i0, v);
+    if (!skip) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) rule.apply(p[e], gg[e] * mult, m[e], v[e]);
+    }
+    store4<P>(p_out + i0, p);
+    if (has_m) store4<P>(m_out + i0, m);
+    if (has_v) store4<P>(v_out + i0, v);
+    if (copy_kind != 0) {
+        float c[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[e] = rounded<P>(p[e]);
+        if (copy_kind == 1) store4<__half>(static_cast<__half*>(copy) + i0, c);
+        else store4<__nv_bfloat16>(static_cast<__nv_bfloat16*>(copy) + i0, c);
+    }
+}
+
+// Element i of one tensor, scalar.
+template <class R, typename P, typename G>
+__device__ __forceinline__ void step1(const P* p_in, P* p_out, const G* g, const P* m_in, P* m_out,
+                                      const P* v_in, P* v_out, void* copy, size_t i, const R& rule,
+                                      float mult, bool skip, int copy_kind) {
+    const bool has_m = m_in != nullptr, has_v = R::TWO;
+    float p = Ty<P>::load(p_in + i);
+    float m = has_m ? Ty<P>::load(m_in + i) : 0.0f;
+    float v = has_v ? Ty<P>::load(v_in + i) : 0.0f;
+    if (!skip) rule.apply(p, Ty<G>::load(g + i) * mult, m, v);
+    Ty<P>::store(p_out + i, p);
+    if (has_m) Ty<P>::store(m_out + i, m);
+    if (has_v) Ty<P>::store(v_out + i, v);
+    // The copy rounds the stored parameter (as a cast of p_out would).
+    if (copy_kind != 0) store_copy(copy, copy_kind, i, rounded<P>(p));
+}
+
+// Whether every pointer of a tensor allows 4-element vector access.
+template <typename P, typename G>
+__device__ __forceinline__ bool step_vec_ok(const P* p_in, const P* p_out, const G* g, const P* m_in,
+                                            const P* m_out, const P* v_in, const P* v_out, const void* copy) {
+    return aligned4<P>(p_in) && aligned4<P>(p_out) && aligned4<G>(g) && aligned4<P>(m_in) &&
+           aligned4<P>(m_out) && aligned4<P>(v_in) && aligned4<P>(v_out) && aligned4<__half>(copy);
+}
+
+// One tensor: a vector of 4 elements per thread per step (its 4 loads issued together),
+// then the n % 4 tail element by element.
 template <class R, typename P, typename G>
 __device__ __forceinline__ void step(const P* p_in, P* p_out, const G* g, const P* m_in, P* m_out,
                                      const P* v_in, P* v_out, void* copy, size_t n, const Hyper& h,
@@ -125,17 +214,66 @@ __device__ __forceinline__ void step(const P* p_in, P* p_out, const G* g, const 
     float skipped;
     const float mult = grad_mult(h, norm, scaler, skip, skipped);
     const R rule(h, skipped);
-    const bool has_m = m_in != nullptr, has_v = R::TWO;
-    for (size_t i = global_thread(); i < n; i += global_threads()) {
-        float p = Ty<P>::load(p_in + i);
-        float m = has_m ? Ty<P>::load(m_in + i) : 0.0f;
-        float v = has_v ? Ty<P>::load(v_in + i) : 0.0f;
-        if (!skip) rule.apply(p, Ty<G>::load(g + i) * mult, m, v);
-        Ty<P>::store(p_out + i, p);
-        if (has_m) Ty<P>::store(m_out + i, m);
-        if (has_v) Ty<P>::store(v_out + i, v);
-        // The copy rounds the stored parameter (as a cast of p_out would).
-        if (h.copy_kind != 0) store_copy(copy, h.copy_kind, i, rounded<P>(p));
+    const size_t t = global_thread(), nt = global_threads();
+    size_t done = 0;
+    if (step_vec_ok<P, G>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy)) {
+        const size_t nv = n / 4;
+        for (size_t i = t; i < nv; i += nt)
+            step4<R, P, G>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy, i * 4, rule, mult, skip, h.copy_kind);
+        done = nv * 4;
+    }
+    for (size_t i = done + t; i < n; i += nt)
+        step1<R, P, G>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy, i, rule, mult, skip, h.copy_kind);
+}
+
+// ---- multi-tensor step ----------------------------------------------------------------
+
+// One tensor of a multi-tensor launch (the pointers of the one-tensor kernel's
+// arguments, as addresses; null where that kernel takes null).
+struct MtTensor {
+    u64 p_in, p_out, g, m_in, m_out, v_in, v_out, copy, n;
+};
+
+// The tensors of one launch: tile_end[k] = the tiles (of RTX_MT_TILE elements) of
+// tensors 0..=k, so tensor k owns tiles [tile_end[k - 1], tile_end[k]).
+struct MtTable {
+    MtTensor t[RTX_MT_MAX];
+    u64 tile_end[RTX_MT_MAX];
+    int count, pad_;
+};
+
+template <class R, typename P, typename G>
+__device__ __forceinline__ void step_mt(const MtTable& tab, const Hyper& h, const float* norm,
+                                        const float* scaler) {
+    bool skip;
+    float skipped;
+    const float mult = grad_mult(h, norm, scaler, skip, skipped);
+    const R rule(h, skipped);
+    if (tab.count < 1 || tab.count > RTX_MT_MAX) return;
+    const u64 total = tab.tile_end[tab.count - 1];
+    int k = 0;
+    for (u64 tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        while (tile >= tab.tile_end[k]) ++k;  // tiles only grow: k moves forward
+        const MtTensor& e = tab.t[k];
+        const P* p_in = reinterpret_cast<const P*>(e.p_in);
+        P* p_out = reinterpret_cast<P*>(e.p_out);
+        const G* g = reinterpret_cast<const G*>(e.g);
+        const P* m_in = reinterpret_cast<const P*>(e.m_in);
+        P* m_out = reinterpret_cast<P*>(e.m_out);
+        const P* v_in = reinterpret_cast<const P*>(e.v_in);
+        P* v_out = reinterpret_cast<P*>(e.v_out);
+        void* copy = reinterpret_cast<void*>(e.copy);
+        const size_t first = (size_t)(tile - (k == 0 ? 0 : tab.tile_end[k - 1])) * RTX_MT_TILE;
+        const size_t end = first + RTX_MT_TILE < e.n ? first + RTX_MT_TILE : (size_t)e.n;
+        size_t done = first;
+        if (step_vec_ok<P, G>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy)) {
+            const size_t vend = first + (end - first) / 4 * 4;
+            for (size_t i = first + 4 * (size_t)threadIdx.x; i < vend; i += 4 * (size_t)blockDim.x)
+                step4<R, P, G>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy, i, rule, mult, skip, h.copy_kind);
+            done = vend;
+        }
+        for (size_t i = done + threadIdx.x; i < end; i += blockDim.x)
+            step1<R, P, G>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy, i, rule, mult, skip, h.copy_kind);
     }
 }
 
@@ -200,8 +338,24 @@ extern "C" __global__ void scaler_end(float* s, float growth_interval) {
 #define RTX_STEP_ALL(rule, R)                                                                  \
     RTX_STEP_G(rule, R, f32, float) RTX_STEP_G(rule, R, f16, __half) RTX_STEP_G(rule, R, bf16, __nv_bfloat16)
 
+#define RTX_STEP_MT(rule, R, pn, P, gn, G)                                                     \
+    extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
+        rule##_mt_##pn##_##gn(MtTable tab, Hyper h, const float* norm, const float* scaler) {  \
+        step_mt<R, P, G>(tab, h, norm, scaler);                                                 \
+    }
+
+#define RTX_STEP_MT_G(rule, R, pn, P)                                                          \
+    RTX_STEP_MT(rule, R, pn, P, f32, float)                                                    \
+    RTX_STEP_MT(rule, R, pn, P, f16, __half)                                                   \
+    RTX_STEP_MT(rule, R, pn, P, bf16, __nv_bfloat16)
+
+#define RTX_STEP_MT_ALL(rule, R)                                                               \
+    RTX_STEP_MT_G(rule, R, f32, float) RTX_STEP_MT_G(rule, R, f16, __half) RTX_STEP_MT_G(rule, R, bf16, __nv_bfloat16)
+
 RTX_STEP_ALL(adamw, AdamWRule)
 RTX_STEP_ALL(sgd, SgdRule)
+RTX_STEP_MT_ALL(adamw, AdamWRule)
+RTX_STEP_MT_ALL(sgd, SgdRule)
 
 #define RTX_PER_DT(dt, T)                                                                      \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK) nonfinite_##dt(const T* g, size_t n, float* flag) { \

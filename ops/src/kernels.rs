@@ -274,15 +274,15 @@ pub(crate) fn kernel_dtype(dtype: DType) -> Option<launch::Dtype> {
 }
 
 /// The grid for an element-wise kernel over `n` elements of `elem` bytes (2 or 4)
-/// ([`launch::elementwise_grid`]: each thread handles 4 vectors of 16 bytes per step).
-pub(crate) fn elementwise_grid(scx: &StreamCx, n: usize, elem: usize) -> u32 {
+/// ([`launch::elementwise_grid`]: a 16-byte vector per thread).
+pub(crate) fn elementwise_grid(_scx: &StreamCx, n: usize, elem: usize) -> u32 {
     // Only the vector width (16 / elem) matters: f16 and bf16 share it.
     let dtype = if elem == 4 {
         launch::Dtype::F32
     } else {
         launch::Dtype::F16
     };
-    launch::elementwise_grid(n, dtype, resident(scx))
+    launch::elementwise_grid(n, dtype)
 }
 
 /// A one-dimensional launch of `grid` blocks of [`BLOCK`] threads.

@@ -1,0 +1,616 @@
+#!/usr/bin/env python3
+"""Correctness and speed check of the training kernels against PyTorch, on a GPU host.
+
+    python3 kernels/checks/train_kernels_check.py [--no-check] [--no-bench] [--old DIR]
+        [--only ln,ce,adamw,ew]
+
+Kernels: kernels/cuda/norm.cu (layer norm fwd / bwd), loss.cu (cross entropy fwd / bwd),
+optim.cu (AdamW, one launch per tensor and the multi-tensor launch), elementwise.cu
+(add, exp: only timed, at several grid sizes). Each .cu is compiled with cupy's RawModule
+(NVRTC) with the flags rtx uses (sm_90, -std=c++17, --use_fast_math, -I kernels/cuda).
+
+1. Correctness against float64 PyTorch math on fresh torch.randn inputs, every output
+   poisoned with NaN before the launch: relative error ||out - ref|| / ||ref|| (each
+   output), PASS below 2e-2 for bf16 / f16 outputs and 1e-4 for f32 (AdamW: 1e-5). Shapes
+   cover the vector paths (warp per row, block per row), the scalar fallbacks (odd sizes)
+   and ignored rows (cross entropy).
+2. Timing with CUDA events (medians of 20-40 runs after warm-up) against PyTorch's eager
+   forms (F.layer_norm, F.cross_entropy, torch.optim.AdamW(fused=True), torch.add/exp)
+   and the device copy peak (torch copy_ of 2 GiB); TB/s counts the fewest bytes each
+   case must move (as benches/torch_train.py). The grids are the launchers'
+   (ops/src/*/cuda.rs): min(work, SMs x 8) for the row kernels, a block per tile for the
+   multi-tensor AdamW; element-wise add/exp are timed at several grids ("1vec", a
+   16-byte vector per thread, is rtx_kernels::launch::elementwise_grid's). Rows tagged
+   grid=occ (SMs x blocks per SM at the kernel's occupancy), LN_*= / CE_U= (compile-time
+   variants of norm.cu / loss.cu) are experiments. The per-tensor AdamW forms are bound
+   here by Python's launch overhead (148 cupy launches).
+   --old DIR also times an older tree's kernels, so that before and after come from one
+   run: DIR holds its norm.cu, loss.cu, optim.cu and common.cuh, e.g.
+       mkdir -p /tmp/old && for f in norm.cu loss.cu optim.cu common.cuh; do
+           git show REV:kernels/cuda/$f > /tmp/old/$f; done
+
+A table is printed last; a JSON summary goes to $OUT/train_kernels.json when OUT is set.
+cupy's temporary files go under $OUT (or a private temp dir).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+_OUT = os.environ.get("OUT")
+_TMP = os.path.join(_OUT, "tmp") if _OUT else tempfile.mkdtemp(prefix="train_check_")
+os.makedirs(_TMP, exist_ok=True)
+os.environ["TMPDIR"] = _TMP
+tempfile.tempdir = _TMP
+os.environ.setdefault("CUPY_CACHE_IN_MEMORY", "1")
+os.environ.setdefault("CUPY_CACHE_DIR", os.path.join(_TMP, "cupy_cache"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import cupy  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KDIR = os.path.join(ROOT, "kernels", "cuda")
+DEV = "cuda"
+BLOCK = 256
+RESULTS = []   # (case, ours ms, ours TB/s, torch ms, torch TB/s, ratio, note)
+FAILS = []
+SUMMARY = {"checks": [], "bench": []}
+
+
+def ptr(t):
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+# ---------------------------------------------------------------------------------------
+# Compilation
+# ---------------------------------------------------------------------------------------
+class Module:
+    def __init__(self, name, kdir=KDIR, defines=None):
+        src = open(os.path.join(kdir, name + ".cu")).read()
+        opts = ["-std=c++17", "--use_fast_math", "-I" + kdir]
+        opts += ["-D%s=%s" % kv for kv in (defines or {}).items()]
+        self.mod = cupy.RawModule(code=src, options=tuple(opts + ["--gpu-architecture=sm_90"]))
+        self.fns = {}
+        self.tag = "%s%s" % (name, "" if not defines else str(defines))
+
+    def fn(self, name):
+        if name not in self.fns:
+            self.fns[name] = self.mod.get_function(name)
+        return self.fns[name]
+
+    def resident(self, name, mode="rust"):
+        """The grid cap. mode "rust": SMs x 8, as ops/src/kernels.rs's grid(); "occ": SMs x
+        blocks per SM at the kernel's occupancy (registers and shared memory at 256
+        threads; at most 8); "all": no cap."""
+        if mode == "rust":
+            return SMS * 8
+        if mode == "all":
+            return 1 << 30
+        k = self.fn(name)
+        regs = max(1, k.attributes["num_regs"])
+        smem = k.attributes["shared_size_bytes"]
+        per_warp = ((regs * 32 + 255) // 256) * 256
+        by_regs = 65536 // (per_warp * (BLOCK // 32))
+        by_smem = (228 * 1024) // (smem + 1024) if smem else 8
+        return SMS * max(1, min(8, by_regs, by_smem))
+
+    def regs(self, name):
+        a = self.fn(name).attributes
+        return "%d regs, %d B smem, %d B local" % (a["num_regs"], a["shared_size_bytes"],
+                                                    a["local_size_bytes"])
+
+    def launch(self, name, grid, args, block=BLOCK):
+        if isinstance(grid, int):
+            grid = (grid, 1, 1)
+        self.fn(name)(grid, (block, 1, 1), args)
+
+
+def tname(dt):
+    return {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dt]
+
+
+def rel(out, ref):
+    out = out.double()
+    ref = ref.double()
+    if not torch.isfinite(out).all():
+        return float("nan")
+    n = ref.norm().item()
+    return (out - ref).norm().item() / (n if n > 0 else 1.0)
+
+
+def check(name, errs, tol):
+    """tol: a number, or a dict of one per output."""
+    worst = max(errs.values())
+    tols = tol if isinstance(tol, dict) else {k: tol for k in errs}
+    ok = all(e == e and e < tols[k] for k, e in errs.items())
+    SUMMARY["checks"].append({"case": name, "errs": errs, "ok": ok})
+    line = "  ".join("%s %.2e" % kv for kv in errs.items())
+    print("%s %-44s %s" % ("PASS" if ok else "FAIL", name, line), flush=True)
+    if not ok:
+        FAILS.append(name)
+    return worst
+
+
+def poison(shape, dt):
+    return torch.full(shape, float("nan"), device=DEV, dtype=dt)
+
+
+# ---------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------
+def time_ms(fn, reps=40, warm=5):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+           for _ in range(reps)]
+    for a, b in evs:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    ts = sorted(a.elapsed_time(b) for a, b in evs)
+    return ts[len(ts) // 2]
+
+
+def report(case, ours, theirs, nbytes, note=""):
+    tb = lambda ms: nbytes / (ms * 1e-3) / 1e12  # noqa: E731
+    r = (case, ours, tb(ours), theirs, tb(theirs) if theirs else float("nan"),
+         (theirs / ours) if theirs else float("nan"), note)
+    RESULTS.append(r)
+    SUMMARY["bench"].append(dict(zip(("case", "ms", "tbs", "torch_ms", "torch_tbs", "ratio", "note"), r)))
+    print("  %-40s %8.4f ms %5.2f TB/s | torch %8.4f ms %5.2f TB/s | ratio %.2f %s" % r, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Layer norm
+# ---------------------------------------------------------------------------------------
+def ln_chunking(rows, d):
+    tiles = (d + BLOCK - 1) // BLOCK
+    want = min(max(4 * SMS // tiles, 1), 65535, rows)
+    rpc = max((rows + want - 1) // want, (rows + 65534) // 65535)
+    return rpc, (rows + rpc - 1) // rpc
+
+
+class LN:
+    def __init__(self, mod, mode="rust"):
+        self.m = mod
+        self.mode = mode
+
+    def fwd(self, x, g, b, y, mean, rstd, eps=1e-5):
+        rows, d = x.shape
+        name = "ln_fwd_" + tname(x.dtype)
+        grid = max(1, min(rows, self.m.resident(name, self.mode)))
+        self.m.launch(name, grid, (ptr(x), ptr(g), ptr(b), ptr(y), ptr(mean), ptr(rstd),
+                                   np.uint64(rows), np.uint64(d), np.float32(eps)))
+
+    def bwd(self, dy, x, mean, rstd, g, dx, dg, db, scratch):
+        rows, d = x.shape
+        t = tname(x.dtype)
+        n_dx = "ln_bwd_dx_" + t
+        self.m.launch(n_dx, max(1, min(rows, self.m.resident(n_dx, self.mode))),
+                      (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(g), ptr(dx), np.uint64(rows), np.uint64(d)))
+        rpc, chunks = ln_chunking(rows, d)
+        pg, pb = scratch[0][: chunks * d], scratch[1][: chunks * d]
+        self.m.launch("ln_bwd_part_" + t, ((d + BLOCK - 1) // BLOCK, chunks, 1),
+                      (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(pg), ptr(pb),
+                       np.uint64(rows), np.uint64(d), np.uint64(rpc)))
+        n_f = "ln_bwd_final_" + t
+        grid = max(1, min((d + BLOCK - 1) // BLOCK, self.m.resident(n_f)))
+        self.m.launch(n_f, grid, (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(chunks), np.uint64(d)))
+
+
+def ln_scratch(rows, d):
+    _, chunks = ln_chunking(rows, d)
+    return (torch.empty(chunks * d, device=DEV), torch.empty(chunks * d, device=DEV))
+
+
+def ln_inputs(rows, d, dt):
+    x = (torch.randn(rows, d, device=DEV) * 2 + 0.5).to(dt)
+    g = (1 + 0.1 * torch.randn(d, device=DEV)).to(dt)
+    b = (0.1 * torch.randn(d, device=DEV)).to(dt)
+    dy = torch.randn(rows, d, device=DEV).to(dt)
+    return x, g, b, dy
+
+
+def check_ln(ln):
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        for rows, d in ((67, 768), (33, 4096), (19, 1000), (21, 771), (9, 2048), (5, 8192), (40, 96), (7, 1)):
+            if dt == torch.float32 and d == 8192:
+                d = 4100  # f32 past the register path: the scalar fallback
+            x, g, b, dy = ln_inputs(rows, d, dt)
+            y, mean, rstd = poison((rows, d), dt), poison((rows,), torch.float32), poison((rows,), torch.float32)
+            ln.fwd(x, g, b, y, mean, rstd)
+            dx, dg, db = poison((rows, d), dt), poison((d,), dt), poison((d,), dt)
+            ln.bwd(dy, x, mean, rstd, g, dx, dg, db, ln_scratch(rows, d))
+            torch.cuda.synchronize()
+            xd, gd, bd = (t.double().requires_grad_() for t in (x, g, b))
+            yr = F.layer_norm(xd, (d,), gd, bd, 1e-5)
+            dxr, dgr, dbr = torch.autograd.grad(yr, (xd, gd, bd), dy.double())
+            mr = xd.detach().mean(-1)
+            rr = (xd.detach().var(-1, unbiased=False) + 1e-5).rsqrt()
+            tol = 1e-4 if dt == torch.float32 else 2e-2
+            check("ln %s %dx%d" % (tname(dt), rows, d),
+                  {"y": rel(y, yr), "mean": rel(mean, mr), "rstd": rel(rstd, rr),
+                   "dx": rel(dx, dxr), "dg": rel(dg, dgr), "db": rel(db, dbr)}, tol)
+
+
+def bench_ln(ln, old, variants=()):
+    for rows, d in ((8192, 768), (8192, 4096)):
+        dt = torch.bfloat16
+        x, g, b, dy = ln_inputs(rows, d, dt)
+        y, mean, rstd = (torch.empty(rows, d, device=DEV, dtype=dt), torch.empty(rows, device=DEV),
+                         torch.empty(rows, device=DEV))
+        dx, dg, db = torch.empty_like(x), torch.empty_like(g), torch.empty_like(b)
+        sc = ln_scratch(rows, d)
+        xb = rows * d * 2
+        xr, gr, br = (t.detach().clone().requires_grad_() for t in (x, g, b))
+        t_f = time_ms(lambda: F.layer_norm(xr, (d,), gr, br, 1e-5))
+        t_fb = time_ms(lambda: torch.autograd.grad(F.layer_norm(xr, (d,), gr, br, 1e-5), (xr, gr, br), dy))
+        ks = [("", ln), ("grid=occ ", LN(ln.m, "occ"))] + [("%s " % t, k) for t, k in variants]
+        for tag, k in ks + ([("old ", old)] if old else []):
+            f = lambda: k.fwd(x, g, b, y, mean, rstd)  # noqa: E731
+            fb = lambda: (k.fwd(x, g, b, y, mean, rstd), k.bwd(dy, x, mean, rstd, g, dx, dg, db, sc))  # noqa: E731
+            report("%sln fwd bf16 %dx%d" % (tag, rows, d), time_ms(f), t_f, 2 * xb)
+            report("%sln fwd+bwd bf16 %dx%d" % (tag, rows, d), time_ms(fb), t_fb, 5 * xb)
+            bw = time_ms(lambda: k.bwd(dy, x, mean, rstd, g, dx, dg, db, sc))
+            report("%sln bwd only %dx%d" % (tag, rows, d), bw, t_fb - t_f, 3 * xb, "(torch: fb - f)")
+            if tag == "":
+                t = tname(dt)
+                n_dx = "ln_bwd_dx_" + t
+                gdx = max(1, min(rows, k.m.resident(n_dx, k.mode)))
+                a_dx = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(g), ptr(dx), np.uint64(rows), np.uint64(d))
+                report("  of which dx %dx%d" % (rows, d), time_ms(lambda: k.m.launch(n_dx, gdx, a_dx)),
+                       float("nan"), 3 * xb)
+                rpc, chunks = ln_chunking(rows, d)
+                a_p = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(sc[0]), ptr(sc[1]), np.uint64(rows),
+                       np.uint64(d), np.uint64(rpc))
+                grid_p = ((d + BLOCK - 1) // BLOCK, chunks, 1)
+                report("  of which part %dx%d" % (rows, d),
+                       time_ms(lambda: k.m.launch("ln_bwd_part_" + t, grid_p, a_p)), float("nan"), 2 * xb)
+
+
+# ---------------------------------------------------------------------------------------
+# Cross entropy
+# ---------------------------------------------------------------------------------------
+class CE:
+    def __init__(self, mod, mode="rust"):
+        self.m = mod
+        self.mode = mode
+        self.part_loss = torch.zeros(1024, device=DEV, dtype=torch.float64)
+        self.part_count = torch.zeros(1024, device=DEV, dtype=torch.int32)
+        self.part_bad = torch.zeros(1024, device=DEV, dtype=torch.int32)
+        self.counter = torch.zeros(1, device=DEV, dtype=torch.int32)
+
+    def fwd(self, x, lab, lse, loss, bad, ignore=None):
+        rows, cols = x.shape
+        name = "ce_fwd_%s_i32" % tname(x.dtype)
+        grid = max(1, min(rows, self.m.resident(name, self.mode), 1024))
+        self.m.launch(name, grid, (ptr(x), ptr(lab), ptr(lse), ptr(loss), ptr(bad), np.uint64(rows),
+                                   np.uint64(cols), np.int64(-100 if ignore is None else ignore),
+                                   np.int32(ignore is not None), ptr(self.part_loss), ptr(self.part_count),
+                                   ptr(self.part_bad), ptr(self.counter)))
+
+    def bwd(self, x, lab, lse, dx, ignore=None, scale=1.0):
+        rows, cols = x.shape
+        name = "ce_bwd_%s_i32" % tname(x.dtype)
+        grid = max(1, min(rows, self.m.resident(name, self.mode)))
+        self.m.launch(name, grid, (ptr(x), ptr(lab), ptr(lse), ptr(dx), np.uint64(rows), np.uint64(cols),
+                                   np.int64(-100 if ignore is None else ignore), np.int32(ignore is not None),
+                                   np.float32(scale)))
+
+
+def check_ce(ce):
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        for rows, cols, ign in ((64, 50304, False), (33, 1000, True), (17, 1001, False), (9, 7, True),
+                                (5, 32768, True)):
+            x = (torch.randn(rows, cols, device=DEV) * 2).to(dt)
+            lab = torch.randint(0, cols, (rows,), device=DEV, dtype=torch.int32)
+            if ign:
+                lab[::3] = -100
+            lse, loss = poison((rows,), torch.float32), poison((1,), torch.float32)
+            bad = torch.full((1,), 7, device=DEV, dtype=torch.int32)
+            dx = poison((rows, cols), dt)
+            ce.fwd(x, lab, lse, loss, bad, -100 if ign else None)
+            ce.bwd(x, lab, lse, dx, -100 if ign else None, 1.0)
+            torch.cuda.synchronize()
+            xd = x.double().requires_grad_()
+            lr = F.cross_entropy(xd, lab.long(), ignore_index=-100)
+            (dxr,) = torch.autograd.grad(lr, xd)
+            lser = torch.logsumexp(xd.detach(), -1)
+            tol = 1e-4 if dt == torch.float32 else 2e-2
+            errs = {"lse": rel(lse, lser), "loss": rel(loss, lr.detach().reshape(1)), "dx": rel(dx, dxr),
+                    "bad": float(bad.item() != 0)}
+            check("ce %s %dx%d%s" % (tname(dt), rows, cols, " ignore" if ign else ""), errs, tol)
+
+
+def bench_ce(ce, old, variants):
+    n, c = 8192, 50304
+    x = (torch.randn(n, c, device=DEV) * 2).to(torch.bfloat16)
+    lab = torch.randint(0, c, (n,), device=DEV, dtype=torch.int32)
+    lab64 = lab.long()
+    lse, loss = torch.empty(n, device=DEV), torch.empty(1, device=DEV)
+    bad = torch.empty(1, device=DEV, dtype=torch.int32)
+    dx = torch.empty_like(x)
+    lbytes = n * c * 2 + n * 8
+    xr = x.detach().clone().requires_grad_()
+    t_f = time_ms(lambda: F.cross_entropy(xr, lab64))
+    t_fb = time_ms(lambda: torch.autograd.grad(F.cross_entropy(xr, lab64), xr))
+    ks = [("", ce), ("grid=occ ", CE(ce.m, "occ")), ("grid=rows ", CE(ce.m, "all"))]
+    ks += ([("old ", old)] if old else []) + [("%s " % tag, k) for tag, k in variants]
+    for tag, k in ks:
+        report("%sce fwd bf16 8192x50304" % tag, time_ms(lambda: k.fwd(x, lab, lse, loss, bad)), t_f, lbytes)
+        report("%sce fwd+bwd" % tag, time_ms(lambda: (k.fwd(x, lab, lse, loss, bad), k.bwd(x, lab, lse, dx))),
+               t_fb, 2 * lbytes + n * c * 2, "(torch eager)")
+        report("%sce bwd only" % tag, time_ms(lambda: k.bwd(x, lab, lse, dx)), t_fb - t_f, 2 * n * c * 2,
+               "(torch: fb - f)")
+
+
+# ---------------------------------------------------------------------------------------
+# AdamW
+# ---------------------------------------------------------------------------------------
+HYPER = np.dtype({"names": ["lr", "beta1", "beta2", "eps", "wd", "momentum", "t", "max_norm",
+                            "nesterov", "copy_kind"],
+                  "formats": ["f4"] * 8 + ["i4", "i4"], "offsets": [4 * i for i in range(10)],
+                  "itemsize": 40})
+MT_MAX, MT_TILE = 24, 4096
+MT_TENSOR = [("p_in", "u8"), ("p_out", "u8"), ("g", "u8"), ("m_in", "u8"), ("m_out", "u8"),
+             ("v_in", "u8"), ("v_out", "u8"), ("copy", "u8"), ("n", "u8")]
+MT_TABLE = np.dtype([("t", np.dtype(MT_TENSOR), (MT_MAX,)), ("tile_end", "u8", (MT_MAX,)),
+                     ("count", "i4"), ("pad_", "i4")])
+assert MT_TABLE.itemsize == 1928
+
+
+def hyper(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=0.1, t=1.0, copy_kind=0):
+    h = np.zeros(1, dtype=HYPER)
+    h["lr"], h["beta1"], h["beta2"], h["eps"], h["wd"], h["t"] = lr, b1, b2, eps, wd, t
+    h["copy_kind"] = copy_kind
+    return h
+
+
+class Adam:
+    def __init__(self, mod):
+        self.m = mod
+
+    def per_tensor(self, ts, h, copies=None):
+        """ts: list of (p, g, m, v) updated in place."""
+        for i, (p, g, m, v) in enumerate(ts):
+            name = "adamw_%s_%s" % (tname(p.dtype), tname(g.dtype))
+            n = p.numel()
+            c = copies[i] if copies else None
+            grid = max(1, min((n + BLOCK - 1) // BLOCK, self.m.resident(name)))
+            self.m.launch(name, grid, (ptr(p), ptr(p), ptr(g), ptr(m), ptr(m), ptr(v), ptr(v), ptr(c),
+                                       np.uint64(n), h, np.uint64(0), np.uint64(0)))
+
+    def tables(self, ts, copies=None):
+        out = []
+        for s in range(0, len(ts), MT_MAX):
+            grp = ts[s:s + MT_MAX]
+            tab = np.zeros(1, dtype=MT_TABLE)
+            end = 0
+            for k, (p, g, m, v) in enumerate(grp):
+                c = copies[s + k] if copies else None
+                e = tab["t"][0][k]
+                e["p_in"] = e["p_out"] = p.data_ptr()
+                e["g"] = g.data_ptr()
+                e["m_in"] = e["m_out"] = m.data_ptr()
+                e["v_in"] = e["v_out"] = v.data_ptr()
+                e["copy"] = 0 if c is None else c.data_ptr()
+                e["n"] = p.numel()
+                end += (p.numel() + MT_TILE - 1) // MT_TILE
+                tab["tile_end"][0][k] = end
+            tab["count"] = len(grp)
+            out.append((tab, end, tname(grp[0][0].dtype), tname(grp[0][1].dtype)))
+        return out
+
+    def multi(self, tabs, h, mode="all"):
+        for tab, tiles, pn, gn in tabs:
+            name = "adamw_mt_%s_%s" % (pn, gn)
+            grid = max(1, min(tiles, self.m.resident(name, mode)))  # "all": a block per tile, as the launcher
+            self.m.launch(name, grid, (tab, h, np.uint64(0), np.uint64(0)))
+
+
+def adam_ref(p, g, m, v, lr, b1, b2, eps, wd, t):
+    p, g, m, v = (x.double() for x in (p, g, m, v))
+    p = p * (1 - lr * wd)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    p = p - lr / (1 - b1 ** t) * m / (v.sqrt() / math.sqrt(1 - b2 ** t) + eps)
+    return p, m, v
+
+
+def check_adam(ad):
+    sizes = [1, 3, 4, 4095, 4096, 4097, 12345, 768, 100003]
+    for pdt, gdt in ((torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+                     (torch.bfloat16, torch.bfloat16)):
+        for mode in ("per_tensor", "multi"):
+            ts, refs = [], []
+            for n in sizes:
+                p = (torch.randn(n, device=DEV) * 0.02).to(pdt)
+                g = (torch.randn(n, device=DEV) * 1e-3).to(gdt)
+                m = (torch.randn(n, device=DEV) * 1e-4).to(pdt)
+                v = (torch.rand(n, device=DEV) * 1e-6).to(pdt)
+                refs.append(adam_ref(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.1, 3.0))
+                ts.append((p, g, m, v))
+            copies = [poison((n,), torch.bfloat16) for n in sizes]
+            h = hyper(t=3.0, copy_kind=2)
+            if mode == "multi":
+                ad.multi(ad.tables(ts, copies), h)
+            else:
+                ad.per_tensor(ts, h, copies)
+            torch.cuda.synchronize()
+            cat = lambda xs: torch.cat([x.double().flatten() for x in xs])  # noqa: E731
+            tol = 1e-5 if pdt == torch.float32 else 2e-2
+            errs = {"p": rel(cat([t[0] for t in ts]), cat([r[0] for r in refs])),
+                    "m": rel(cat([t[2] for t in ts]), cat([r[1] for r in refs])),
+                    "v": rel(cat([t[3] for t in ts]), cat([r[2] for r in refs])),
+                    "copy": rel(cat(copies), cat([r[0] for r in refs]))}
+            check("adamw %s %s %s" % (tname(pdt), tname(gdt), mode), errs,
+                  {"p": tol, "m": tol, "v": tol, "copy": 1e-2})
+
+
+def gpt2_sizes():
+    v, d, l, ctx = 50257, 768, 12, 1024
+    sizes = [v * d, ctx * d]
+    for _ in range(l):
+        sizes += [d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d]
+    return sizes + [d, d]
+
+
+def bench_adam(ad, old):
+    """The per-tensor forms are bound by Python's launch overhead here (148 launches from
+    cupy): only the multi-tensor form and the one large tensor measure the kernels."""
+    sizes = gpt2_sizes()
+    total = sum(sizes)
+    params = [(torch.randn(s, device=DEV) * 0.02).requires_grad_() for s in sizes]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True)
+    t_torch = time_ms(opt.step, reps=20)
+    ts = [(p.data, p.grad, torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+    h = hyper(lr=1e-4, wd=0.1, t=1.0)
+    nbytes = 7 * 4 * total
+    tabs = ad.tables(ts)
+    report("adamw 124M f32 multi-tensor (%d launches)" % len(tabs), time_ms(lambda: ad.multi(tabs, h), reps=20),
+           t_torch, nbytes, "(torch fused)")
+    report("adamw 124M f32 multi-tensor, grid capped at SMs x 8", time_ms(lambda: ad.multi(tabs, h, "rust"), reps=20),
+           t_torch, nbytes, "(torch fused)")
+    report("adamw 124M f32 per tensor (%d launches)" % len(ts), time_ms(lambda: ad.per_tensor(ts, h), reps=20),
+           t_torch, nbytes, "(torch fused)")
+    if old:
+        report("old adamw per tensor", time_ms(lambda: old.per_tensor(ts, h), reps=20), t_torch, nbytes)
+    # one big tensor: the kernel's own bandwidth, no launch gaps
+    big = ts[0]
+    report("adamw one tensor 38.6M f32 per-tensor kernel", time_ms(lambda: ad.per_tensor([big], h)), float("nan"),
+           7 * 4 * big[0].numel())
+
+
+# ---------------------------------------------------------------------------------------
+# Element-wise: grid sizes
+# ---------------------------------------------------------------------------------------
+def bench_ew(ew):
+    for log2n in (26, 28):
+        n = 1 << log2n
+        for dt in (torch.float32, torch.float16):
+            a = torch.randn(n, device=DEV).to(dt)
+            b = torch.randn(n, device=DEV).to(dt)
+            y = torch.empty_like(a)
+            esz = a.element_size()
+            vec = 16 // esz
+            t_add = time_ms(lambda: torch.add(a, b, out=y))
+            t_exp = time_ms(lambda: torch.exp(a, out=y))
+            for op, t_t, nb in (("add", t_add, 3 * n * esz), ("exp", t_exp, 2 * n * esz)):
+                name = "ew_%s_%s" % (op, tname(dt))
+                res = ew.resident(name)  # SMs x 8, as the launcher
+                full = (n + BLOCK * vec * 4 - 1) // (BLOCK * vec * 4)
+                args = (ptr(a), ptr(b), ptr(y), np.uint64(n)) if op == "add" else (ptr(a), ptr(y), np.uint64(n))
+                for gname, grid in (("resident", min(full, res)), ("2x", min(full, 2 * res)),
+                                    ("4x", min(full, 4 * res)), ("full", full),
+                                    ("1vec", (n + BLOCK * vec - 1) // (BLOCK * vec))):
+                    ms = time_ms(lambda: ew.launch(name, grid, args))
+                    report("%s %s 2^%d grid %s=%d" % (op, tname(dt), log2n, gname, grid), ms, t_t, nb)
+
+
+def copy_peak():
+    n = 1 << 29
+    x = torch.randn(n, device=DEV)
+    y = torch.empty_like(x)
+    ms = time_ms(lambda: y.copy_(x), reps=20)
+    tb = 2 * n * 4 / (ms * 1e-3) / 1e12
+    print("copy peak: %.4f ms, %.2f TB/s" % (ms, tb), flush=True)
+    SUMMARY["copy_peak_tbs"] = tb
+    del x, y
+    return tb
+
+
+# ---------------------------------------------------------------------------------------
+def main():
+    global SMS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--old", default=None, help="folder with an older tree's norm/loss/optim.cu + common.cuh")
+    ap.add_argument("--only", default="ln,ce,adamw,ew")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    SMS = torch.cuda.get_device_properties(0).multi_processor_count
+    print("device: %s, %d SMs, torch %s, cupy %s" % (torch.cuda.get_device_name(0), SMS, torch.__version__,
+                                                      cupy.__version__), flush=True)
+    mods = {}
+    for name in ("norm", "loss", "optim", "elementwise"):
+        try:
+            mods[name] = Module(name)
+        except Exception as e:  # noqa: BLE001
+            print("COMPILE FAIL %s: %s" % (name, str(e)[:3000]), flush=True)
+            FAILS.append("compile " + name)
+    old = {}
+    if args.old:
+        for name in ("norm", "loss", "optim"):
+            try:
+                old[name] = Module(name, kdir=args.old)
+            except Exception as e:  # noqa: BLE001
+                print("old %s: %s" % (name, str(e)[:300]))
+    ln_vars = []
+    if "ln" in only and not args.no_bench:
+        for dfn in ({"LN_MIN_BLOCKS": 1}, {"LN_NV": 8, "LN_MIN_BLOCKS": 2}, {"LN_NV": 2}):
+            try:
+                ln_vars.append((",".join("%s=%s" % kv for kv in dfn.items()), LN(Module("norm", defines=dfn))))
+            except Exception as e:  # noqa: BLE001
+                print("variant %s: %s" % (dfn, str(e)[:300]))
+    ce_vars = []
+    if "ce" in only and not args.no_bench:
+        for u in (2, 8):
+            try:
+                ce_vars.append(("CE_U=%d" % u, CE(Module("loss", defines={"CE_U": u}))))
+            except Exception as e:  # noqa: BLE001
+                print("variant CE_U=%d: %s" % (u, str(e)[:300]))
+    for key, names in (("norm", ["ln_fwd_bf16", "ln_bwd_dx_bf16", "ln_bwd_part_bf16", "ln_fwd_f32"]),
+                       ("loss", ["ce_fwd_bf16_i32", "ce_bwd_bf16_i32"]),
+                       ("optim", ["adamw_f32_f32", "adamw_mt_f32_f32", "adamw_mt_f32_bf16"]),
+                       ("elementwise", ["ew_add_f32", "ew_exp_f16"])):
+        if key in mods:
+            for n in names:
+                print("  %-22s %s" % (n, mods[key].regs(n)))
+    ln = LN(mods["norm"]) if "norm" in mods else None
+    ce = CE(mods["loss"]) if "loss" in mods else None
+    ad = Adam(mods["optim"]) if "optim" in mods else None
+    if not args.no_check:
+        for flag, fn, obj in (("ln", check_ln, ln), ("ce", check_ce, ce), ("adamw", check_adam, ad)):
+            if flag in only and obj is not None:
+                try:
+                    fn(obj)
+                except Exception as e:  # noqa: BLE001
+                    print("CHECK ERROR %s: %r" % (flag, e), flush=True)
+                    FAILS.append("check " + flag)
+    if not args.no_bench:
+        copy_peak()
+        steps = (("ln", lambda k, o: bench_ln(k, o, ln_vars), ln, LN(old["norm"]) if "norm" in old else None),
+                 ("ce", lambda k, o: bench_ce(k, o, ce_vars), ce, CE(old["loss"]) if "loss" in old else None),
+                 ("adamw", bench_adam, ad, Adam(old["optim"]) if "optim" in old else None),
+                 ("ew", lambda k, o: bench_ew(k), mods.get("elementwise"), None))
+        for flag, fn, obj, o in steps:
+            if flag in only and obj is not None:
+                try:
+                    fn(obj, o)
+                except Exception as e:  # noqa: BLE001
+                    print("BENCH ERROR %s: %r" % (flag, e), flush=True)
+                torch.cuda.empty_cache()
+    print("\n| case | rtx ms | rtx TB/s | torch ms | torch TB/s | ratio |")
+    for r in RESULTS:
+        print("| %s | %.4f | %.2f | %.4f | %.2f | %.2f | %s" % r)
+    print("FAILS: %s" % (FAILS or "none"))
+    if _OUT:
+        with open(os.path.join(_OUT, "train_kernels.json"), "w") as f:
+            json.dump(SUMMARY, f, indent=1, default=str)
+    else:
+        shutil.rmtree(_TMP, ignore_errors=True)
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
