@@ -103,6 +103,7 @@ pub(crate) fn cuda_actor(
     };
     // Ops on this thread see their runtime's settings (`Settings::current`).
     actor.settings.enter();
+    crate::reentry::enter_actor(actor.stream);
     // The actor's own memory pool and block cache (see `driver/alloc.rs`).
     let mem = alloc::register(&dev.ctx, &stream, &dev.mem, actor.settings.stream_pools);
     let pool = EventPool::new(dev.ctx.clone());

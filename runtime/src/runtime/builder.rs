@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::placement::{Affinity, Policy};
 use crate::settings::Settings;
 use crate::stats::Counters;
-use crate::sync::{Arc, AtomicBool, Mutex, RwLock};
+use crate::sync::{Arc, AtomicBool, Mutex};
 
 /// Which backend to run on.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -244,7 +244,7 @@ impl Assembled {
                 settings,
                 counters,
                 closed: AtomicBool::new(false),
-                gate: RwLock::new(false),
+                gate: crate::gate::Gate::default(),
                 threads: Mutex::new(self.started.threads),
             }),
         }
