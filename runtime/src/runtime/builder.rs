@@ -136,6 +136,13 @@ impl Builder {
         self.settings.attn_wgmma = on;
         self
     }
+    /// How many plans each stream's GEMM and convolution plan cache keeps (default
+    /// [`DEFAULT_PLAN_CACHE`](crate::settings::DEFAULT_PLAN_CACHE), at least 1); the least
+    /// recently used plan goes first. `RTX_PLAN_CACHE=<entries>` overrides it.
+    pub fn plan_cache(mut self, entries: usize) -> Self {
+        self.settings.plan_cache = entries.max(1);
+        self
+    }
     /// Starts the actors.
     pub fn build(self) -> Result<Runtime> {
         let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
