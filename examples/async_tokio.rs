@@ -42,6 +42,6 @@ async fn main() -> Result<(), rtx::Error> {
     }
 
     // Drains every accepted op and joins the actor threads, without blocking tokio.
-    rt.shutdown().await;
+    rt.shutdown().await?;
     Ok(())
 }

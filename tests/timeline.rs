@@ -140,7 +140,7 @@ fn a_recorded_run_gives_a_valid_trace_with_a_track_per_stream() {
     let (_, mut ps) = cfg.build(&rt, &streams, 1, 4).expect("build");
     run_concurrently(&mut ps, &|_, _| {}).expect("run");
     drop(ps);
-    rtx::block_on(rt.shutdown());
+    rtx::block_on(rt.shutdown()).unwrap();
     let spans = rt.take_trace();
     assert!(!spans.is_empty());
     assert!(spans.iter().all(|s| s.dur_us >= 0.0 && s.start_us >= 0.0));

@@ -46,6 +46,7 @@ pub mod layout;
 pub mod loss;
 pub mod norm;
 pub mod optim;
+mod plan_cache;
 pub mod random;
 pub mod reduce;
 pub mod softmax;

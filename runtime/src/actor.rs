@@ -124,6 +124,7 @@ pub(crate) fn execute(
         finisher: None,
         declared,
         slots: None,
+        donated: false,
     };
     let start = Instant::now();
     let ran = catch_unwind(AssertUnwindSafe(|| job.run(&mut cx)));
@@ -144,11 +145,12 @@ pub(crate) fn execute(
         ))
     });
     if let Some(e) = err {
-        // Outputs already set may still be written by kernels the op enqueued: drain
-        // the stream before dropping them (dropped device memory is reused at once on
-        // its stream's next allocation).
+        // Outputs already set, and a donated input's memory (dropped inside the op, or
+        // with it), may still be used by kernels the op enqueued: drain the stream
+        // before dropping them (dropped device memory is reused at once on its stream's
+        // next allocation).
         if let BackendCx::Cuda(scx) = &cx.backend {
-            if cx.outputs.iter().any(Option::is_some) {
+            if cx.drain_pending() {
                 if let Err(sync) = scx.stream().synchronize() {
                     tracing::error!(error = %sync, "stream synchronize failed after a failed op");
                 }

@@ -11,9 +11,11 @@
 //! on another actor has no open burst, and the other waits only on the device (stream
 //! synchronizes in an op, e.g. the first cuDNN algorithm search of a shape, or the
 //! out-of-memory retry), which needs nothing from any actor. The wait is bounded by the
-//! producer's current op plus at most 15 more ops of its burst; an op that blocks for
-//! long (the first search of a convolution shape: milliseconds) delays consumers on
-//! other streams by as much. Loom checks the primitive (`loom_tests.rs`).
+//! producer's current op plus at most 15 more ops of its burst. An op that blocks the
+//! actor's thread for long (the first search of a convolution shape: milliseconds) calls
+//! `StreamCx::before_blocking` first, which records and hands over the burst of the ops
+//! before it, so their consumers on other streams do not wait for the search. Loom
+//! checks the primitive (`loom_tests.rs`).
 
 use crate::error::{Error, Result};
 use crate::sync::{lock, wait, Condvar, Mutex};

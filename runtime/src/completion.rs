@@ -136,7 +136,8 @@ enum Value<T> {
 /// them to the next op.
 ///
 /// The future needs only `std::task`: it runs under tokio, smol, `futures::executor` or a
-/// plain `block_on`. Dropping a submission does not cancel the op.
+/// plain `block_on`. Dropping a submission does not cancel the op. Waiting for one
+/// inside an op's `run` fails with [`Error::ActorWouldBlock`] (see [`Op`](crate::Op)).
 #[must_use = "an op runs whether or not it is awaited, but its errors are only seen by awaiting"]
 pub struct Submission<T> {
     value: Value<T>,
@@ -183,9 +184,23 @@ impl<T: Send + 'static> Submission<T> {
 
     /// Blocks the calling thread until the op has finished, then returns its output.
     /// For synchronous code; in async code `.await` instead.
+    ///
+    /// Inside an op's `run` (on a stream actor's thread) a submission not yet done fails
+    /// at once with [`Error::ActorWouldBlock`] instead: the actor cannot run other ops
+    /// while it waits, so the wait could last forever (see [`Op`](crate::Op)).
     pub fn wait(mut self) -> Result<T> {
+        if !self.completion.is_done() {
+            self.refuse_on_actor("Submission::wait")?;
+        }
         let r = self.completion.wait_result();
         self.finish(r)
+    }
+
+    fn refuse_on_actor(&self, call: &str) -> Result<()> {
+        let stream = self.stream;
+        crate::reentry::refuse_on_actor(call, || {
+            format!("waiting for an op on {stream} that is not done")
+        })
     }
 
     fn finish(&mut self, r: Result<Option<Payload>>) -> Result<T> {
@@ -210,7 +225,12 @@ impl<T: Send + 'static> Future for Submission<T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = self.get_mut();
         match this.completion.poll_result(cx) {
-            Poll::Pending => Poll::Pending,
+            // Polled on a stream actor (`block_on` inside an op's run): the wake-up could
+            // never come (see `wait`).
+            Poll::Pending => match this.refuse_on_actor("Submission (polled)") {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
             Poll::Ready(r) => Poll::Ready(this.finish(r)),
         }
     }

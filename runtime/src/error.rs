@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::device::Device;
+use crate::device::{Device, StreamId};
 use crate::dtype::DType;
 use crate::shape::Shape;
 
@@ -124,6 +124,18 @@ pub enum Error {
     /// The runtime was shut down before the op could run.
     #[error("the runtime is shut down")]
     Shutdown,
+    /// A call made inside an op's `run`, on the actor thread of `stream`, that would wait
+    /// for the runtime's own work: waiting for a submission not yet done (`wait`,
+    /// `block_on`, `.await`), a submit into a full mailbox, awaiting a shutdown. The actor
+    /// runs one op at a time, so the wait could last forever (the awaited op may sit
+    /// behind this one, or on an actor waiting for this one); the call fails at once
+    /// instead. See the rule on [`Op`](crate::Op).
+    #[error("`{call}` inside an op's run (the actor of {stream}) would wait for the runtime's own work: {reason}")]
+    ActorWouldBlock {
+        call: String,
+        stream: StreamId,
+        reason: String,
+    },
     /// Op `op` cannot be captured into a graph (`Runtime::capture`): it would do
     /// `hazard` inside the captured body. Nothing of the capture is kept; the runtime
     /// stays usable.

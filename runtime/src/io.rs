@@ -14,7 +14,8 @@ use crate::tensor::Tensor;
 impl Runtime {
     /// Copies host data into a new tensor on the default device. On CUDA the copy runs on
     /// the device's copy stream from pinned staging memory, overlapping compute; the
-    /// tensor can be used at once (consumers wait for the copy on the device).
+    /// tensor can be used at once (consumers wait for the copy on the device). Fails with
+    /// [`Error::Shutdown`] once [`Runtime::shutdown`] has begun, as submits do.
     pub fn upload<T: Element>(&self, data: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
         self.upload_to(self.device(), data, shape)
     }
@@ -22,6 +23,7 @@ impl Runtime {
     /// Like [`Runtime::upload`], taking ownership (no copy on the CPU backend).
     pub fn upload_vec<T: Element>(&self, data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
+        self.check_open()?;
         check_len(data.len(), &shape)?;
         match self.device() {
             Device::Cpu => Ok(Tensor::from_storage(
@@ -44,6 +46,7 @@ impl Runtime {
         shape: impl Into<Shape>,
     ) -> Result<Tensor> {
         let shape = shape.into();
+        self.check_open()?;
         check_len(data.len(), &shape)?;
         match (&self.inner.backend, device) {
             (BackendState::Cpu, Device::Cpu) => Ok(Tensor::from_storage(
@@ -92,6 +95,17 @@ impl Runtime {
                 _t: std::marker::PhantomData,
             },
         )
+    }
+}
+
+impl Runtime {
+    /// `Err(Shutdown)` once shutdown has begun: uploads then fail like submits and
+    /// downloads (on the CPU backend an upload enqueues nothing, so it checks here).
+    fn check_open(&self) -> Result<()> {
+        if self.is_shut_down() {
+            return Err(Error::Shutdown);
+        }
+        Ok(())
     }
 }
 

@@ -19,7 +19,7 @@
 //!    cache, [`cuda::StreamCx`]. Depends on the basics only: no actor, job, storage or
 //!    runtime.
 //! 3. **Core** — `buffer`, `burst`, `storage`, `tensor`, `completion`, `mailbox`, `op`,
-//!    `job`, `placement`: memory, its sync state, the op contract, jobs in flight. They
+//!    `job`, `placement`, `gate`, `reentry`: memory, its sync state, the op contract, jobs in flight. They
 //!    name no backend: a storage's CUDA ready mark is a driver event, a buffer's way
 //!    back to its block cache a driver allocator handle.
 //! 4. **Backends** — `actor` (what the backends share: running a job, what `start`
@@ -35,6 +35,9 @@
 //! - `storage.rs`: who writes a tensor's memory when, and how readers wait for it;
 //! - `completion.rs`: how a finished op wakes its submitter;
 //! - `mailbox.rs`: backpressure between submitters and actors;
+//! - `gate.rs`: the shutdown gate every job send passes, and why closing it never blocks;
+//! - `reentry.rs`: why an op's `run` never waits for the runtime's work (actor threads
+//!   are marked, and waits on them fail);
 //! - `job.rs`: what travels to an actor and what happens if it is lost;
 //! - `burst.rs`: one ready event per burst of ops, and why waiting for it cannot
 //!   deadlock;
@@ -59,6 +62,7 @@ mod device;
 mod driver;
 mod dtype;
 mod error;
+mod gate;
 mod graph;
 mod io;
 mod job;
@@ -68,6 +72,7 @@ mod mailbox;
 mod marker;
 mod op;
 pub mod placement;
+mod reentry;
 mod runtime;
 pub mod settings;
 mod shape;

@@ -62,6 +62,23 @@ pub struct PlanCx {
 /// ready (CPU) or enqueued with its ready event waited on (CUDA). The op object itself is
 /// the keep-alive: it (with its input tensors) is dropped only after the op's completion
 /// is observed, so memory is never freed under a running kernel.
+///
+/// A panic in `plan` or `run` is caught: the submit (for `plan`, the op comes back in the
+/// [`crate::SubmitError`]) or the submission (for `run`) fails with
+/// [`Error::OpPanicked`](crate::Error::OpPanicked).
+///
+/// # `run` never waits for the runtime
+///
+/// An actor runs one op at a time, so `run` must not wait for other work of the runtime:
+/// the op waited for may sit behind this one on the same stream, or on an actor that
+/// waits for this one. Inside `run`, these calls fail at once with
+/// [`Error::ActorWouldBlock`](crate::Error::ActorWouldBlock) instead of blocking:
+/// waiting for a submission that is not done (`Submission::wait`, `block_on`, `.await`
+/// under any executor), so also `rt.to_vec(..)` followed by a wait; a submit (`submit`,
+/// `submit_on`, `submit_async`, `to_vec`, `mark`) into a full mailbox; and awaiting
+/// `rt.shutdown()`. Submitting a child op into a mailbox with room works (the submission
+/// is returned, to be awaited outside `run`, or passed on); after shutdown has begun it
+/// fails with [`Error::Shutdown`](crate::Error::Shutdown).
 pub trait Op: Send + 'static {
     /// What the submission yields: one or more tensors.
     type Output: Outputs;
@@ -156,6 +173,9 @@ pub struct ExecCx<'a> {
     /// Inside a graph (`runtime/src/graph/`): the graph's own buffers, by the address of
     /// the placeholder storage they stand for. Inputs found here are read from them.
     pub(crate) slots: Option<&'a std::collections::HashMap<usize, crate::sync::Arc<Buffer>>>,
+    /// Whether the op took an input's memory ([`ExecCx::donate`]): if it then fails, the
+    /// stream is drained before that memory is dropped (see `actor::execute`).
+    pub(crate) donated: bool,
 }
 
 impl<'a> ExecCx<'a> {
@@ -218,7 +238,16 @@ impl<'a> ExecCx<'a> {
         if self.slots.is_some() || !t.is_unique() {
             return None;
         }
-        t.storage().take_unique()
+        let taken = t.storage().take_unique();
+        self.donated |= taken.is_some();
+        taken
+    }
+    /// Whether a failure of this op now would drain its stream (on CUDA) before the
+    /// memory the op holds is dropped: true once it has set an output or taken a donated
+    /// input, whose memory kernels it enqueued may still be using. (Dropped device
+    /// memory is reused at once by its stream's next allocation.)
+    pub fn drain_pending(&self) -> bool {
+        self.donated || self.outputs.iter().any(Option::is_some)
     }
     /// Sets output `i`. Its dtype, length and device must match the plan.
     pub fn set_output(&mut self, i: usize, mut buf: Buffer) -> Result<()> {

@@ -15,6 +15,7 @@
 //! | [`poison_outputs`](crate::Builder::poison_outputs) | `RTX_POISON_OUTPUTS=1` turns on | off | Ops fill every freshly allocated output with NaN (`0xFF` bytes on CUDA) before computing it, so a test catches any element an op forgets to write. Costs one memset per output. |
 //! | [`trace`](crate::Builder::trace) | `RTX_TRACE=1` turns on | off | Records a timeline span per op (host clock on the CPU, a pair of CUDA timing events per op on the GPU); read with [`Runtime::take_trace`](crate::Runtime::take_trace). |
 //! | [`attn_wgmma`](crate::Builder::attn_wgmma) | `RTX_ATTN_WGMMA=0` turns off | on | The attention ops use their Hopper (sm_90a, wgmma) kernels on compute capability 9.0; off, the `mma.sync` kernels everywhere. |
+//! | [`plan_cache`](crate::Builder::plan_cache) | `RTX_PLAN_CACHE=<entries>` | 256 | How many plans each stream's GEMM (cuBLASLt) and convolution (cuDNN algorithm) cache keeps; beyond it the least recently used plan is dropped (a new shape then pays its planning again). At least 1. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
 //! ```
@@ -53,7 +54,13 @@ pub struct Settings {
     pub attn_wgmma: bool,
     /// The timeline recorder (`RTX_TRACE`).
     pub trace: bool,
+    /// Entries per stream in each plan cache of the ops (GEMM, convolution), least
+    /// recently used out (`RTX_PLAN_CACHE`; at least 1).
+    pub plan_cache: usize,
 }
+
+/// The default of [`Settings::plan_cache`].
+pub const DEFAULT_PLAN_CACHE: usize = 256;
 
 impl Default for Settings {
     /// The built-in defaults, without the environment.
@@ -65,6 +72,7 @@ impl Default for Settings {
             poison_outputs: false,
             attn_wgmma: true,
             trace: false,
+            plan_cache: DEFAULT_PLAN_CACHE,
         }
     }
 }
@@ -94,6 +102,9 @@ impl Settings {
         }
         if let Some(v) = var("RTX_TRACE") {
             self.trace = v == "1";
+        }
+        if let Some(n) = var("RTX_PLAN_CACHE").and_then(|v| v.parse::<usize>().ok()) {
+            self.plan_cache = n.max(1);
         }
         self
     }
@@ -137,6 +148,7 @@ mod tests {
                 "RTX_PROFILE" => Some("1"),
                 "RTX_POISON_OUTPUTS" => Some("0"),
                 "RTX_ATTN_WGMMA" => Some("0"),
+                "RTX_PLAN_CACHE" => Some("3"),
                 _ => None,
             }
             .map(String::from)
@@ -144,6 +156,9 @@ mod tests {
         let s = base.with_vars(env);
         assert_eq!(s.actor_spin, Some(Duration::from_micros(7)));
         assert!(!s.stream_pools && s.profile && !s.poison_outputs && !s.attn_wgmma);
+        assert_eq!(s.plan_cache, 3);
+        let zero = base.with_vars(|n| (n == "RTX_PLAN_CACHE").then(|| "0".to_string()));
+        assert_eq!(zero.plan_cache, 1, "a plan cache keeps at least one entry");
     }
 
     #[test]

@@ -11,8 +11,8 @@ use crate::error::{Error, SubmitError};
 use crate::job::Msg;
 use crate::mailbox::TrySendError;
 use crate::op::Op;
+use crate::reentry::refuse_on_actor;
 use crate::runtime::Runtime;
-use crate::sync::read;
 
 pub(crate) enum AsyncState<O: Op> {
     Start(Option<O>, Option<StreamId>),
@@ -69,12 +69,13 @@ impl<O: Op> Future for SubmitAsync<O> {
                     }
                 }
                 AsyncState::Sending(msg, sub, s) => {
-                    let entry = &this.rt.inner.streams[s.0];
+                    let stream = *s;
+                    let entry = &this.rt.inner.streams[stream.0];
                     let m = msg.take().expect("message present while sending");
-                    // Held across the sends: see `Inner::gate`.
-                    let closed = read(&this.rt.inner.gate);
-                    let m = if *closed {
-                        m
+                    // Inside the gate across the sends: see `Inner::gate`.
+                    let pass = this.rt.inner.gate.enter();
+                    let (error, m) = if pass.is_none() {
+                        (Error::Shutdown, m)
                     } else {
                         match entry.tx.try_send(m) {
                             Ok(()) => {
@@ -82,7 +83,7 @@ impl<O: Op> Future for SubmitAsync<O> {
                                 this.state = AsyncState::Done;
                                 return Poll::Ready(Ok(sub));
                             }
-                            Err(TrySendError::Closed(m)) => m,
+                            Err(TrySendError::Closed(m)) => (Error::Shutdown, m),
                             Err(TrySendError::Full(m)) => {
                                 // Register, then retry once (see mailbox.rs for why).
                                 entry.tx.room.register(cx.waker());
@@ -93,21 +94,30 @@ impl<O: Op> Future for SubmitAsync<O> {
                                         return Poll::Ready(Ok(sub));
                                     }
                                     Err(TrySendError::Full(m)) => {
-                                        *msg = Some(m);
-                                        return Poll::Pending;
+                                        // On a stream actor (polled inside an op's run)
+                                        // waiting for room could wait forever.
+                                        match refuse_on_actor("submit_async", || {
+                                            format!("the mailbox of {stream} is full")
+                                        }) {
+                                            Ok(()) => {
+                                                *msg = Some(m);
+                                                return Poll::Pending;
+                                            }
+                                            Err(e) => (e, m),
+                                        }
                                     }
-                                    Err(TrySendError::Closed(m)) => m,
+                                    Err(TrySendError::Closed(m)) => (Error::Shutdown, m),
                                 }
                             }
                         }
                     };
-                    drop(closed);
+                    drop(pass);
                     this.state = AsyncState::Done;
                     let Msg::Job(env) = m else {
                         unreachable!("only jobs are sent here")
                     };
                     return Poll::Ready(Err(SubmitError {
-                        error: Error::Shutdown,
+                        error,
                         op: env.recover(),
                     }));
                 }

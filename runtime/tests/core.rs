@@ -254,7 +254,7 @@ fn shutdown_drains_every_accepted_op() {
         op.delay = Duration::from_micros(200);
         subs.push(rt.submit(op).unwrap());
     }
-    block_on(rt.shutdown());
+    block_on(rt.shutdown()).unwrap();
     for s in subs {
         assert!(
             s.is_done(),

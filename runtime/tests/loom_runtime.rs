@@ -405,7 +405,7 @@ fn shutdown_races_submit() {
                 Err(e) => assert!(matches!(e.error, Error::Shutdown), "{}", e.error),
             }
         });
-        drive(rt.shutdown());
+        drive(rt.shutdown()).unwrap();
         // The last handle drops any op still queued (failing it with `Shutdown`).
         drop(rt);
         t.join().unwrap();
@@ -433,7 +433,7 @@ fn shutdown_races_submitter_holding_runtime() {
             }
             drop(rt2);
         });
-        drive(rt.shutdown());
+        drive(rt.shutdown()).unwrap();
         t.join().unwrap();
         drop(rt);
     });

@@ -41,9 +41,13 @@ fn builder_options_become_the_runtime_settings() {
         .attn_wgmma(false)
         .profile(true)
         .actor_spin(std::time::Duration::from_micros(3))
+        .plan_cache(5)
         .build()
         .unwrap();
     let s = rt.settings();
+    if !env_set("RTX_PLAN_CACHE") {
+        assert_eq!(s.plan_cache, 5);
+    }
     if !env_set("RTX_POISON_OUTPUTS") {
         assert!(s.poison_outputs);
     }

@@ -75,39 +75,51 @@ pub struct Conv2dParams {
 
 impl Conv2dParams {
     /// Output `(oh, ow)`: `(h + 2·pad − dilation·(k − 1) − 1) / stride + 1`, or 0
-    /// when the dilated kernel does not fit in the padded input.
+    /// when the dilated kernel does not fit in the padded input, or when the geometry is
+    /// degenerate (a zero kernel or stride) or its arithmetic overflows `usize`: the
+    /// fields are public, so every step is checked (a submit rejects such parameters).
     pub fn out_hw(&self) -> (usize, usize) {
         let dim = |i: usize, k: usize, s: usize, p: usize, d: usize| {
-            (i + 2 * p)
-                .checked_sub(d * (k - 1) + 1)
-                .map_or(0, |v| v / s + 1)
+            let padded = p.checked_mul(2).and_then(|p2| i.checked_add(p2))?;
+            let span = k.checked_sub(1)?.checked_mul(d)?.checked_add(1)?;
+            padded.checked_sub(span)?.checked_div(s)?.checked_add(1)
         };
         (
-            dim(self.h, self.kh, self.stride.0, self.pad.0, self.dilation.0),
-            dim(self.w, self.kw, self.stride.1, self.pad.1, self.dilation.1),
+            dim(self.h, self.kh, self.stride.0, self.pad.0, self.dilation.0).unwrap_or(0),
+            dim(self.w, self.kw, self.stride.1, self.pad.1, self.dilation.1).unwrap_or(0),
         )
     }
 
-    /// Elements of x (and dx).
+    /// Elements of x (and dx); `usize::MAX` if the product overflows.
     pub fn x_len(&self) -> usize {
-        self.n * self.c_in * self.h * self.w
+        product(&[self.n, self.c_in, self.h, self.w])
     }
 
-    /// Elements of the filter (and dw).
+    /// Elements of the filter (and dw); `usize::MAX` if the product overflows.
     pub fn w_len(&self) -> usize {
-        self.c_out * self.k_len()
+        product(&[self.c_out, self.k_len()])
     }
 
-    /// Filter taps per output channel: `c_in/groups · kh · kw` (the GEMM depth).
+    /// Filter taps per output channel: `c_in/groups · kh · kw` (the GEMM depth);
+    /// `usize::MAX` if the product overflows (0 groups count as 1 here; a submit rejects
+    /// them).
     fn k_len(&self) -> usize {
-        self.c_in / self.groups * self.kh * self.kw
+        product(&[self.c_in / self.groups.max(1), self.kh, self.kw])
     }
 
-    /// Elements of y (and dy).
+    /// Elements of y (and dy); `usize::MAX` if the product overflows.
     pub fn y_len(&self) -> usize {
         let (oh, ow) = self.out_hw();
-        self.n * self.c_out * oh * ow
+        product(&[self.n, self.c_out, oh, ow])
     }
+}
+
+/// The product of `dims`, saturating at `usize::MAX` (no geometry that large passes
+/// `check_params`, so a saturated length is never used for memory).
+fn product(dims: &[usize]) -> usize {
+    dims.iter()
+        .try_fold(1usize, |a, d| a.checked_mul(*d))
+        .unwrap_or(usize::MAX)
 }
 
 /// A 2-D convolution (cross-correlation), optionally followed by a per-channel bias
@@ -456,5 +468,74 @@ impl Conv<'_> {
                 Ok(Buffer::from_cuda(out))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod overflow_tests {
+    use super::*;
+
+    /// Public fields with values whose size arithmetic overflows, or that are degenerate:
+    /// no panic (debug) and no wrap (release) in the size methods.
+    #[test]
+    fn size_methods_never_wrap_or_panic() {
+        let base = Conv2dParams {
+            n: 2,
+            c_in: 4,
+            h: 9,
+            w: 7,
+            c_out: 6,
+            kh: 3,
+            kw: 3,
+            stride: (2, 1),
+            pad: (1, 0),
+            dilation: (1, 2),
+            groups: 2,
+            layout: Layout::Nchw,
+        };
+        assert_eq!(base.out_hw(), (5, 3));
+        assert_eq!(base.x_len(), 2 * 4 * 9 * 7);
+        assert_eq!(base.w_len(), 6 * 2 * 3 * 3);
+        assert_eq!(base.y_len(), 2 * 6 * 5 * 3);
+        let huge = usize::MAX / 2 + 1;
+        let cases = [
+            Conv2dParams {
+                pad: (huge, 0),
+                ..base
+            },
+            Conv2dParams {
+                h: usize::MAX,
+                pad: (1, 0),
+                ..base
+            },
+            Conv2dParams { kh: 0, ..base },
+            Conv2dParams {
+                stride: (0, 1),
+                ..base
+            },
+            Conv2dParams {
+                dilation: (huge, 1),
+                ..base
+            },
+        ];
+        for p in cases {
+            let (oh, _) = p.out_hw();
+            assert_eq!(oh, 0, "{p:?}");
+            assert_eq!(p.y_len(), 0, "{p:?}");
+        }
+        // Zero groups: no division by zero (a submit rejects them).
+        let g0 = Conv2dParams { groups: 0, ..base };
+        assert_eq!(g0.w_len(), 6 * 4 * 3 * 3);
+        assert!(shape::check_params("conv2d", &g0).is_err());
+        let big = Conv2dParams {
+            n: 1 << 40,
+            c_in: 1 << 40,
+            c_out: 1 << 40,
+            kh: 1 << 30,
+            ..base
+        };
+        assert_eq!(big.x_len(), usize::MAX);
+        assert_eq!(big.w_len(), usize::MAX);
+        assert!(shape::check_params("conv2d", &big).is_err());
     }
 }

@@ -10,6 +10,7 @@ use crate::sync::Arc;
 /// The CPU actor: runs each job to completion on this thread (rayon inside the op).
 pub(crate) fn cpu_actor(rx: Receiver<Msg>, actor: ActorCx) {
     actor.settings.enter();
+    crate::reentry::enter_actor(actor.stream);
     while let Some(msg) = rx.recv() {
         match msg {
             Msg::Job(env) => run_cpu(env, &actor),

@@ -1,8 +1,12 @@
 //! The CUDA stream actor and its completion watcher (protocol in `cuda/mod.rs`).
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::mpsc;
 use std::sync::Arc as StdArc;
 use std::time::Duration;
+
+use cudarc::driver::CudaStream;
 
 use super::watcher::{watch, Watch};
 use crate::actor::{execute, wait_ready, ActorCx};
@@ -44,20 +48,20 @@ impl Outbox {
     /// fails, the burst's ops fail (after the stream has passed them) and so do the
     /// consumers waiting on it; if the watcher is gone (it never exits before the
     /// actor), the ops fail rather than hang.
-    fn flush(&mut self, scx: &StreamCx) {
+    fn flush(&mut self, stream: &CudaStream) {
         let Some(open) = self.open.take() else {
             debug_assert!(self.pending.is_empty(), "pending ops always have a burst");
             return;
         };
         let mut t = self.counters.clock();
         let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(WATCH_FLUSH));
-        match self.pool.record(&scx.stream) {
+        match self.pool.record(stream) {
             Ok(ev) => open.0.set(Ok(Arc::new(ev))),
             Err(e) => {
                 let err = cuda_err("cuEventRecord", e);
                 open.0.set(Err(err.clone()));
                 for w in batch {
-                    fail_after_enqueue(w.env, err.clone(), scx);
+                    fail_after_enqueue(w.env, err.clone(), stream);
                 }
                 return;
             }
@@ -71,7 +75,7 @@ impl Outbox {
                         code: None,
                         message: "the completion watcher is gone".into(),
                     },
-                    scx,
+                    stream,
                 );
             }
         }
@@ -103,6 +107,7 @@ pub(crate) fn cuda_actor(
     };
     // Ops on this thread see their runtime's settings (`Settings::current`).
     actor.settings.enter();
+    crate::reentry::enter_actor(actor.stream);
     // The actor's own memory pool and block cache (see `driver/alloc.rs`).
     let mem = alloc::register(&dev.ctx, &stream, &dev.mem, actor.settings.stream_pools);
     let pool = EventPool::new(dev.ctx.clone());
@@ -126,18 +131,24 @@ pub(crate) fn cuda_actor(
         })
         .expect("spawning a completion watcher thread");
     let origin = super::timing::origin(&dev.ctx, &scx.stream, &actor.counters.trace);
-    let mut out = Outbox {
+    // Shared with the stream context's blocking hook: an op about to block the thread
+    // (the first cuDNN search of a shape) hands over the burst of the ops before it
+    // first, so their consumers on other streams do not wait for the search
+    // (`StreamCx::before_blocking`). Never borrowed across an op's `run`.
+    let out = Rc::new(RefCell::new(Outbox {
         wtx,
         pool,
         pending: Vec::with_capacity(WATCH_FLUSH),
         open: None,
         counters: actor.counters.clone(),
-    };
+    }));
+    let hook_out = out.clone();
+    scx.set_before_blocking(Box::new(move |stream| hook_out.borrow_mut().flush(stream)));
     loop {
         let msg = match rx.try_recv() {
             Some(m) => m,
             None => {
-                out.flush(&scx);
+                out.borrow_mut().flush(&scx.stream);
                 let mut t = actor.counters.clock();
                 let m = next_msg(&rx, spin);
                 actor.counters.lap(Phase::Idle, &mut t);
@@ -149,9 +160,10 @@ pub(crate) fn cuda_actor(
         };
         match msg {
             Msg::Job(env) => {
-                run_cuda(env, &actor, &mut scx, &mut out, &dev, origin.as_ref());
-                if out.pending.len() >= WATCH_FLUSH {
-                    out.flush(&scx);
+                run_cuda(env, &actor, &mut scx, &out, &dev, origin.as_ref());
+                let mut o = out.borrow_mut();
+                if o.pending.len() >= WATCH_FLUSH {
+                    o.flush(&scx.stream);
                 }
             }
             Msg::Release(done) => {
@@ -162,10 +174,12 @@ pub(crate) fn cuda_actor(
             Msg::Shutdown => break,
         }
     }
-    out.flush(&scx);
+    out.borrow_mut().flush(&scx.stream);
     while let Some(m) = rx.try_recv() {
         drop(m);
     }
+    // The hook's clone goes too, so the watcher's channel closes.
+    scx.clear_before_blocking();
     drop(out);
     let _ = watcher.join();
     // The watcher has waited for every op's work; frees may still be enqueued.
@@ -226,7 +240,7 @@ fn run_cuda(
     mut env: Envelope,
     actor: &ActorCx,
     scx: &mut StreamCx,
-    out: &mut Outbox,
+    out: &RefCell<Outbox>,
     dev: &DeviceShared,
     origin: Option<&StdArc<super::timing::Origin>>,
 ) {
@@ -254,7 +268,7 @@ fn run_cuda(
         let inputs = job.inputs();
         let blocked = inputs.iter().any(|i| !i.storage().is_settled());
         if blocked {
-            out.flush(scx);
+            out.borrow_mut().flush(&scx.stream);
         }
         (blocked, wait_ready(job.name(), &inputs))
     };
@@ -280,7 +294,7 @@ fn run_cuda(
                 None => {
                     // Its burst is still open on the producer's actor: record ours,
                     // then wait (briefly) for theirs.
-                    out.flush(scx);
+                    out.borrow_mut().flush(&scx.stream);
                     event.wait()
                 }
             };
@@ -306,11 +320,12 @@ fn run_cuda(
     });
     let ex = match execute(&mut env, actor, BackendCx::Cuda(scx)) {
         Ok(x) => x,
-        Err(e) => return fail_after_enqueue(env, e, scx),
+        Err(e) => return fail_after_enqueue(env, e, &scx.stream),
     };
     if let Some(t) = timing.as_mut() {
         t.end(&scx.stream);
     }
+    let mut out = out.borrow_mut();
     span.record("run_us", ex.took.as_micros() as u64);
     actor.counters.lap(Phase::Execute, &mut t);
     let burst = out.burst();
@@ -338,8 +353,8 @@ fn run_cuda(
 /// failed, or recording its event did): the stream is drained first, so the op's
 /// keep-alives (its inputs, a donated buffer) are released only after every kernel it
 /// enqueued has finished with them.
-fn fail_after_enqueue(mut env: Envelope, e: Error, scx: &StreamCx) {
-    if let Err(sync) = scx.stream.synchronize() {
+fn fail_after_enqueue(mut env: Envelope, e: Error, stream: &CudaStream) {
+    if let Err(sync) = stream.synchronize() {
         tracing::error!(error = %sync, "stream synchronize failed while failing an op");
     }
     env.fail(e);

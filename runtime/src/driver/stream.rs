@@ -24,6 +24,8 @@ pub struct StreamCx {
     pub(crate) counters: StdArc<Counters>,
     functions: HashMap<(String, String), CudaFunction>,
     ext: HashMap<TypeId, Box<dyn Any>>,
+    /// The actor's hook for [`StreamCx::before_blocking`].
+    before_blocking: Option<Box<dyn FnMut(&CudaStream)>>,
 }
 
 impl StreamCx {
@@ -42,7 +44,25 @@ impl StreamCx {
             counters,
             functions: HashMap::new(),
             ext: HashMap::new(),
+            before_blocking: None,
         }
+    }
+    /// Tells the actor that the op is about to block this thread for long (a cuDNN
+    /// algorithm search, a synchronize): the actor records and hands over the ops it
+    /// enqueued before this one, so that consumers on other streams waiting for their
+    /// event do not wait for this op as well. Cheap when there is nothing to hand over.
+    pub fn before_blocking(&mut self) {
+        if let Some(h) = self.before_blocking.as_mut() {
+            h(&self.stream);
+        }
+    }
+    /// Installs the actor's hook for [`StreamCx::before_blocking`].
+    pub(crate) fn set_before_blocking(&mut self, h: Box<dyn FnMut(&CudaStream)>) {
+        self.before_blocking = Some(h);
+    }
+    /// Drops the actor's hook (when the actor stops).
+    pub(crate) fn clear_before_blocking(&mut self) {
+        self.before_blocking = None;
     }
     /// The settings of the runtime this stream belongs to.
     pub fn settings(&self) -> &Settings {

@@ -74,6 +74,7 @@ fn run_recorded(parent: &mut ExecCx<'_>, rec: &mut Recorded, slots: &Slots) -> R
         finisher: None,
         declared: rec.declared.clone(),
         slots: Some(slots),
+        donated: false,
     };
     let job = &mut rec.job;
     match catch_unwind(AssertUnwindSafe(|| job.run(&mut cx))) {

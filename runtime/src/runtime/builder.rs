@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::placement::{Affinity, Policy};
 use crate::settings::Settings;
 use crate::stats::Counters;
-use crate::sync::{Arc, AtomicBool, Mutex, RwLock};
+use crate::sync::{Arc, AtomicBool, Mutex};
 
 /// Which backend to run on.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -144,6 +144,13 @@ impl Builder {
         self.settings.trace = on;
         self
     }
+    /// How many plans each stream's GEMM and convolution plan cache keeps (default
+    /// [`DEFAULT_PLAN_CACHE`](crate::settings::DEFAULT_PLAN_CACHE), at least 1); the least
+    /// recently used plan goes first. `RTX_PLAN_CACHE=<entries>` overrides it.
+    pub fn plan_cache(mut self, entries: usize) -> Self {
+        self.settings.plan_cache = entries.max(1);
+        self
+    }
     /// Starts the actors.
     pub fn build(self) -> Result<Runtime> {
         let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
@@ -253,7 +260,7 @@ impl Assembled {
                 settings,
                 counters,
                 closed: AtomicBool::new(false),
-                gate: RwLock::new(false),
+                gate: crate::gate::Gate::default(),
                 threads: Mutex::new(self.started.threads),
             }),
         }

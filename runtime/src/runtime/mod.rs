@@ -3,6 +3,7 @@
 //! streams and their threads, and the backend's state, [`BackendState`]).
 
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc as StdArc;
 use std::task::{Context, Poll};
@@ -13,17 +14,20 @@ mod builder;
 pub(crate) use builder::BackendState;
 pub use builder::{Backend, BackendKind, Builder};
 
-use crate::actor::{spawn_named, StreamEntry};
+use crate::actor::{panic_message, spawn_named, StreamEntry};
 use crate::completion::{Completion, CompletionGuard, Submission};
 use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
 use crate::error::{Error, Result, SubmitError};
+use crate::gate::Gate;
 use crate::job::{Envelope, Msg, OpJob};
+use crate::mailbox::TrySendError;
 use crate::op::{Op, Outputs, PlanCx};
 use crate::placement::{rough_ns, OpInfo, Policy, StreamLoad};
+use crate::reentry::current_actor;
 use crate::settings::Settings;
 use crate::stats::{Counters, Stats};
 use crate::storage::Storage;
-use crate::sync::{lock, read, replace, thread, Arc, AtomicBool, Mutex, Ordering, RwLock};
+use crate::sync::{lock, thread, Arc, AtomicBool, Mutex, Ordering};
 use crate::tensor::Tensor;
 
 pub(crate) struct Inner {
@@ -40,11 +44,12 @@ pub(crate) struct Inner {
     pub(crate) counters: StdArc<Counters>,
     /// Set once shutdown begins (a fast early check for `prepare`).
     pub(crate) closed: AtomicBool,
-    /// The shutdown gate: every job send holds it shared and checks it; shutdown takes it
-    /// exclusively to close it before sending the shutdown messages. So every accepted job
-    /// is in its mailbox before the shutdown message, and none can arrive after the actor
-    /// has drained (it would sit in the channel forever and its waiter would hang).
-    pub(crate) gate: RwLock<bool>,
+    /// The shutdown gate (`gate.rs`): every job send passes it; shutdown closes it, waits
+    /// (off the caller's thread) for the senders inside to leave, then sends the shutdown
+    /// messages. So every accepted job is in its mailbox before the shutdown message, and
+    /// none can arrive after the actor has drained (it would sit in the channel forever
+    /// and its waiter would hang).
+    pub(crate) gate: Gate,
     pub(crate) threads: Mutex<Vec<thread::JoinHandle<()>>>,
 }
 
@@ -228,27 +233,49 @@ impl Runtime {
         let (env, sub, stream) = self.prepare(pin, op)?;
         match self.send_job(stream, env) {
             Ok(()) => Ok(sub),
-            Err(env) => Err(SubmitError {
-                error: Error::Shutdown,
+            Err((error, env)) => Err(SubmitError {
+                error,
                 op: env.recover(),
             }),
         }
     }
 
-    /// Sends a job to its stream's mailbox, blocking while it is full, behind the
-    /// shutdown gate (see [`Inner::gate`]). The envelope comes back if the runtime is
+    /// Sends a job to its stream's mailbox through the shutdown gate (see
+    /// [`Inner::gate`]), blocking while the mailbox is full, except on a stream actor's
+    /// thread (an op submitting from `run`): there a full mailbox fails with
+    /// [`Error::ActorWouldBlock`] (blocking could wait forever, see `reentry.rs`). The
+    /// envelope comes back with the error: [`Error::Shutdown`] once the runtime is
     /// shutting down.
-    #[allow(clippy::result_large_err)] // the envelope comes back only on shutdown
-    pub(crate) fn send_job(&self, stream: StreamId, env: Envelope) -> Result<(), Envelope> {
-        let closed = read(&self.inner.gate);
-        if *closed {
-            return Err(env);
-        }
-        match self.inner.streams[stream.0].tx.send(Msg::Job(env)) {
-            Ok(()) => Ok(()),
-            Err(Msg::Job(env)) => Err(env),
-            Err(Msg::Shutdown | Msg::Release(_)) => unreachable!("only jobs are sent here"),
-        }
+    #[allow(clippy::result_large_err)] // the envelope comes back only on failure
+    pub(crate) fn send_job(
+        &self,
+        stream: StreamId,
+        env: Envelope,
+    ) -> Result<(), (Error, Envelope)> {
+        let Some(_pass) = self.inner.gate.enter() else {
+            return Err((Error::Shutdown, env));
+        };
+        let tx = &self.inner.streams[stream.0].tx;
+        let sent = match current_actor() {
+            None => tx.send(Msg::Job(env)).map_err(|m| (Error::Shutdown, m)),
+            Some(own) => tx.try_send(Msg::Job(env)).map_err(|e| match e {
+                TrySendError::Full(m) => (
+                    Error::ActorWouldBlock {
+                        call: "submit".into(),
+                        stream: own,
+                        reason: format!(
+                            "the mailbox of {stream} is full (a submit from an op's run never waits for room)"
+                        ),
+                    },
+                    m,
+                ),
+                TrySendError::Closed(m) => (Error::Shutdown, m),
+            }),
+        };
+        sent.map_err(|(e, m)| match m {
+            Msg::Job(env) => (e, env),
+            Msg::Shutdown | Msg::Release(_) => unreachable!("only jobs are sent here"),
+        })
     }
 
     /// Submits an op whose value is produced at completion (`finish_with`).
@@ -266,7 +293,7 @@ impl Runtime {
             .expect("fresh envelope has its completion");
         match self.send_job(stream, env) {
             Ok(()) => Ok(Submission::payload(completion, stream)),
-            Err(_) => Err(Error::Shutdown),
+            Err((e, _)) => Err(e),
         }
     }
 
@@ -344,9 +371,22 @@ impl Runtime {
                 op,
             );
         }
-        let plan = match op.plan(&PlanCx { device }) {
-            Ok(p) => p,
-            Err(e) => return reject(e, op),
+        // User code: a panic comes back as an error with the op, like one in `run`.
+        let planned = catch_unwind(AssertUnwindSafe(|| op.plan(&PlanCx { device })));
+        let plan = match planned {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return reject(e, op),
+            Err(panic) => {
+                let message = panic_message(&*panic);
+                drop(panic);
+                return reject(
+                    Error::OpPanicked {
+                        op: name.to_string(),
+                        message,
+                    },
+                    op,
+                );
+            }
         };
         if let Some(n) = <O::Output as Outputs>::COUNT {
             if n != plan.outputs.len() {
@@ -461,42 +501,74 @@ impl Runtime {
                 queued_ns: s.load.ns.load(Ordering::Relaxed),
             })
             .collect();
-        let i = self.inner.policy.place(
-            &OpInfo {
-                name,
-                cost,
-                input_streams: inputs,
-                pending_input_streams: pending_inputs,
-            },
-            &loads,
-        );
+        let info = OpInfo {
+            name,
+            cost,
+            input_streams: inputs,
+            pending_input_streams: pending_inputs,
+        };
+        // User code (a custom policy): a panic places the op on the first stream.
+        let i = catch_unwind(AssertUnwindSafe(|| self.inner.policy.place(&info, &loads)))
+            .unwrap_or_else(|_| {
+                tracing::warn!(op = name, "the placement policy panicked in place");
+                0
+            });
         loads.get(i).map(|l| l.id).unwrap_or(loads[0].id)
     }
 
     /// Shuts down: stops accepting ops, lets every accepted op run (or fail), joins the
     /// actor threads. The returned future resolves once everything has drained; dropping
     /// the last runtime handle does the same synchronously.
+    ///
+    /// The call itself never blocks: from the moment it returns every submit, upload and
+    /// download fails with [`Error::Shutdown`], and the waiting (for submitters blocked on
+    /// a full mailbox, for the drain, for the threads) happens on a thread of its own, so
+    /// calling it on an async executor's thread is fine. Awaiting the future inside an
+    /// op's `run` fails with [`Error::ActorWouldBlock`] (the actor cannot drain while it
+    /// waits); the shutdown still goes ahead once the op returns.
     pub fn shutdown(&self) -> Shutdown {
         let done = Completion::new();
-        self.inner.close();
+        let first = self.inner.begin_close();
         let inner = self.inner.clone();
         let d = done.clone();
         spawn_named("rtx-shutdown".into(), move || {
+            if first {
+                inner.finish_close();
+            }
             inner.join_all();
             d.complete(Ok(None));
         });
         Shutdown(done)
     }
+
+    /// Whether shutdown has begun (every submit, upload and download then fails with
+    /// [`Error::Shutdown`]).
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.closed.load(Ordering::Acquire)
+    }
 }
 
 impl Inner {
-    /// Closes the gate and sends every actor its shutdown message (once).
-    fn close(&self) {
+    /// Marks the runtime closed and closes the gate; never blocks. Whether this call
+    /// closed it (then the caller must [`finish_close`](Inner::finish_close)).
+    fn begin_close(&self) -> bool {
         self.closed.store(true, Ordering::Release);
-        if !replace(&self.gate, true) {
-            for s in &self.streams {
-                let _ = s.tx.send(Msg::Shutdown);
-            }
+        self.gate.close()
+    }
+
+    /// Waits for the senders inside the gate to leave, then sends every actor its
+    /// shutdown message: blocks while the senders and the messages wait for room.
+    fn finish_close(&self) {
+        self.gate.wait_empty();
+        for s in &self.streams {
+            let _ = s.tx.send(Msg::Shutdown);
+        }
+    }
+
+    /// Closes and sends the shutdown messages (once), on this thread.
+    fn close(&self) {
+        if self.begin_close() {
+            self.finish_close();
         }
     }
 
@@ -529,7 +601,7 @@ impl Drop for Inner {
             .name()
             .is_some_and(|n| n.starts_with("rtx-"))
         {
-            self.closed.store(true, Ordering::Release);
+            self.begin_close();
             let streams = std::mem::take(&mut self.streams);
             let threads = std::mem::take(&mut *lock(&self.threads));
             let teardown = move || {
@@ -557,12 +629,24 @@ impl Drop for Inner {
 }
 
 /// Resolves when a shutdown has drained every stream. See [`Runtime::shutdown`].
+///
+/// `Ok(())` once drained; `Err(`[`Error::ActorWouldBlock`]`)` when polled, before the
+/// drain, inside an op's `run` (a stream actor's thread), where waiting for the drain
+/// would wait for the actor itself.
 pub struct Shutdown(Arc<Completion>);
 
 impl Future for Shutdown {
-    type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.0.poll_result(cx).map(|_| ())
+    type Output = Result<()>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        match self.0.poll_result(cx) {
+            Poll::Ready(_) => Poll::Ready(Ok(())),
+            Poll::Pending => match crate::reentry::refuse_on_actor("shutdown", || {
+                "the shutdown waits for every actor to drain, this one included".into()
+            }) {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
+        }
     }
 }
 

@@ -41,10 +41,10 @@ pub(super) mod dnn;
 mod graph;
 mod perf;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::plan_cache::PlanCache;
 use cudarc::driver::{CudaSlice, CudaStream};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Element, Error, Result};
@@ -164,7 +164,8 @@ impl Planned {
 pub(crate) struct ConvState {
     // Field order is drop order: the plans (whose cuDNN descriptors refer to the handle)
     // and the workspace before the handle.
-    plans: HashMap<AlgoKey, Planned>,
+    /// Bounded by the `plan_cache` setting (see `plan_cache.rs`).
+    plans: PlanCache<AlgoKey, Planned>,
     workspace: Option<CudaSlice<u8>>,
     handle: Handle,
     stream: Arc<CudaStream>,
@@ -183,7 +184,7 @@ impl ConvState {
         Ok(ConvState {
             stream: scx.stream().clone(),
             handle: Handle::new(scx.stream())?,
-            plans: HashMap::new(),
+            plans: PlanCache::new(scx.settings().plan_cache),
             workspace: None,
         })
     }
@@ -195,17 +196,22 @@ impl ConvState {
     /// inputs written by earlier stream-ordered work, the output a fresh allocation;
     /// all must stay alive until the enqueued work completes.
     unsafe fn run(&mut self, key: AlgoKey, io: Io) -> Result<()> {
-        if self.plans.contains_key(&key) {
-            ALGO_HITS.fetch_add(1, Ordering::Relaxed);
-        } else {
-            ALGO_MISSES.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: forwarded from this function's contract.
-            let planned = unsafe { self.plan(&key, io) }?;
-            self.plans.insert(key, planned);
-        }
-        let need = self.plans[&key].workspace();
+        let need = match self.plans.get(&key) {
+            Some(planned) => {
+                ALGO_HITS.fetch_add(1, Ordering::Relaxed);
+                planned.workspace()
+            }
+            None => {
+                ALGO_MISSES.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: forwarded from this function's contract.
+                let planned = unsafe { self.plan(&key, io) }?;
+                let need = planned.workspace();
+                self.plans.insert(key, planned);
+                need
+            }
+        };
         let ws = self.grow_workspace(need)?;
-        let planned = &self.plans[&key];
+        let planned = self.plans.peek(&key).expect("cached just above");
         // SAFETY: buffers as guaranteed by the caller (aligned as the key records);
         // `ws` addresses at least `need` bytes of this stream's workspace, which lives
         // until replaced, and is then freed stream-ordered after this work.
@@ -419,6 +425,12 @@ pub(crate) fn conv<T: Element>(
         tf32: tf32 && T::DTYPE == DType::F32,
         align: graph::alignment(io),
     };
+    // The first use of a key runs the algorithm search (milliseconds, synchronizing):
+    // hand the ops before this one to the watcher first, so that their consumers on
+    // other streams are not held up by the search (see `StreamCx::before_blocking`).
+    if !scx.ext::<ConvState>(ConvState::new)?.plans.contains(&key) {
+        scx.before_blocking();
+    }
     let state = scx.ext::<ConvState>(ConvState::new)?;
     // SAFETY: `a` and `b` are the op's inputs, validated at submit to have the shapes
     // `p` implies for this direction, kept alive by the op until completion and

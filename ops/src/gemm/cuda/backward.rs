@@ -37,7 +37,6 @@
 //! path runs and [`linear_fused_fallbacks`] counts it; the plan (or its absence) is
 //! cached per stream like every GEMM plan, under a key that includes the epilogue.
 
-use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::cublas::{CudaBlas, Gemm};
@@ -230,22 +229,23 @@ fn gemm_fused<T: Element>(
             aux_align: aux.map_or(256, alignment),
         }),
     };
-    let plan = match plans.entry(key) {
-        Entry::Occupied(e) => {
-            PLAN_HITS.fetch_add(1, Ordering::Relaxed);
-            e.into_mut()
-        }
-        Entry::Vacant(e) => {
-            PLAN_MISSES.fetch_add(1, Ordering::Relaxed);
+    let (plan, hit) = plans
+        .get_or_try_insert(key, || {
             // A descriptor this cuBLASLt rejects (an attribute it does not know) is
             // "no plan" too: the unfused path computes the same result.
-            let plan = LtPlan::with_aux(lt, &key, bias, aux, ws_len).unwrap_or_else(|e| {
-                tracing::debug!(error = %e, "linear: training epilogue descriptor rejected");
-                None
-            });
-            e.insert(plan)
-        }
-    };
+            Ok::<_, std::convert::Infallible>(
+                LtPlan::with_aux(lt, &key, bias, aux, ws_len).unwrap_or_else(|e| {
+                    tracing::debug!(error = %e, "linear: training epilogue descriptor rejected");
+                    None
+                }),
+            )
+        })
+        .unwrap_or_else(|never| match never {});
+    if hit {
+        PLAN_HITS.fetch_add(1, Ordering::Relaxed);
+    } else {
+        PLAN_MISSES.fetch_add(1, Ordering::Relaxed);
+    }
     let Some(plan) = plan else {
         count_fallback(what, "cuBLASLt returned no algorithm");
         return Ok(None);

@@ -25,8 +25,6 @@ pub(crate) mod device;
 pub(crate) mod epilogue;
 mod lt;
 
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -40,6 +38,7 @@ use self::lt::{LtHandle, LtPlan, PlanKey, Ptrs};
 use super::shape::GemmDims;
 use super::Activation;
 use crate::kernels::alloc_out;
+use crate::plan_cache::PlanCache;
 
 pub(super) static PLAN_HITS: AtomicU64 = AtomicU64::new(0);
 pub(super) static PLAN_MISSES: AtomicU64 = AtomicU64::new(0);
@@ -83,7 +82,8 @@ pub(crate) struct GemmState {
     pub(super) workspace: CudaSlice<u32>,
     /// Created by the first fallback (see the module docs).
     blas: Option<CudaBlas>,
-    pub(super) plans: HashMap<PlanKey, Option<LtPlan>>,
+    /// Bounded by the `plan_cache` setting (see `plan_cache.rs`).
+    pub(super) plans: PlanCache<PlanKey, Option<LtPlan>>,
 }
 
 impl GemmState {
@@ -110,7 +110,7 @@ impl GemmState {
             lt,
             workspace,
             blas: None,
-            plans: HashMap::new(),
+            plans: PlanCache::new(scx.settings().plan_cache),
         })
     }
 
@@ -157,20 +157,18 @@ impl GemmState {
             ],
             fused: None,
         };
-        let plan = match plans.entry(key) {
-            Entry::Occupied(e) => {
-                PLAN_HITS.fetch_add(1, Ordering::Relaxed);
-                e.into_mut()
+        let (plan, hit) = plans.get_or_try_insert(key, || {
+            let plan = LtPlan::new(lt, &key, bias_ptr, ws_len)?;
+            if plan.is_none() {
+                LT_FALLBACKS.fetch_add(1, Ordering::Relaxed);
             }
-            Entry::Vacant(e) => {
-                PLAN_MISSES.fetch_add(1, Ordering::Relaxed);
-                let plan = LtPlan::new(lt, &key, bias_ptr, ws_len)?;
-                if plan.is_none() {
-                    LT_FALLBACKS.fetch_add(1, Ordering::Relaxed);
-                }
-                e.insert(plan)
-            }
-        };
+            Ok::<_, Error>(plan)
+        })?;
+        if hit {
+            PLAN_HITS.fetch_add(1, Ordering::Relaxed);
+        } else {
+            PLAN_MISSES.fetch_add(1, Ordering::Relaxed);
+        }
         match plan {
             Some(plan) => {
                 let (dp, _gd) = dptr_mut(d, stream);
