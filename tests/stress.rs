@@ -71,17 +71,10 @@ async fn check(
 
 fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
     let seed = dag::seed();
-    // Start the global rayon pool (the CPU ops' threads, kept for the process) before
-    // the baseline is read.
-    {
-        let rt = Runtime::cpu(1);
-        let a = rt.upload(&vec![1.0f32; 1 << 16], [1 << 16]).unwrap();
-        rt.submit(rtx::ops::add(&a, &a)).unwrap().wait().unwrap();
-    }
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    dag::warm_up(&backend);
+    let free0 = device_free(&backend);
     let threads0 = dag::threads();
     let rss0 = dag::rss_kib();
-    let free0 = device_free(&backend);
 
     // DAGs of 8 to 40 nodes until the op budget is spent.
     let mut dags = Vec::new();
@@ -186,7 +179,8 @@ fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
     );
     assert!(
         threads1 <= threads0,
-        "{label}: threads back at baseline after the runtimes drop: {threads0} -> {threads1}"
+        "{label}: threads back at baseline after the runtimes drop: {threads0} -> {threads1}: {:?}",
+        dag::thread_names()
     );
     if let (Some(f0), Some(f1)) = (free0, free1) {
         let mib = |b: i64| b / (1 << 20);

@@ -411,3 +411,31 @@ pub fn settle_threads(baseline: usize) -> usize {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Runs one DAG on an 8-stream runtime of `backend` and drops it: the threads that stay
+/// for the process (the rayon pool of the CPU ops, the CUDA driver's) exist before a
+/// baseline thread count is read.
+pub fn warm_up(backend: &rtx::Backend) {
+    let rt = Runtime::builder()
+        .backend(backend.clone())
+        .streams(8)
+        .build()
+        .unwrap();
+    rtx::block_on(run(&rt, &Dag::random(1, 24), Mode::Blocking));
+    drop(rt);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+}
+
+/// The names of the process's threads (`/proc/self/task/*/comm`), for a failure message.
+pub fn thread_names() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+                .map(|s| s.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
