@@ -425,7 +425,10 @@ fn verdict(
         errors.len()
     );
     if bad.is_empty() {
-        println!("# verdict: FLAT (memory, threads and throughput steady after warm-up, no error)");
+        println!(
+            "# verdict: FLAT (memory and threads flat{} after warm-up, no error)",
+            if cuda { ", throughput steady" } else { "" }
+        );
         0
     } else {
         println!("# verdict: NOT FLAT: {}", bad.join("; "));

@@ -1,8 +1,8 @@
 //! Stress: random DAGs over every op family on 8 streams with a mailbox of 2, submitted
 //! at once by blocking threads and by tokio tasks (`submit_async`), each DAG's every
 //! value compared with the same DAG on a 1-stream runtime; afterwards the process's
-//! threads (and on CUDA the device's free memory) are back at their baseline once the
-//! runtimes drop. Runs on the CPU backend, and on CUDA when a device is present.
+//! threads, the host RSS (within 64 MiB) and on CUDA the device's free memory are back
+//! at their baseline once the runtimes drop. Runs on the CPU backend, and on CUDA when a device is present.
 //!
 //! `RTX_STRESS_OPS=N` sets the ops per backend (default 20,000: well under a minute on
 //! 2 cores); `RTX_STRESS_SEED=S` replays a run (the seed is printed). One test in its
@@ -71,11 +71,6 @@ async fn check(
 
 fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
     let seed = dag::seed();
-    dag::warm_up(&backend);
-    let free0 = device_free(&backend);
-    let threads0 = dag::threads();
-    let rss0 = dag::rss_kib();
-
     // DAGs of 8 to 40 nodes until the op budget is spent.
     let mut dags = Vec::new();
     let mut planned = 0;
@@ -87,6 +82,11 @@ fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
         dags.push(d);
         i += 1;
     }
+    dag::warm_up(&backend);
+    let free0 = device_free(&backend);
+    let threads0 = dag::threads();
+    let rss0 = dag::rss_kib();
+
     let dags = Arc::new(dags);
     let next = Arc::new(AtomicUsize::new(0));
     let tally = Arc::new(Mutex::new(Tally::default()));
@@ -139,12 +139,13 @@ fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
     }
     let wall = t0.elapsed();
     let stats = eight.stats();
-    drop(dags);
     drop(one);
     drop(eight);
     let threads1 = dag::settle_threads(threads0);
     let rss1 = dag::rss_kib();
     let free1 = device_free(&backend);
+    // The DAGs' own data (made before the baseline) lives until after the readings.
+    drop(dags);
 
     let t = tally.lock().unwrap();
     eprintln!(
@@ -181,6 +182,13 @@ fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
         threads1 <= threads0,
         "{label}: threads back at baseline after the runtimes drop: {threads0} -> {threads1}: {:?}",
         dag::thread_names()
+    );
+    // Host memory: what the runtimes and their ops held is freed (allocator slack aside).
+    assert!(
+        rss1 < rss0 + (64 << 10),
+        "{label}: host RSS {} MiB -> {} MiB after the runtimes drop",
+        rss0 / 1024,
+        rss1 / 1024
     );
     if let (Some(f0), Some(f1)) = (free0, free1) {
         let mib = |b: i64| b / (1 << 20);
