@@ -3,8 +3,9 @@
 //! over every parameter), for `--minutes N`. Every `--sample-secs S` (default 10) it
 //! prints one CSV row: elapsed seconds, training steps (all models), steps per second in
 //! the interval, the mean loss of the last steps, host RSS, the process's threads, the
-//! device memory in use (CUDA: total − free as the driver reports it; empty on the CPU)
-//! and the runtime's block- and pinned-cache counters. At the end a verdict: after the
+//! device memory in use (CUDA: total − free as the driver reports it; empty on the CPU),
+//! the bytes held by the runtime's block and pinned caches (`rt.stats()`) and their hit
+//! and miss counters. At the end a verdict: after the
 //! warm-up (the first third of the samples, at least one), RSS, device memory and the
 //! thread count are flat and the throughput steady, and no step failed. Exits 1 when not.
 //!
@@ -275,7 +276,7 @@ fn main() {
         })
         .collect();
 
-    println!("t_s,steps,steps_per_s,loss,rss_mib,threads,device_used_mib,block_hits,block_misses,pinned_hits,pinned_misses");
+    println!("t_s,steps,steps_per_s,loss,rss_mib,threads,device_used_mib,block_cache_mib,pinned_cache_mib,block_hits,block_misses,pinned_hits,pinned_misses");
     let t0 = Instant::now();
     let end = Duration::from_secs_f64(a.minutes * 60.0);
     let mut samples: Vec<Sample> = Vec::new();
@@ -315,7 +316,7 @@ fn main() {
             dev_mib: device_used(&ctx).map(|b| b as f64 / (1 << 20) as f64),
         };
         println!(
-            "{:.1},{},{:.1},{:.4},{:.1},{},{},{},{},{},{}",
+            "{:.1},{},{:.1},{:.4},{:.1},{},{},{:.1},{:.1},{},{},{},{}",
             sample.t,
             sample.steps,
             sample.rate,
