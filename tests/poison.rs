@@ -1,5 +1,6 @@
 //! A sticky CUDA error poisons that device's runtime: the faulting op, every pending op
-//! and every later op fail with the error; nothing hangs; the CPU backend goes on.
+//! and every later op fail with the error; nothing hangs; a new runtime on the device
+//! works once the poisoned one is dropped; the CPU backend goes on.
 //! Runs only where a CUDA device is present (required under `RTX_REQUIRE_CUDA=1`).
 
 mod common;
@@ -106,6 +107,27 @@ fn a_faulting_kernel_poisons_the_device_and_nothing_hangs() {
         "later op: {later}"
     );
     drop(rt);
+    // A new runtime on the same device works: the poisoned context went with the old
+    // runtime (issue 14: "a new runtime on that device works afterwards").
+    let fresh = Runtime::builder()
+        .backend(Backend::Cuda(vec![]))
+        .streams(2)
+        .build()
+        .unwrap();
+    let v: Vec<f32> = (0..4096).map(|i| (i % 17) as f32 * 0.25 - 2.0).collect();
+    let x = fresh.upload(&v, [4096]).unwrap();
+    let y = fresh
+        .submit(ew::exp(&x))
+        .unwrap()
+        .wait()
+        .unwrap_or_else(|e| panic!("a new runtime after the fault: {e}"));
+    let got = fresh.to_vec::<f32>(&y).unwrap().wait().unwrap();
+    for (g, x) in got.iter().zip(&v) {
+        let want = (*x as f64).exp();
+        assert!(((*g as f64) - want).abs() <= 1e-5 * want, "exp({x}) = {g}");
+    }
+    eprintln!("fault: a new runtime on the device after the fault computes exp correctly");
+    drop(fresh);
     // The CPU backend goes on.
     let cpu = Runtime::cpu(1);
     let a = cpu.upload(&[1.0f32], [1]).unwrap();

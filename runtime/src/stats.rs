@@ -1,4 +1,4 @@
-//! A runtime's counters: the CUDA block and pinned caches' hits and misses, and the
+//! A runtime's counters: the CUDA block and pinned caches' hits, misses and bytes held, and the
 //! opt-in timing of the stream actors' phases (setting `profile`, `RTX_PROFILE=1`), to
 //! see where an op's host time goes. Read with [`Runtime::stats`](crate::Runtime::stats).
 //! Profiling is off by default; when off each phase costs one load of a flag.
@@ -27,6 +27,10 @@ pub struct CacheStats {
     pub hits: u64,
     /// Requests that allocated.
     pub misses: u64,
+    /// Bytes the cache holds now (free blocks kept for reuse): a gauge, which
+    /// [`Runtime::reset_stats`](crate::Runtime::reset_stats) leaves as it is. 0 once
+    /// the memory went back (a runtime's caches are freed when it drops).
+    pub bytes: u64,
 }
 
 /// The time spent in one phase of the ops' lives on the CUDA actors and watchers.
@@ -95,6 +99,10 @@ pub(crate) struct Counters {
     pub(crate) block_misses: AtomicU64,
     pub(crate) pinned_hits: AtomicU64,
     pub(crate) pinned_misses: AtomicU64,
+    /// Bytes held by the block caches of the runtime's stream actors (a gauge).
+    pub(crate) block_bytes: AtomicU64,
+    /// Bytes held by the runtime's pinned staging caches (a gauge).
+    pub(crate) pinned_bytes: AtomicU64,
     /// Whether phases are timed (the `profile` setting).
     profile: bool,
     ns: [AtomicU64; 12],
@@ -154,16 +162,18 @@ impl Counters {
             block_cache: CacheStats {
                 hits: self.block_hits.load(Relaxed),
                 misses: self.block_misses.load(Relaxed),
+                bytes: self.block_bytes.load(Relaxed),
             },
             pinned_cache: CacheStats {
                 hits: self.pinned_hits.load(Relaxed),
                 misses: self.pinned_misses.load(Relaxed),
+                bytes: self.pinned_bytes.load(Relaxed),
             },
             phases,
         }
     }
 
-    /// Clears every counter.
+    /// Clears every counter (not the byte gauges: they say what is held now).
     pub(crate) fn reset(&self) {
         for a in [
             &self.block_hits,
@@ -200,7 +210,14 @@ mod tests {
         assert_eq!(s.phases[0].phase, "alloc");
         assert_eq!(s.phases[0].samples, 2);
         assert!((s.phases[0].mean_us - 4.0).abs() < 1e-9);
-        assert_eq!(s.block_cache, CacheStats { hits: 2, misses: 0 });
+        assert_eq!(
+            s.block_cache,
+            CacheStats {
+                hits: 2,
+                misses: 0,
+                bytes: 0
+            }
+        );
         on.reset();
         assert_eq!(on.snapshot(), Stats::default());
     }

@@ -244,7 +244,15 @@ fn trim(mem: &StreamMem) {
 /// another stream of its device: no kernel uses a cached block, so the order does not
 /// matter; a pool takes back its blocks from any stream).
 fn free_cached(mem: &StreamMem, stream: &CudaStream) {
-    let blocks = mem.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
+    let (blocks, bytes) = {
+        let mut cache = mem.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = cache.bytes;
+        (cache.drain(), bytes)
+    };
+    mem.device
+        .counters
+        .block_bytes
+        .fetch_sub(bytes as u64, Ordering::Relaxed);
     for ptr in blocks {
         // SAFETY: `ptr` is a pool allocation of this device that no slice owns any more
         // (it was leaked into the cache) and that no enqueued work uses.
@@ -273,6 +281,10 @@ fn recycle<T>(mem: &StreamMem, s: CudaSlice<T>) {
             // The block stays allocated; the cache owns it from here (the module docs
             // say why its next user on this stream cannot race an earlier one).
             cache.put(class, s.leak());
+            mem.device
+                .counters
+                .block_bytes
+                .fetch_add(class as u64, Ordering::Relaxed);
         }
         _ => {
             cache.classes.remove(&ptr);
@@ -353,10 +365,9 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
             .unwrap_or_else(|p| p.into_inner())
             .take(class);
         if let Some(ptr) = cached {
-            mem.device
-                .counters
-                .block_hits
-                .fetch_add(1, Ordering::Relaxed);
+            let c = &mem.device.counters;
+            c.block_hits.fetch_add(1, Ordering::Relaxed);
+            c.block_bytes.fetch_sub(class as u64, Ordering::Relaxed);
             // SAFETY: `ptr` is a block of `class` >= `bytes` bytes allocated from this
             // stream's pool and owned by the cache alone; it passes to the slice, which
             // frees or recycles it. The caller's contract covers initialization.

@@ -134,6 +134,9 @@ impl PinnedCache {
                 let b = free.blocks.get_mut(&size).and_then(Vec::pop);
                 if b.is_some() {
                     free.bytes -= size;
+                    self.counters
+                        .pinned_bytes
+                        .fetch_sub(size as u64, Ordering::Relaxed);
                     if free.blocks.get(&size).is_some_and(Vec::is_empty) {
                         free.blocks.remove(&size);
                     }
@@ -195,6 +198,11 @@ impl PinnedCache {
                 evicted.push(victim);
             }
             free.bytes += block.size;
+            let evicted_bytes: usize = evicted.iter().map(|b| b.size).sum();
+            // The gauge of bytes held: this block in, the evicted ones out.
+            let c = &self.counters.pinned_bytes;
+            c.fetch_add(block.size as u64, Ordering::Relaxed);
+            c.fetch_sub(evicted_bytes as u64, Ordering::Relaxed);
             free.blocks.entry(block.size).or_default().push(block);
         }
         // Driver calls outside the lock.
@@ -210,6 +218,9 @@ impl Drop for PinnedCache {
     /// `teardown::TEARDOWN` prevents).
     fn drop(&mut self) {
         let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
+        self.counters
+            .pinned_bytes
+            .fetch_sub(free.bytes as u64, Ordering::Relaxed);
         super::teardown::teardown_serialized(|| {
             for block in free.blocks.into_values().flatten() {
                 block.free(&self.ctx);
