@@ -82,7 +82,7 @@ pub use dtype::DType;
 pub use error::{CublasStatus, CudaCode, CudnnStatus, Error, Result, SubmitError};
 pub use marker::Marker;
 pub use op::{BackendCx, BufferRef, Cost, ExecCx, Op, Outputs, Plan, PlanCx, TensorSpec};
-pub use runtime::{Backend, BackendKind, Builder, Runtime, RuntimeInfo, Shutdown};
+pub use runtime::{Backend, BackendKind, Builder, Runtime, RuntimeInfo, Shutdown, Values};
 pub use settings::Settings;
 pub use shape::Shape;
 pub use stats::{CacheStats, PhaseStats, Stats};

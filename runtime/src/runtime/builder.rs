@@ -234,7 +234,7 @@ impl Assembled {
         settings: Settings,
         counters: StdArc<Counters>,
     ) -> Runtime {
-        Runtime {
+        let rt = Runtime {
             inner: Arc::new(Inner {
                 id: next_runtime_id(),
                 backend: self.backend,
@@ -247,7 +247,9 @@ impl Assembled {
                 gate: RwLock::new(false),
                 threads: Mutex::new(self.started.threads),
             }),
-        }
+        };
+        super::ergonomic::register(&rt);
+        rt
     }
 }
 
