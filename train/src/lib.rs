@@ -23,6 +23,8 @@
 //! - [`Param`] / [`Parameters`]: the (value, gradient) pairs an optimizer takes, with
 //!   [`Param::update`] for in-place updates by donation; [`Module`] for anything that
 //!   has parameters;
+//! - [`AdamW`]: the optimizer over a [`Parameters`] list (one fused `adamw` op per
+//!   step, in place by donation);
 //! - [`init`]: parameter initialization (host-generated from a seed for now).
 //!
 //! Gradients are overwritten, not accumulated, by each backward.
@@ -38,6 +40,7 @@ pub mod init;
 mod layer_norm;
 mod linear;
 mod mlp;
+mod optim;
 mod param;
 
 pub use attention::{AttentionConfig, AttentionCtx, CausalSelfAttention};
@@ -48,6 +51,7 @@ pub use embedding::{Embedding, EmbeddingCtx};
 pub use layer_norm::{LayerNorm, LayerNormCtx};
 pub use linear::{Linear, LinearConfig, LinearCtx};
 pub use mlp::{Mlp, MlpConfig, MlpCtx};
+pub use optim::AdamW;
 pub use param::{IterMut, Module, Param, Parameters};
 
 use rtx_runtime::{Result, Tensor};
