@@ -106,10 +106,9 @@ fn train<M: Module>(
     ex: &mut Export,
     model: &mut M,
     names: &[String],
-    x: &Tensor,
-    labels: &Tensor,
+    (x, labels): (&Tensor, &Tensor),
     cfg: AdamWConfig,
-    fwd_bwd: impl Fn(&mut M, &Tensor) -> Result<Tensor>,
+    fwd_bwd: impl Fn(&mut M, &Tensor) -> Result<(Tensor, Tensor)>,
 ) -> Result<Vec<f32>> {
     for (p, n) in model.parameters().iter().zip(names) {
         ex.tensor(&format!("init.{n}"), p.value())?;
@@ -119,10 +118,8 @@ fn train<M: Module>(
     let mut opt = AdamW::new(cfg);
     let mut losses = Vec::with_capacity(STEPS);
     for step in 0..STEPS {
-        // `fwd_bwd` runs the forward, returning the logits; the loss and its gradient
-        // flow through `LOSS`.
-        let logits = fwd_bwd(model, labels)?;
-        let loss = LOSS.with(|l| l.borrow_mut().take()).expect("loss set");
+        // `fwd_bwd` runs the forward, the loss and the backward: (logits, loss).
+        let (logits, loss) = fwd_bwd(model, labels)?;
         if step == 0 {
             ex.tensor("logits", &logits)?;
             ex.tensor("loss", &loss)?;
@@ -136,18 +133,13 @@ fn train<M: Module>(
     Ok(losses)
 }
 
-thread_local! {
-    static LOSS: std::cell::RefCell<Option<Tensor>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Cross-entropy of `logits` `[N, C]`: stores the loss in `LOSS`, returns dlogits.
-fn loss_grad(rt: &Runtime, logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+/// Cross-entropy of `logits` `[N, C]`: (the mean loss, dlogits).
+fn loss_grad(rt: &Runtime, logits: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
     let ce = rt.run(rtx::ops::cross_entropy(logits, labels))?;
     let d = rt.run(rtx::ops::cross_entropy_backward(
         logits, labels, &ce.lse, 1.0,
     ))?;
-    LOSS.with(|l| *l.borrow_mut() = Some(ce.loss));
-    Ok(d)
+    Ok((ce.loss, d))
 }
 
 fn batch(
@@ -209,14 +201,13 @@ fn main() -> Result<()> {
         &mut ex,
         &mut mlp,
         &names,
-        &x,
-        &labels,
+        (&x, &labels),
         ADAMW,
         |m, lab| {
             let (y, ctx) = m.forward(&rt, &x)?;
-            let d = loss_grad(&rt, &y, lab)?;
+            let (loss, d) = loss_grad(&rt, &y, lab)?;
             m.backward(&rt, &d, &ctx)?;
-            Ok(y)
+            Ok((y, loss))
         },
     )?;
     let config = format!(
@@ -258,15 +249,14 @@ fn main() -> Result<()> {
         &mut ex,
         &mut block,
         &names,
-        &x,
-        &labels,
+        (&x, &labels),
         block_adamw,
         |m, lab| {
             let (y, ctx) = m.forward(&rt, &x)?;
             let logits = y.reshape([b * l, d])?;
-            let dl = loss_grad(&rt, &logits, lab)?;
+            let (loss, dl) = loss_grad(&rt, &logits, lab)?;
             m.backward(&rt, &dl.reshape([b, l, d])?, &ctx)?;
-            Ok(logits)
+            Ok((logits, loss))
         },
     )?;
     let config = format!(

@@ -68,7 +68,7 @@ impl CausalSelfAttention {
     /// Projections initialized as `nn.Linear` (from `seed`).
     pub fn new(rt: &Runtime, cfg: AttentionConfig, seed: u64) -> Result<Self> {
         let d = cfg.d_model;
-        if cfg.heads == 0 || d == 0 || d % cfg.heads != 0 {
+        if cfg.heads == 0 || d == 0 || !d.is_multiple_of(cfg.heads) {
             let msg = format!(
                 "{} heads over width {d}: heads must divide the width",
                 cfg.heads

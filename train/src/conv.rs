@@ -97,7 +97,7 @@ impl Conv2d {
     pub fn new(rt: &Runtime, cfg: Conv2dConfig, seed: u64) -> Result<Self> {
         let g = cfg.opts.groups.max(1);
         let (kh, kw) = cfg.kernel;
-        if cfg.c_in == 0 || cfg.c_out == 0 || kh == 0 || kw == 0 || cfg.c_in % g != 0 {
+        if cfg.c_in == 0 || cfg.c_out == 0 || kh == 0 || kw == 0 || !cfg.c_in.is_multiple_of(g) {
             return Err(Error::invalid_dim(
                 "Conv2d::new",
                 format!(

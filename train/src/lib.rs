@@ -13,7 +13,7 @@
 //!   bias gradient is two `sum_dim` reductions of `dy`;
 //! - [`LayerNorm`], [`Embedding`]: over `rtx_ops::{layer_norm, embedding}` and their
 //!   backward ops;
-//! - [`Cnn`]: conv-relu-conv-relu-flatten-linear;
+//! - [`Cnn`]: a small CNN (conv, relu, conv, relu, flatten, linear);
 //! - [`CausalSelfAttention`] and [`TransformerBlock`] (pre-norm: `x + attn(LN(x))`, then
 //!   `x + MLP(LN(x))`), with heads split by `rtx_ops::layout::permute` and the flash
 //!   attention op (causal);
