@@ -327,6 +327,8 @@ fn main() {
                 .dev_mib
                 .map(|m| format!("{m:.1}"))
                 .unwrap_or_default(),
+            st.block_cache.bytes as f64 / (1 << 20) as f64,
+            st.pinned_cache.bytes as f64 / (1 << 20) as f64,
             st.block_cache.hits,
             st.block_cache.misses,
             st.pinned_cache.hits,

@@ -264,7 +264,7 @@ fn shutdown_under_tokio_with_dags_in_flight_drains_them_and_joins_every_thread()
             for d in &dags {
                 outs.push(dag::submit(&rt2, d, dag::Mode::Async).await);
             }
-            rt2.shutdown().await;
+            rt2.shutdown().await.unwrap();
             // Accepted ops drained: every value is ready and finite where it should be.
             let mut done = 0;
             for o in &outs {

@@ -38,6 +38,7 @@ pub mod compare;
 pub mod conv;
 pub mod convert;
 mod cpu_util;
+mod dim;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
@@ -61,6 +62,7 @@ pub use compare::{eq, gt, lt, where_};
 pub use conv::{conv2d, conv2d_backward_data, conv2d_backward_filter, Conv2dOpts, Layout};
 pub use convert::{cast, fill, ones, zeros};
 pub use cpu_util::{Float, FloatKind};
+pub use dim::Dim;
 pub use elementwise::{
     abs, abs_, add, add_, cos, cos_, div, div_, exp, exp_, log, log_, maximum, maximum_, minimum,
     minimum_, mul, mul_, neg, neg_, relu, relu_, sin, sin_, sqrt, sqrt_, sub, sub_,

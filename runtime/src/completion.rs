@@ -172,6 +172,16 @@ impl<T: Send + 'static> Submission<T> {
         }
     }
 
+    /// The output handles by value, at once (what [`Submission::outputs`] shows), giving
+    /// up the submission (the op still runs: dropping it does not cancel). `None` for
+    /// values that only exist at completion.
+    pub fn into_outputs(mut self) -> Option<T> {
+        match &mut self.value {
+            Value::Prebuilt(v) => v.take(),
+            Value::Payload(_) => None,
+        }
+    }
+
     /// The stream the op was placed on.
     pub fn stream(&self) -> StreamId {
         self.stream

@@ -91,7 +91,7 @@ pub use error::{CaptureHazard, CublasStatus, CudaCode, CudnnStatus, Error, Resul
 pub use graph::{Capture, Graph, Launch};
 pub use marker::Marker;
 pub use op::{BackendCx, BufferRef, Cost, ExecCx, Op, Outputs, Plan, PlanCx, TensorSpec};
-pub use runtime::{Backend, BackendKind, Builder, Runtime, RuntimeInfo, Shutdown};
+pub use runtime::{Backend, BackendKind, Builder, Runtime, RuntimeInfo, Shutdown, Values};
 pub use settings::Settings;
 pub use shape::Shape;
 pub use stats::{CacheStats, PhaseStats, Stats};

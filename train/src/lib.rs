@@ -8,12 +8,23 @@
 //! submissions that the streams run as their inputs become ready.
 //!
 //! - [`Linear`]: `act(x · wᵀ + b)` over `rtx_ops::gemm::{linear_train, linear_backward}`;
+//! - [`Conv2d`]: a 2-D convolution (+ bias, + optional fused ReLU) over
+//!   `rtx_ops::conv` (cuDNN forward, backward data and backward filter on CUDA); the
+//!   bias gradient is two `sum_dim` reductions of `dy`;
+//! - [`LayerNorm`], [`Embedding`]: over `rtx_ops::{layer_norm, embedding}` and their
+//!   backward ops;
+//! - [`Cnn`]: a small CNN (conv, relu, conv, relu, flatten, linear);
+//! - [`CausalSelfAttention`] and [`TransformerBlock`] (pre-norm: `x + attn(LN(x))`, then
+//!   `x + MLP(LN(x))`), with heads split by `rtx_ops::layout::permute` and the flash
+//!   attention op (causal);
 //! - [`Mlp`]: a stack of [`Linear`] layers, whose backward chains the layers so that
 //!   each activation's derivative is fused into the GEMM above it where the backend can
 //!   (`LinearBackward::input_activation`);
 //! - [`Param`] / [`Parameters`]: the (value, gradient) pairs an optimizer takes, with
 //!   [`Param::update`] for in-place updates by donation; [`Module`] for anything that
 //!   has parameters;
+//! - [`AdamW`]: the optimizer over a [`Parameters`] list (one fused `adamw` op per
+//!   step, in place by donation);
 //! - [`init`]: parameter initialization (host-generated from a seed for now);
 //! - [`pipeline`]: training jobs (model + optimizer + data + schedule) whose steps are
 //!   submissions only, many at once on one runtime, with a data-parallel mode.
@@ -22,29 +33,33 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod attention;
+mod block;
+mod cnn;
+mod conv;
+mod embedding;
 pub mod init;
+mod layer_norm;
 mod linear;
 mod mlp;
+mod optim;
 mod param;
 pub mod pipeline;
 
+pub use attention::{AttentionConfig, AttentionCtx, CausalSelfAttention};
+pub use block::{BlockConfig, BlockCtx, TransformerBlock};
+pub use cnn::{Cnn, CnnConfig, CnnCtx};
+pub use conv::{Conv2d, Conv2dConfig, Conv2dCtx};
+pub use embedding::{Embedding, EmbeddingCtx};
+pub use layer_norm::{LayerNorm, LayerNormCtx};
 pub use linear::{Linear, LinearConfig, LinearCtx};
 pub use mlp::{Mlp, MlpConfig, MlpCtx};
+pub use optim::AdamW;
 pub use param::{IterMut, Module, Param, Parameters};
 
-use rtx_runtime::{Error, Op, Result, Runtime};
+use rtx_runtime::{Result, Tensor};
 
-/// Submits `op` and returns its output handles at once (the op runs asynchronously; an
-/// error at run time reaches the ops that read these outputs, and whoever waits on
-/// them). A rejected submission is its typed error.
-pub(crate) fn submit<O>(rt: &Runtime, op: O) -> Result<O::Output>
-where
-    O: Op,
-    O::Output: Clone,
-{
-    let name = op.name();
-    let sub = rt.submit(op).map_err(|e| e.error)?;
-    sub.outputs()
-        .cloned()
-        .ok_or_else(|| Error::invalid(name, "the op has no tensor outputs"))
+/// `a + b` (same shape), for the residual connections and summed gradients.
+pub(crate) fn add(rt: &rtx_runtime::Runtime, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    rt.run(rtx_ops::add(a, b))
 }

@@ -3,8 +3,8 @@
 use rtx_ops::gemm::{linear_backward, linear_train, Activation};
 use rtx_runtime::{DType, Error, Result, Runtime, Tensor};
 
+use crate::init;
 use crate::param::{Module, Param, Parameters};
-use crate::{init, submit};
 
 /// The shape and options of a [`Linear`] layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,7 +173,7 @@ impl Linear {
     /// `y = act(x · wᵀ + b)` and what the backward needs; submissions only.
     pub fn forward(&self, rt: &Runtime, x: &Tensor) -> Result<(Tensor, LinearCtx)> {
         let b = self.bias.as_ref().map(|p| p.value());
-        let s = submit(rt, linear_train(x, self.weight.value(), b, self.act))?;
+        let s = rt.run(linear_train(x, self.weight.value(), b, self.act))?;
         Ok((
             s.y,
             LinearCtx {
@@ -218,7 +218,7 @@ impl Linear {
         if let Some((a, pre_in)) = input_act {
             op = op.input_activation(a, pre_in);
         }
-        let g = submit(rt, op)?;
+        let g = rt.run(op)?;
         self.weight.set_grad(g.dw)?;
         if let (Some(b), Some(db)) = (self.bias.as_mut(), g.db) {
             b.set_grad(db)?;

@@ -47,6 +47,16 @@ impl Param {
     pub fn take_grad(&mut self) -> Option<Tensor> {
         self.grad.take()
     }
+    /// Takes the value out (for a multi-tensor in-place op); put it back with
+    /// [`Param::restore_value`].
+    pub(crate) fn take_value(&mut self) -> Option<Tensor> {
+        self.value.take()
+    }
+    /// Puts a value back after [`Param::take_value`] (unchecked: the caller's op keeps
+    /// the shape and dtype).
+    pub(crate) fn restore_value(&mut self, value: Tensor) {
+        self.value = Some(value);
+    }
     /// Replaces the value; the new one must have the same shape and dtype.
     pub fn set_value(&mut self, value: Tensor) -> Result<()> {
         self.check_like("set_value", &value)?;

@@ -25,6 +25,7 @@ use rtx_runtime::{
 };
 
 use crate::cpu_util::Float;
+use crate::dim::Dim;
 use crate::kernels::{check_float, cpu_out, cpu_out_u32, float_dispatch};
 
 /// A reduction.
@@ -66,6 +67,8 @@ pub struct Reduce {
     kind: ReduceKind,
     x: Tensor,
     dim: Option<usize>,
+    /// The dim as asked for, when it was out of range (for the error at submit).
+    bad_dim: Option<isize>,
     keepdim: bool,
 }
 
@@ -76,7 +79,24 @@ impl Reduce {
             kind,
             x: x.clone(),
             dim,
+            bad_dim: None,
             keepdim,
+        }
+    }
+    /// Along `dim` counted from the end when negative; one out of range fails at submit.
+    fn along(kind: ReduceKind, x: &Tensor, dim: Dim, keepdim: bool) -> Self {
+        match dim.resolve("reduce", x.rank()) {
+            Ok(d) => Reduce::new(kind, x, Some(d), keepdim),
+            // Out of range: kept as asked (a negative one as usize::MAX), failing at submit.
+            Err(_) => Reduce {
+                bad_dim: Some(dim.0),
+                ..Reduce::new(
+                    kind,
+                    x,
+                    Some(usize::try_from(dim.0).unwrap_or(usize::MAX)),
+                    keepdim,
+                )
+            },
         }
     }
     /// What is computed.
@@ -100,7 +120,11 @@ impl Reduce {
             Some(d) if d < dims.len() => Ok(Shape::new(cpu::reduced_shape(dims, d, self.keepdim))),
             Some(d) => Err(Error::invalid_dim(
                 name,
-                format!("dim {d} out of range for shape {}", self.x.shape()),
+                format!(
+                    "dim {} out of range for shape {}",
+                    self.bad_dim.map_or(d as i128, |b| b as i128),
+                    self.x.shape()
+                ),
             )),
         }
     }
@@ -148,10 +172,12 @@ macro_rules! reduce_ctor {
         /// assert_eq!(y.dims(), &[2, 1]);
         #[doc = concat!("let z = rt.submit(rtx_ops::reduce::", stringify!($dim), "(&x, 0, false))?.wait()?;")]
         /// assert_eq!(z.dims(), &[3]);
+        #[doc = concat!("let last = rt.submit(rtx_ops::reduce::", stringify!($dim), "(&x, -1, false))?.wait()?;")]
+        /// assert_eq!(last.dims(), &[2]);
         /// # Ok::<(), Box<dyn std::error::Error>>(())
         /// ```
-        pub fn $dim(x: &Tensor, dim: usize, keepdim: bool) -> Reduce {
-            Reduce::new($kind, x, Some(dim), keepdim)
+        pub fn $dim(x: &Tensor, dim: impl Into<Dim>, keepdim: bool) -> Reduce {
+            Reduce::along($kind, x, dim.into(), keepdim)
         }
     };
 }

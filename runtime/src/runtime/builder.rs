@@ -249,7 +249,7 @@ impl Assembled {
         settings: Settings,
         counters: StdArc<Counters>,
     ) -> Runtime {
-        Runtime {
+        let rt = Runtime {
             pin: None,
             inner: Arc::new(Inner {
                 id: next_runtime_id(),
@@ -263,7 +263,9 @@ impl Assembled {
                 gate: crate::gate::Gate::default(),
                 threads: Mutex::new(self.started.threads),
             }),
-        }
+        };
+        super::ergonomic::register(&rt);
+        rt
     }
 }
 

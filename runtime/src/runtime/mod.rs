@@ -10,9 +10,11 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 mod builder;
+mod ergonomic;
 
 pub(crate) use builder::BackendState;
 pub use builder::{Backend, BackendKind, Builder};
+pub use ergonomic::Values;
 
 use crate::actor::{panic_message, spawn_named, StreamEntry};
 use crate::completion::{Completion, CompletionGuard, Submission};

@@ -48,7 +48,6 @@ use rtx_ops::elementwise::add_;
 use rtx_ops::{argmax_dim, cast, cross_entropy, eq, mean, mul_scalar_};
 use rtx_runtime::{DType, Error, Marker, Result, Runtime, StreamId, Submission, Tensor};
 
-use crate::submit;
 
 /// Loss downloads a pipeline lets run ahead before its host thread waits for the oldest.
 pub const MAX_PENDING_LOSSES: usize = 4;
@@ -255,12 +254,12 @@ impl Pipeline {
                 Some(a) => a
                     .into_iter()
                     .zip(&g)
-                    .map(|(a, g)| submit(&r0, add_(a, g)))
+                    .map(|(a, g)| r0.run(add_(a, g)))
                     .collect::<Result<_>>()?,
             });
             loss = Some(match loss {
                 None => l,
-                Some(a) => submit(&r0, add_(a, &l))?,
+                Some(a) => r0.run(add_(a, &l))?,
             });
         }
         let (acc, loss) = acc
@@ -269,7 +268,7 @@ impl Pipeline {
         for (p, g) in self.model.params().iter_mut().zip(acc) {
             p.set_grad(g)?;
         }
-        submit(&r0, mul_scalar_(loss, scale))
+        r0.run(mul_scalar_(loss, scale))
     }
 
     /// Moves completed loss downloads into [`Pipeline::losses`]; with `all`, waits for
@@ -327,11 +326,11 @@ impl Pipeline {
         let x = self.rt.upload(&data.x, [data.len(), data.dim])?;
         let y = self.rt.upload(&data.y, [data.len()])?;
         let logits = self.model.logits(&r0, &x)?;
-        let ce = submit(&r0, cross_entropy(&logits, &y))?;
-        let pred = submit(&r0, argmax_dim(&logits, 1, false))?;
-        let hit = submit(&r0, eq(&pred, &y))?;
-        let hit = submit(&r0, cast(&hit, DType::F32))?;
-        let acc = submit(&r0, mean(&hit))?;
+        let ce = r0.run(cross_entropy(&logits, &y))?;
+        let pred = r0.run(argmax_dim(&logits, 1, false))?;
+        let hit = r0.run(eq(&pred, &y))?;
+        let hit = r0.run(cast(&hit, DType::F32))?;
+        let acc = r0.run(mean(&hit))?;
         let loss = self.rt.to_vec::<f32>(&ce.loss)?;
         let acc = self.rt.to_vec::<f32>(&acc)?;
         let first = |v: Vec<f32>| v.first().copied().unwrap_or(f32::NAN);

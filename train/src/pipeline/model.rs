@@ -6,7 +6,7 @@ use rtx_ops::loss::{cross_entropy, cross_entropy_backward};
 use rtx_runtime::{Result, Runtime, Tensor};
 
 use crate::param::{Module, Parameters};
-use crate::{submit, Mlp};
+use crate::Mlp;
 
 /// A model trained on class labels: logits `[N, classes]` from inputs `[N, features]`.
 pub trait Classifier: Send {
@@ -30,7 +30,7 @@ fn as_model_dtype(mlp: &Mlp, rt: &Runtime, x: &Tensor) -> Result<Tensor> {
     if x.dtype() == want {
         Ok(x.clone())
     } else {
-        submit(rt, cast(x, want))
+        rt.run(cast(x, want))
     }
 }
 
@@ -50,8 +50,8 @@ impl Classifier for Mlp {
     ) -> Result<Tensor> {
         let x = as_model_dtype(self, rt, x)?;
         let (logits, ctx) = self.forward(rt, &x)?;
-        let ce = submit(rt, cross_entropy(&logits, y))?;
-        let dlogits = submit(rt, cross_entropy_backward(&logits, y, &ce.lse, scale))?;
+        let ce = rt.run(cross_entropy(&logits, y))?;
+        let dlogits = rt.run(cross_entropy_backward(&logits, y, &ce.lse, scale))?;
         self.backward(rt, &dlogits, &ctx)?;
         Ok(ce.loss)
     }

@@ -7,7 +7,6 @@ use rtx_ops::optim::{adamw, sgd, AdamW, Sgd};
 use rtx_runtime::{DType, Error, Result, Runtime, Tensor};
 
 use crate::param::Parameters;
-use crate::submit;
 
 /// Which rule and its hyperparameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -61,7 +60,7 @@ impl Optimizer {
             Some(
                 values
                     .iter()
-                    .map(|v| submit(rt, cast(v, DType::F32)))
+                    .map(|v| rt.run(cast(v, DType::F32)))
                     .collect::<Result<Vec<_>>>()?,
             )
         } else {
@@ -71,7 +70,7 @@ impl Optimizer {
             .map(|_| {
                 values
                     .iter()
-                    .map(|v| submit(rt, zeros(v.shape().clone(), DType::F32)))
+                    .map(|v| rt.run(zeros(v.shape().clone(), DType::F32)))
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
