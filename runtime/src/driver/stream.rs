@@ -12,6 +12,9 @@ use crate::error::{Error, Result};
 use crate::settings::Settings;
 use crate::stats::{Counters, Phase};
 
+/// The hook an op calls before it blocks its actor's thread (`StreamCx::before_blocking`).
+pub(crate) type BeforeBlocking = Box<dyn FnMut(&CudaStream)>;
+
 /// A CUDA stream actor's context, lent to each op it runs: the stream, the device's
 /// context, kernel functions and per-stream library state (cuBLAS, cuDNN handles...).
 /// It lives on the actor thread only, so `!Send` handles may be stored in it.
@@ -25,7 +28,7 @@ pub struct StreamCx {
     functions: HashMap<(String, String), CudaFunction>,
     ext: HashMap<TypeId, Box<dyn Any>>,
     /// The actor's hook for [`StreamCx::before_blocking`].
-    before_blocking: Option<Box<dyn FnMut(&CudaStream)>>,
+    before_blocking: Option<BeforeBlocking>,
 }
 
 impl StreamCx {
@@ -57,7 +60,7 @@ impl StreamCx {
         }
     }
     /// Installs the actor's hook for [`StreamCx::before_blocking`].
-    pub(crate) fn set_before_blocking(&mut self, h: Box<dyn FnMut(&CudaStream)>) {
+    pub(crate) fn set_before_blocking(&mut self, h: BeforeBlocking) {
         self.before_blocking = Some(h);
     }
     /// Drops the actor's hook (when the actor stops).

@@ -48,7 +48,6 @@ use rtx_ops::elementwise::add_;
 use rtx_ops::{argmax_dim, cast, cross_entropy, eq, mean, mul_scalar_};
 use rtx_runtime::{DType, Error, Marker, Result, Runtime, StreamId, Submission, Tensor};
 
-
 /// Loss downloads a pipeline lets run ahead before its host thread waits for the oldest.
 pub const MAX_PENDING_LOSSES: usize = 4;
 
@@ -123,7 +122,7 @@ impl Pipeline {
                 format!("{s} is not a compute stream of the runtime's default device"),
             ));
         }
-        if data.batch() % k != 0 {
+        if !data.batch().is_multiple_of(k) {
             return Err(Error::invalid(
                 what,
                 format!(
@@ -222,7 +221,7 @@ impl Pipeline {
         self.opt.step(&r0, &mut self.model.params())?;
         let k = self.step;
         self.step += 1;
-        if self.step % self.cfg.loss_every == 0 || self.is_done() {
+        if self.step.is_multiple_of(self.cfg.loss_every) || self.is_done() {
             let mark = self.rt.mark(streams[0])?;
             self.unread.push_back((k, loss, mark));
         }
