@@ -106,6 +106,9 @@ fn a_faulting_kernel_poisons_the_device_and_nothing_hangs() {
         matches!(later, Error::DevicePoisoned { .. }),
         "later op: {later}"
     );
+    // Every handle into the old runtime's memory goes with it (each keeps its allocator,
+    // and so the poisoned context, alive).
+    drop((x, fine, bad_out));
     drop(rt);
     // A new runtime on the same device works: the poisoned context went with the old
     // runtime (issue 14: "a new runtime on that device works afterwards").
