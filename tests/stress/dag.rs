@@ -412,7 +412,7 @@ pub fn settle_threads(baseline: usize) -> usize {
     }
 }
 
-/// Runs one DAG on an 8-stream runtime of `backend` and drops it: the threads that stay
+/// Runs 40 DAGs on an 8-stream runtime of `backend` and drops it: the threads that stay
 /// for the process (the rayon pool of the CPU ops, the CUDA driver's) exist before a
 /// baseline thread count is read.
 pub fn warm_up(backend: &rtx::Backend) {
