@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use crate::bench_util::*;
+use crate::streams::{chain_inputs, chain_weight, CHAIN_N};
 use rtx::ops::elementwise as ew;
 use rtx::ops::gemm::{linear, matmul, Activation};
 use rtx::{DType, Runtime, Tensor};
@@ -57,21 +58,13 @@ pub fn suite_chain_graph(_rt: &Runtime) {
 /// graph (one segment per stream: the chains are independent), in both forms of
 /// `suite_streams`; wall time of one launch to all 8 results on the host.
 pub fn suite_streams_graph(_rt: &Runtime) {
-    let n = 256usize;
-    let scale: Vec<f32> = random_f32(n * n, 8)
-        .iter()
-        .map(|v| v * (6.0f32 / n as f32).sqrt())
-        .collect();
+    let n = CHAIN_N;
+    let scale = chain_weight(n);
     for fused in [false, true] {
         for k in [1usize, 2, 4, 8] {
             let rt = Runtime::builder().streams(k).build().expect("runtime");
             let streams = rt.compute_streams(rt.device());
-            let ws: Vec<Tensor> = (0..8)
-                .map(|_| upload(&rt, &scale, &[n, n], DType::BF16))
-                .collect();
-            let x0: Vec<Tensor> = (0..8)
-                .map(|c| upload(&rt, &random_f32(n * n, 10 + c), &[n, n], DType::BF16))
-                .collect();
+            let (ws, x0) = chain_inputs(&rt, &scale, n);
             let mut graph = rt
                 .capture(|g| {
                     let mut xs: Vec<Tensor> =

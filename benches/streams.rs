@@ -11,6 +11,29 @@ use rtx::ops::elementwise as ew;
 use rtx::ops::gemm::{linear, matmul, Activation};
 use rtx::{DType, Runtime, Tensor};
 
+/// The chains' width (256 × 256 bf16).
+pub(crate) const CHAIN_N: usize = 256;
+
+/// The chains' weight values: He-style scale (uniform, variance 2/n) keeps the chain's
+/// values O(1) through relu.
+pub(crate) fn chain_weight(n: usize) -> Vec<f32> {
+    random_f32(n * n, 8)
+        .iter()
+        .map(|v| v * (6.0f32 / n as f32).sqrt())
+        .collect()
+}
+
+/// The 8 chains' weights and starting inputs on `rt` (bf16 `[n, n]` each).
+pub(crate) fn chain_inputs(rt: &Runtime, scale: &[f32], n: usize) -> (Vec<Tensor>, Vec<Tensor>) {
+    let ws = (0..8)
+        .map(|_| upload(rt, scale, &[n, n], DType::BF16))
+        .collect();
+    let x0 = (0..8)
+        .map(|c| upload(rt, &random_f32(n * n, 10 + c), &[n, n], DType::BF16))
+        .collect();
+    (ws, x0)
+}
+
 /// 8 independent chains of 200 steps of (GEMM 256³ bf16 + relu), chain c pinned to
 /// stream c % k, submitted step by step from one thread; wall time to the last result.
 /// Two forms: `matmul` then an in-place `relu_` (two ops per step, as PyTorch eager
@@ -18,22 +41,13 @@ use rtx::{DType, Runtime, Tensor};
 /// user would write it). Extra fields: the submitting loop's own time (`submit_ms`)
 /// and, with `RTX_PROFILE=1`, the actors' mean µs per phase.
 pub fn suite_streams(_rt: &Runtime) {
-    let n = 256usize;
-    // He-style scale (uniform, variance 2/n) keeps the chain's values O(1) through relu.
-    let scale: Vec<f32> = random_f32(n * n, 8)
-        .iter()
-        .map(|v| v * (6.0f32 / n as f32).sqrt())
-        .collect();
+    let n = CHAIN_N;
+    let scale = chain_weight(n);
     for fused in [false, true] {
         for k in [1usize, 2, 4, 8] {
             let rt = Runtime::builder().streams(k).build().expect("runtime");
             let streams = rt.compute_streams(rt.device());
-            let ws: Vec<Tensor> = (0..8)
-                .map(|_| upload(&rt, &scale, &[n, n], DType::BF16))
-                .collect();
-            let x0: Vec<Tensor> = (0..8)
-                .map(|c| upload(&rt, &random_f32(n * n, 10 + c), &[n, n], DType::BF16))
-                .collect();
+            let (ws, x0) = chain_inputs(&rt, &scale, n);
             let step = |x: &Tensor, w: &Tensor, s: rtx::StreamId| -> Tensor {
                 if fused {
                     return rt
