@@ -129,7 +129,43 @@ fn a_faulting_kernel_poisons_the_device_and_nothing_hangs() {
         let want = (*x as f64).exp();
         assert!(((*g as f64) - want).abs() <= 1e-5 * want, "exp({x}) = {g}");
     }
-    eprintln!("fault: a new runtime on the device after the fault computes exp correctly");
+    // cuBLAS in the new runtime too (the CUDA libraries keep state of their own in the
+    // context that was reset).
+    let (m, k, n) = (64usize, 48usize, 40usize);
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1)
+        .collect();
+    let (ta, tb) = (
+        fresh.upload(&a, [m, k]).unwrap(),
+        fresh.upload(&b, [k, n]).unwrap(),
+    );
+    let c = fresh
+        .submit(rtx::ops::gemm::matmul(&ta, &tb))
+        .unwrap()
+        .wait()
+        .unwrap_or_else(|e| panic!("a GEMM in the new runtime after the fault: {e}"));
+    let got = fresh.to_vec::<f32>(&c).unwrap().wait().unwrap();
+    let (mut err, mut norm) = (0f64, 0f64);
+    for i in 0..m {
+        for j in 0..n {
+            let want: f64 = (0..k)
+                .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                .sum();
+            err += (got[i * n + j] as f64 - want).powi(2);
+            norm += want * want;
+        }
+    }
+    assert!(
+        (err / norm).sqrt() < 1e-2,
+        "GEMM relative error {}",
+        (err / norm).sqrt()
+    );
+    eprintln!(
+        "fault: a new runtime on the device after the fault computes exp and a GEMM correctly"
+    );
     drop(fresh);
     // The CPU backend goes on.
     let cpu = Runtime::cpu(1);

@@ -1,10 +1,11 @@
 //! Opening a CUDA device: its context and the state its streams share.
 
+use std::collections::HashMap;
 use std::panic::catch_unwind;
 use std::sync::Arc as StdArc;
-use std::sync::Mutex as StdMutex;
+use std::sync::{LazyLock, Mutex as StdMutex};
 
-use cudarc::driver::{sys, CudaContext, CudaModule};
+use cudarc::driver::{result, sys, CudaContext, CudaModule, DriverError};
 use dashmap::DashMap;
 
 use super::alloc::DeviceMem;
@@ -61,6 +62,95 @@ pub(crate) struct DeviceShared {
     pub(crate) sm_count: u32,
     poison: StdMutex<Option<String>>,
     pub(crate) modules: DashMap<String, StdArc<CudaModule>>,
+    /// Counts this device in [`LIVE`] while the runtime's state on it exists.
+    _live: Live,
+}
+
+/// The `DeviceShared`s alive in this process, per device ordinal. A primary context
+/// left with a sticky error by an earlier runtime is reset only when this is 0 for its
+/// device: no runtime of this process uses the device any more.
+static LIVE: LazyLock<StdMutex<HashMap<usize, usize>>> = LazyLock::new(Default::default);
+
+/// One count in [`LIVE`], given back on drop.
+struct Live(usize);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = live.get_mut(&self.0) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+/// Whether `e` is one of the driver's sticky errors: after one, every call on the
+/// context fails with it for the rest of the process unless the context is reset.
+pub(crate) fn is_sticky(e: &DriverError) -> bool {
+    use sys::cudaError_enum as C;
+    matches!(
+        e.0,
+        C::CUDA_ERROR_ILLEGAL_ADDRESS
+            | C::CUDA_ERROR_LAUNCH_TIMEOUT
+            | C::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | C::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | C::CUDA_ERROR_MISALIGNED_ADDRESS
+            | C::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | C::CUDA_ERROR_INVALID_PC
+            | C::CUDA_ERROR_LAUNCH_FAILED
+            | C::CUDA_ERROR_ECC_UNCORRECTABLE
+    )
+}
+
+/// Creates and destroys a stream on `ctx`: the cheapest call that reports a sticky
+/// error left on the context, without waiting for anyone's work.
+fn probe_context(ctx: &CudaContext) -> std::result::Result<(), DriverError> {
+    ctx.bind_to_thread()?;
+    let s = result::stream::create(result::stream::StreamKind::NonBlocking)?;
+    // SAFETY: `s` was just created on the current context and is used by nothing else.
+    unsafe { result::stream::destroy(s) }
+}
+
+/// The primary context of device `ordinal`, healthy: one left poisoned by an earlier
+/// runtime of this process (a sticky error survives the runtime, because the CUDA
+/// libraries' runtime keeps the primary context retained) is reset first, when no
+/// runtime uses the device any more. Called with [`LIVE`] locked, so that no runtime
+/// opens the device while it is reset.
+fn healthy_context(ordinal: usize, live: usize) -> Result<StdArc<CudaContext>> {
+    let ctx = CudaContext::new(ordinal).map_err(|e| Error::cuda("cuCtxCreate", e))?;
+    let e = match probe_context(&ctx) {
+        Ok(()) => return Ok(ctx),
+        Err(e) if !is_sticky(&e) => return Err(Error::cuda("cuStreamCreate", e)),
+        Err(e) => e,
+    };
+    let device = Device::Cuda(ordinal);
+    if live > 0 {
+        return Err(Error::DevicePoisoned {
+            device,
+            cause: format!(
+                "{e} (left by an earlier runtime; the context is reset once every runtime \
+                 on the device and every tensor of it is dropped, and {live} still live)"
+            ),
+        });
+    }
+    tracing::warn!(device = ordinal, cause = %e, "resetting the poisoned primary context");
+    let dev = ctx.cu_device();
+    drop(ctx);
+    // SAFETY: no runtime of this process holds state on the device (`live` is 0 and
+    // `LIVE` is locked, so none opens it meanwhile); whatever else still refers to the
+    // old context (a cached spare pool) checks that its handle is alive before use.
+    let reset = unsafe { sys::cuDevicePrimaryCtxReset_v2(dev) }.result();
+    // (A reset can fail where our release was the last and the context went with it;
+    // the probe of the new context decides.)
+    let ctx = CudaContext::new(ordinal).map_err(|e| Error::cuda("cuCtxCreate", e))?;
+    probe_context(&ctx).map_err(|e| Error::DevicePoisoned {
+        device,
+        cause: format!("{e} (still, after resetting the primary context: {reset:?})"),
+    })?;
+    tracing::info!(
+        device = ordinal,
+        "the primary context was reset and works again"
+    );
+    Ok(ctx)
 }
 
 impl DeviceShared {
@@ -89,7 +179,13 @@ pub(crate) fn open_device(
     ordinal: usize,
     counters: StdArc<Counters>,
 ) -> Result<StdArc<DeviceShared>> {
-    let ctx = CudaContext::new(ordinal).map_err(|e| Error::cuda("cuCtxCreate", e))?;
+    let (ctx, live) = {
+        let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        let n = live.entry(ordinal).or_insert(0);
+        let ctx = healthy_context(ordinal, *n)?;
+        *n += 1;
+        (ctx, Live(ordinal))
+    };
     // SAFETY: called right after creating the context, before any slice exists; the
     // runtime orders every access by its own events from here on.
     unsafe { ctx.disable_event_tracking() };
@@ -109,5 +205,6 @@ pub(crate) fn open_device(
         sm_count: sm.max(1) as u32,
         poison: StdMutex::new(None),
         modules: DashMap::new(),
+        _live: live,
     }))
 }
