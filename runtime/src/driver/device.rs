@@ -128,7 +128,7 @@ fn healthy_context(ordinal: usize, live: usize) -> Result<StdArc<CudaContext>> {
             device,
             cause: format!(
                 "{e} (left by an earlier runtime; the context is reset once every runtime \
-                 on the device and every tensor of it is dropped, and {live} still live)"
+                 on the device has been dropped, and {live} still hold it)"
             ),
         });
     }
