@@ -406,6 +406,21 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
         Err(_) => {}
     }
     // Out of memory: give back what this stream keeps and its finished work freed.
+    reclaim_stream(own, stream);
+    match attempt() {
+        Ok(s) => return Ok(s),
+        Err(e) if !oom(&e) => return Err(driver_error("cuMemAllocAsync", e, ctx, bytes)),
+        Err(_) => {}
+    }
+    // Still out: memory may sit in the caches and pools of this device's other streams.
+    reclaim_device(device, stream);
+    attempt().map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))
+}
+
+/// The first step of the out-of-memory path: `own`'s cached blocks freed (`own`: the
+/// memory of `stream`'s actor), `stream`'s work waited for, `own`'s pool and the
+/// device's default pool trimmed.
+pub(crate) fn reclaim_stream(own: Option<&StdArc<StreamMem>>, stream: &StdArc<CudaStream>) {
     if let Some(mem) = own {
         free_cached(mem, stream);
     }
@@ -413,14 +428,14 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
     if let Some(mem) = own {
         trim(mem);
     }
-    trim_default(ctx);
-    match attempt() {
-        Ok(s) => return Ok(s),
-        Err(e) if !oom(&e) => return Err(driver_error("cuMemAllocAsync", e, ctx, bytes)),
-        Err(_) => {}
-    }
-    // Still out: memory may sit in the caches and pools of this device's other streams;
-    // empty them, wait for the whole device, and trim their pools.
+    trim_default(stream.context());
+}
+
+/// The second step: the caches of every stream of `device` emptied (the frees enqueued
+/// on `stream`), the whole device's work waited for, every pool of the device trimmed
+/// (its streams', the spare ones, the default one).
+pub(crate) fn reclaim_device(device: Option<&DeviceMem>, stream: &StdArc<CudaStream>) {
+    let ctx = stream.context();
     let ordinal = ctx.ordinal();
     let same_device: Vec<StdArc<StreamMem>> = device.map(DeviceMem::live).unwrap_or_default();
     for mem in &same_device {
@@ -433,7 +448,6 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
     }
     super::pool::trim_spare(ordinal);
     trim_default(ctx);
-    attempt().map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))
 }
 
 fn trim_default(ctx: &CudaContext) {
