@@ -115,10 +115,10 @@ impl Home {
         self.0.is_none()
     }
     /// Takes back the memory of a dropped buffer (see [`recycle`]).
-    pub(crate) fn recycle<T>(&self, s: CudaSlice<T>) {
+    pub(crate) fn recycle<T: 'static>(&self, s: CudaSlice<T>) {
         match self.0.as_ref().and_then(Weak::upgrade) {
             Some(mem) => recycle(&mem, s),
-            None => drop(s),
+            None => free(s),
         }
     }
 }
@@ -262,9 +262,9 @@ fn free_cached(mem: &StreamMem, stream: &CudaStream) {
 
 /// Takes back the memory of a dropped tensor buffer: into `mem`'s cache when the slice
 /// is of `mem`'s stream and the cache has room, else freed stream-ordered as usual.
-fn recycle<T>(mem: &StreamMem, s: CudaSlice<T>) {
+fn recycle<T: 'static>(mem: &StreamMem, s: CudaSlice<T>) {
     if key(s.stream()) != mem.stream {
-        drop(s);
+        free(s);
         return;
     }
     let ptr = {
@@ -289,9 +289,33 @@ fn recycle<T>(mem: &StreamMem, s: CudaSlice<T>) {
         _ => {
             cache.classes.remove(&ptr);
             drop(cache);
-            drop(s);
+            free(s);
         }
     }
+}
+
+/// Drops `s`, which frees it stream-ordered on its stream; while this thread captures a
+/// graph, only after the capture has ended (`capture::defer`: the capturing stream
+/// would record the free into the graph, and refuses it for memory the graph did not
+/// allocate).
+fn free<T: 'static>(s: CudaSlice<T>) {
+    if super::capture::active() {
+        super::capture::defer(Box::new(s));
+    } else {
+        drop(s);
+    }
+}
+
+/// The same allocation as a slice of `stream`: its drop (or [`Home::recycle`]) frees it
+/// stream-ordered on `stream` from now on, after the work enqueued there before. No
+/// driver call (rtx's contexts track no events).
+pub(crate) fn rebind<T>(s: CudaSlice<T>, stream: &StdArc<CudaStream>) -> CudaSlice<T> {
+    let n = s.len();
+    let ptr = s.leak();
+    // SAFETY: `ptr` is the live allocation of `n` elements of `T` that `s` owned (its
+    // contents as they were), now owned by nothing else; `stream` is of the same
+    // context (every caller rebinds between streams of one device).
+    unsafe { stream.upgrade_device_ptr::<T>(ptr, n) }
 }
 
 /// Allocates `n` elements stream-ordered on `stream`: from the stream's cache or pool
