@@ -7,6 +7,27 @@
 //! `RTX_STRESS_OPS=N` sets the ops per backend (default 20,000: well under a minute on
 //! 2 cores); `RTX_STRESS_SEED=S` replays a run (the seed is printed). One test in its
 //! own process, so no other test's threads move the thread count.
+//!
+//! Device memory: the check compares the device's free memory before the runtimes are
+//! built (after a warm-up of every family) with after they dropped, and must stay
+//! within 64 MiB. Memory the CUDA driver and the libraries keep for the process, not
+//! rtx, counts against it: with the driver's lazy module loading (its default), a
+//! kernel's module is loaded into the context on its first launch, so first uses of
+//! new shapes during the run (cuBLASLt and cuDNN kernels the warm-up did not reach) grow
+//! the context. To tell that apart from memory rtx keeps, run with the driver's eager
+//! loading, which loads every module of a library when the library loads:
+//!
+//! ```sh
+//! CUDA_MODULE_LOADING=EAGER cargo test --test stress -- --nocapture
+//! RTX_STRESS_EAGER=1 cargo test --test stress -- --nocapture   # the same, set by the test
+//! ```
+//!
+//! `CUDA_MODULE_LOADING` is read by the driver once, at `cuInit`; `RTX_STRESS_EAGER=1`
+//! sets it to `EAGER` at the start of the test, before anything in the process calls
+//! the driver (unless it is set already). The test prints the loading mode the driver
+//! reports (`cuModuleGetLoadingMode`) and a breakdown of the device memory: free
+//! before, while the runtimes live, after they dropped, and rtx's own caches (block
+//! cache and pinned host cache bytes from `Runtime::stats`) at the end of the run.
 
 mod common;
 #[path = "stress/dag.rs"]
@@ -139,6 +160,8 @@ fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
     }
     let wall = t0.elapsed();
     let stats = eight.stats();
+    let stats_one = one.stats();
+    let free_live = device_free(&backend);
     drop(one);
     drop(eight);
     let threads1 = dag::settle_threads(threads0);
@@ -192,15 +215,28 @@ fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
     );
     if let (Some(f0), Some(f1)) = (free0, free1) {
         let mib = |b: i64| b / (1 << 20);
-        eprintln!(
-            "stress {label}: device free memory {} MiB before, {} MiB after the runtimes drop",
+        let live = free_live.unwrap_or(f1);
+        let cached = stats.block_cache.bytes + stats_one.block_cache.bytes;
+        let pinned = stats.pinned_cache.bytes + stats_one.pinned_cache.bytes;
+        let breakdown = format!(
+            "module loading {}; device free {} MiB before, {} MiB with the runtimes live \
+             ({} MiB in use by them), {} MiB after they dropped; rtx's caches at the end of \
+             the run: block cache {} bytes (device), pinned cache {} bytes (host); \
+             {} MiB not back after the drop",
+            module_loading(),
             mib(f0),
-            mib(f1)
+            mib(live),
+            mib(f0 - live),
+            mib(f1),
+            cached,
+            pinned,
+            mib(f0 - f1)
         );
+        eprintln!("stress {label}: {breakdown}");
         assert!(
             f0 - f1 < 64 << 20,
             "{label}: device memory back at baseline (pools trimmed, caches freed): \
-             {} MiB still in use",
+             {} MiB still in use; {breakdown}",
             mib(f0 - f1)
         );
     }
@@ -217,6 +253,38 @@ fn device_free(backend: &Backend) -> Option<i64> {
     }
 }
 
+/// The driver's module loading mode (`cuModuleGetLoadingMode`), as a word.
+fn module_loading() -> String {
+    use cudarc::driver::sys;
+    let mut mode = sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING;
+    // SAFETY: `mode` is a valid out-pointer; the call only reads the driver's setting
+    // (cuInit has run: the runtimes were built). A driver without the entry point
+    // makes the loader panic, caught here.
+    let r = std::panic::catch_unwind(move || {
+        let r = unsafe { sys::cuModuleGetLoadingMode(&mut mode) };
+        (r, mode)
+    });
+    match r {
+        Ok((sys::CUresult::CUDA_SUCCESS, sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING)) => {
+            "EAGER".into()
+        }
+        Ok((sys::CUresult::CUDA_SUCCESS, _)) => "LAZY".into(),
+        Ok((e, _)) => format!("unknown ({e:?})"),
+        Err(_) => "unknown (no cuModuleGetLoadingMode)".into(),
+    }
+}
+
+/// `RTX_STRESS_EAGER=1`: the driver's eager module loading for this process (see the
+/// module docs); must run before anything calls the driver.
+fn eager_module_loading_if_asked() {
+    let asked = std::env::var("RTX_STRESS_EAGER").is_ok_and(|v| v == "1");
+    if asked && std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        // The test is the only one in its process and runs this first, before any
+        // thread of its own or any driver call.
+        std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
+    }
+}
+
 fn ops_budget() -> usize {
     std::env::var("RTX_STRESS_OPS")
         .ok()
@@ -226,6 +294,7 @@ fn ops_budget() -> usize {
 
 #[test]
 fn random_dags_of_every_family_on_8_streams_equal_1_stream_and_leak_nothing() {
+    eager_module_loading_if_asked();
     stress("cpu", Backend::Cpu, ops_budget(), 1e-5);
     if common::cuda_present() {
         // Other cuDNN engines per stream and f16 rounding flips: equal by the norm.

@@ -145,10 +145,11 @@ pub(crate) fn execute(
         ))
     });
     if let Some(e) = err {
-        // Outputs already set, and a donated input's memory (dropped inside the op, or
-        // with it), may still be used by kernels the op enqueued: drain the stream
-        // before dropping them (dropped device memory is reused at once on its stream's
-        // next allocation).
+        // Outputs already set, and a donated input's memory (dropped with the op), may
+        // still be used by kernels the op enqueued: drain the stream before dropping
+        // them (dropped device memory is reused at once on its stream's next
+        // allocation). Donated memory the op dropped itself was bound to this stream
+        // by `ExecCx::donate`, so its free is ordered after those kernels already.
         if let BackendCx::Cuda(scx) = &cx.backend {
             if cx.drain_pending() {
                 if let Err(sync) = scx.stream().synchronize() {

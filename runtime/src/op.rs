@@ -231,8 +231,12 @@ impl<'a> ExecCx<'a> {
         }
     }
     /// Takes a donated input's memory for in-place use, if `t` is the last handle to it
-    /// (rule 3 of the storage protocol, `runtime/src/storage.rs`). Returns `None` when another handle or a pending reader can still
-    /// see it: then allocate instead. The tensor is unusable afterwards.
+    /// (rule 3 of the storage protocol, `runtime/src/storage.rs`). Returns `None` when
+    /// another handle or a pending reader can still see it: then allocate instead. The
+    /// tensor is unusable afterwards. On CUDA, memory produced on another stream is
+    /// bound to this op's stream: dropped by the op (say, as it fails), it is freed
+    /// stream-ordered after the kernels the op enqueued, never handed to another
+    /// stream's next allocation while they may still use it.
     pub fn donate(&mut self, t: &mut Tensor) -> Option<Buffer> {
         // A graph replays its ops again and again: their inputs stay its own.
         if self.slots.is_some() || !t.is_unique() {
@@ -240,7 +244,19 @@ impl<'a> ExecCx<'a> {
         }
         let taken = t.storage().take_unique();
         self.donated |= taken.is_some();
-        taken
+        match (taken, &self.backend) {
+            // Memory of another stream (its producer's) would go back to that stream's
+            // cache when the op drops it, for that stream's next allocation, while
+            // kernels this op enqueued on its own stream may still use it: bind it to
+            // this op's stream, whose order puts its free after them (see
+            // `actor::execute` for outputs and failures).
+            (Some(Buffer::Cuda(d)), BackendCx::Cuda(scx))
+                if d.stream_handle() != scx.stream().cu_stream() as usize =>
+            {
+                Some(Buffer::Cuda(d.rebind(scx.stream())))
+            }
+            (taken, _) => taken,
+        }
     }
     /// Whether a failure of this op now would drain its stream (on CUDA) before the
     /// memory the op holds is dropped: true once it has set an output or taken a donated

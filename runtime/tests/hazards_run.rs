@@ -317,8 +317,8 @@ fn panic_in_plan_is_a_typed_error_with_the_op_back() {
 }
 
 /// Donates its input, then fails: the submission fails with the op's error, the
-/// donated tensor is gone, and the runtime goes on (on CUDA the stream is drained before
-/// the donated buffer is dropped; see `actor::execute`).
+/// donated tensor is gone, and the runtime goes on (on CUDA, where the order of the free
+/// matters, see `a_donated_buffer_dropped_by_a_failing_op_is_freed_after_its_work_on_cuda`).
 struct DonateThenFail(Tensor);
 
 impl Op for DonateThenFail {
@@ -354,4 +354,122 @@ fn failing_donating_op_is_marked_for_the_drain() {
     let e = within(20, "the op", move || sub.wait()).unwrap_err();
     assert!(matches!(e, Error::InvalidOp { .. }), "{e}");
     rt.submit(noop()).unwrap().wait().unwrap();
+}
+
+/// A copy of its input made on the stream it runs on (CUDA: allocated there).
+struct CopyOn(Tensor);
+
+impl Op for CopyOn {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "copy_on"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.0]
+    }
+    fn plan(&self, _: &PlanCx) -> Result<Plan> {
+        Ok(Plan {
+            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
+            cost: Cost::default(),
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let x = cx.input(&self.0)?;
+        let out = match cx.backend() {
+            BackendCx::Cpu => Buffer::from_vec(x.cpu::<f32>()?.to_vec()),
+            BackendCx::Cuda(scx) => {
+                let mut y = scx.alloc::<f32>(x.len())?;
+                scx.stream()
+                    .memcpy_dtod(x.cuda::<f32>()?, &mut y)
+                    .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", e))?;
+                Buffer::from_cuda(y)
+            }
+        };
+        cx.set_output(0, out)
+    }
+}
+
+/// Donates its input (produced on another stream), reads it with a copy enqueued on its
+/// own stream, drops it and fails. On CUDA the donated buffer must come bound to this
+/// op's stream, so that dropping it here frees it after the copy instead of handing it
+/// to the producer's stream's next allocation while the copy may still read it.
+struct DonateReadDropFail(Tensor);
+
+impl Op for DonateReadDropFail {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "donate_read_drop_fail"
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.0]
+    }
+    fn plan(&self, _: &PlanCx) -> Result<Plan> {
+        Ok(Plan {
+            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
+            cost: Cost::default(),
+        })
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        let name = "donate_read_drop_fail";
+        let buf = cx
+            .donate(&mut self.0)
+            .ok_or_else(|| Error::invalid(name, "the donation was declined"))?;
+        let BackendCx::Cuda(scx) = cx.backend() else {
+            return Err(Error::invalid(name, "not on CUDA"));
+        };
+        let src = buf.cuda::<f32>()?;
+        let mut scratch = scx.alloc::<f32>(src.len())?;
+        scx.stream()
+            .memcpy_dtod(src, &mut scratch)
+            .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", e))?;
+        let bound = src.stream().cu_stream() == scx.stream().cu_stream();
+        drop(buf);
+        drop(scratch);
+        if bound {
+            Err(Error::invalid(name, "failed after donating"))
+        } else {
+            Err(Error::invalid(
+                name,
+                "the donated buffer is still bound to its producer's stream",
+            ))
+        }
+    }
+}
+
+/// Issue 14: "a donated buffer dropped inside a failing op skips the drain". Skips
+/// without a CUDA device.
+#[test]
+fn a_donated_buffer_dropped_by_a_failing_op_is_freed_after_its_work_on_cuda() {
+    if !rtx_runtime::cuda::probe().is_ok_and(|n| n > 0) {
+        eprintln!("skipped: no CUDA device");
+        return;
+    }
+    let rt = Runtime::builder()
+        .backend(Backend::Cuda(vec![]))
+        .streams(2)
+        .build()
+        .unwrap();
+    let s = rt.compute_streams(rt.device());
+    for round in 0..20 {
+        let vals: Vec<f32> = (0..4096)
+            .map(|_| rand::random::<f32>() * 2.0 - 1.0)
+            .collect();
+        let x = rt.upload(&vals, [vals.len()]).unwrap();
+        let y = rt
+            .submit_on(s[0], CopyOn(x.clone()))
+            .unwrap()
+            .wait()
+            .unwrap();
+        let sub = rt.submit_on(s[1], DonateReadDropFail(y)).unwrap();
+        let e = within(20, "the op", move || sub.wait()).unwrap_err();
+        match &e {
+            Error::InvalidOp { message, .. } => {
+                assert_eq!(message, "failed after donating", "round {round}")
+            }
+            other => panic!("round {round}: {other}"),
+        }
+        // Stream 0 allocates again (the size the donated block had) and computes right.
+        let z = rt.submit_on(s[0], CopyOn(x)).unwrap().wait().unwrap();
+        assert_eq!(rt.to_vec::<f32>(&z).unwrap().wait().unwrap(), vals);
+    }
 }

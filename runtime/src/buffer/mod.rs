@@ -80,8 +80,42 @@ impl CudaData {
             self.home = home;
         }
     }
+    /// The same memory, bound to `stream` from now on: dropped, it is freed (or cached,
+    /// see `driver/alloc.rs`) stream-ordered on `stream`, after the work enqueued there
+    /// before the drop. Its home is dropped (`adopt` may give it `stream`'s).
+    pub(crate) fn rebind(self, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Self {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped (ManuallyDrop) nor used after these reads, so
+        // the slices and the home are each moved out exactly once.
+        let (data, home) = unsafe { (std::ptr::read(&this.data), std::ptr::read(&this.home)) };
+        drop(home);
+        use crate::driver::alloc::rebind;
+        let data = match data {
+            Slices::F32(v) => Slices::F32(ManuallyDrop::new(rebind(
+                ManuallyDrop::into_inner(v),
+                stream,
+            ))),
+            Slices::F16(v) => Slices::F16(ManuallyDrop::new(rebind(
+                ManuallyDrop::into_inner(v),
+                stream,
+            ))),
+            Slices::BF16(v) => Slices::BF16(ManuallyDrop::new(rebind(
+                ManuallyDrop::into_inner(v),
+                stream,
+            ))),
+            Slices::I32(v) => Slices::I32(ManuallyDrop::new(rebind(
+                ManuallyDrop::into_inner(v),
+                stream,
+            ))),
+            Slices::U32(v) => Slices::U32(ManuallyDrop::new(rebind(
+                ManuallyDrop::into_inner(v),
+                stream,
+            ))),
+        };
+        CudaData::new(data)
+    }
     /// The `CUstream` handle of the slice's stream, as a number.
-    fn stream_handle(&self) -> usize {
+    pub(crate) fn stream_handle(&self) -> usize {
         each_slice!(&self.data, v => v.stream().cu_stream() as usize)
     }
 }

@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
+use std::sync::Arc as StdArc;
 
 use cudarc::driver::{sys, CudaStream};
 
@@ -66,12 +67,41 @@ impl Drop for CudaGraph {
 #[derive(Default)]
 pub(crate) struct GraphTable {
     pub(crate) graphs: HashMap<(u64, usize), CudaGraph>,
+    /// The stream that the memory handed out during a capture is bound to
+    /// ([`GraphTable::side_stream`]); made by the first capture.
+    side: Option<StdArc<CudaStream>>,
 }
 
 impl GraphTable {
     /// This stream's table.
     pub(crate) fn of(scx: &mut StreamCx) -> Result<&mut GraphTable> {
         scx.ext::<GraphTable>(|_| Ok(GraphTable::default()))
+    }
+
+    /// A stream of this actor's device that never captures, ordered after everything
+    /// enqueued on the actor's stream so far (call it before [`begin_capture`]). The
+    /// outputs a capture hands to its ops are bound to it until the capture has
+    /// accepted them (`graph/segment.rs`): an op that drops one inside the capture then
+    /// frees it here, after the warm-up that wrote it, and not on the capturing stream,
+    /// where `cuMemFreeAsync` of memory the graph did not allocate is
+    /// `CUDA_ERROR_INVALID_VALUE` (found by compute-sanitizer memcheck).
+    pub(crate) fn side_stream(scx: &mut StreamCx) -> Result<StdArc<CudaStream>> {
+        let ctx = scx.context().clone();
+        let own = scx.stream().clone();
+        let table = Self::of(scx)?;
+        let side = match &table.side {
+            Some(s) => s.clone(),
+            None => {
+                let s = ctx
+                    .new_stream()
+                    .map_err(|e| Error::cuda("cuStreamCreate", e))?;
+                table.side = Some(s.clone());
+                s
+            }
+        };
+        side.join(&own)
+            .map_err(|e| Error::cuda("cuStreamWaitEvent", e))?;
+        Ok(side)
     }
 }
 

@@ -115,10 +115,10 @@ impl Home {
         self.0.is_none()
     }
     /// Takes back the memory of a dropped buffer (see [`recycle`]).
-    pub(crate) fn recycle<T>(&self, s: CudaSlice<T>) {
+    pub(crate) fn recycle<T: 'static>(&self, s: CudaSlice<T>) {
         match self.0.as_ref().and_then(Weak::upgrade) {
             Some(mem) => recycle(&mem, s),
-            None => drop(s),
+            None => free(s),
         }
     }
 }
@@ -262,9 +262,9 @@ fn free_cached(mem: &StreamMem, stream: &CudaStream) {
 
 /// Takes back the memory of a dropped tensor buffer: into `mem`'s cache when the slice
 /// is of `mem`'s stream and the cache has room, else freed stream-ordered as usual.
-fn recycle<T>(mem: &StreamMem, s: CudaSlice<T>) {
+fn recycle<T: 'static>(mem: &StreamMem, s: CudaSlice<T>) {
     if key(s.stream()) != mem.stream {
-        drop(s);
+        free(s);
         return;
     }
     let ptr = {
@@ -289,9 +289,33 @@ fn recycle<T>(mem: &StreamMem, s: CudaSlice<T>) {
         _ => {
             cache.classes.remove(&ptr);
             drop(cache);
-            drop(s);
+            free(s);
         }
     }
+}
+
+/// Drops `s`, which frees it stream-ordered on its stream; while this thread captures a
+/// graph, only after the capture has ended (`capture::defer`: the capturing stream
+/// would record the free into the graph, and refuses it for memory the graph did not
+/// allocate).
+fn free<T: 'static>(s: CudaSlice<T>) {
+    if super::capture::active() {
+        super::capture::defer(Box::new(s));
+    } else {
+        drop(s);
+    }
+}
+
+/// The same allocation as a slice of `stream`: its drop (or [`Home::recycle`]) frees it
+/// stream-ordered on `stream` from now on, after the work enqueued there before. No
+/// driver call (rtx's contexts track no events).
+pub(crate) fn rebind<T>(s: CudaSlice<T>, stream: &StdArc<CudaStream>) -> CudaSlice<T> {
+    let n = s.len();
+    let ptr = s.leak();
+    // SAFETY: `ptr` is the live allocation of `n` elements of `T` that `s` owned (its
+    // contents as they were), now owned by nothing else; `stream` is of the same
+    // context (every caller rebinds between streams of one device).
+    unsafe { stream.upgrade_device_ptr::<T>(ptr, n) }
 }
 
 /// Allocates `n` elements stream-ordered on `stream`: from the stream's cache or pool
@@ -406,6 +430,21 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
         Err(_) => {}
     }
     // Out of memory: give back what this stream keeps and its finished work freed.
+    reclaim_stream(own, stream);
+    match attempt() {
+        Ok(s) => return Ok(s),
+        Err(e) if !oom(&e) => return Err(driver_error("cuMemAllocAsync", e, ctx, bytes)),
+        Err(_) => {}
+    }
+    // Still out: memory may sit in the caches and pools of this device's other streams.
+    reclaim_device(device, stream);
+    attempt().map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))
+}
+
+/// The first step of the out-of-memory path: `own`'s cached blocks freed (`own`: the
+/// memory of `stream`'s actor), `stream`'s work waited for, `own`'s pool and the
+/// device's default pool trimmed.
+pub(crate) fn reclaim_stream(own: Option<&StdArc<StreamMem>>, stream: &StdArc<CudaStream>) {
     if let Some(mem) = own {
         free_cached(mem, stream);
     }
@@ -413,14 +452,14 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
     if let Some(mem) = own {
         trim(mem);
     }
-    trim_default(ctx);
-    match attempt() {
-        Ok(s) => return Ok(s),
-        Err(e) if !oom(&e) => return Err(driver_error("cuMemAllocAsync", e, ctx, bytes)),
-        Err(_) => {}
-    }
-    // Still out: memory may sit in the caches and pools of this device's other streams;
-    // empty them, wait for the whole device, and trim their pools.
+    trim_default(stream.context());
+}
+
+/// The second step: the caches of every stream of `device` emptied (the frees enqueued
+/// on `stream`), the whole device's work waited for, every pool of the device trimmed
+/// (its streams', the spare ones, the default one).
+pub(crate) fn reclaim_device(device: Option<&DeviceMem>, stream: &StdArc<CudaStream>) {
+    let ctx = stream.context();
     let ordinal = ctx.ordinal();
     let same_device: Vec<StdArc<StreamMem>> = device.map(DeviceMem::live).unwrap_or_default();
     for mem in &same_device {
@@ -433,7 +472,6 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
     }
     super::pool::trim_spare(ordinal);
     trim_default(ctx);
-    attempt().map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))
 }
 
 fn trim_default(ctx: &CudaContext) {

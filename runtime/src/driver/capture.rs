@@ -28,6 +28,21 @@ struct Active {
 
 thread_local! {
     static CAPTURE: RefCell<Option<Active>> = const { RefCell::new(None) };
+    /// Device memory dropped on this thread while it captured (`defer`).
+    static DEFERRED: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Keeps `slice` (a `CudaSlice<T>` dropped while this thread captures) to be dropped
+/// after the capture has ended ([`take_deferred`]): `cuMemFreeAsync` on the capturing
+/// stream would be recorded into the graph, not done, and is refused
+/// (`CUDA_ERROR_INVALID_VALUE`) for memory the graph did not allocate.
+pub(crate) fn defer(slice: Box<dyn Any>) {
+    DEFERRED.with(|d| d.borrow_mut().push(slice));
+}
+
+/// What was deferred on this thread, for the caller to drop once its capture ended.
+pub(crate) fn take_deferred() -> Vec<Box<dyn Any>> {
+    DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()))
 }
 
 /// Enters capture mode for op `op` on this thread: `queue` holds its outputs, each a
@@ -75,4 +90,27 @@ pub(crate) fn take<T: 'static>(n: usize) -> Option<Result<CudaSlice<T>>> {
         let b = a.queue.pop_front().expect("checked above");
         Some(Ok(*b.downcast::<CudaSlice<T>>().expect("checked above")))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deferred_drops_wait_for_the_caller_in_order() {
+        assert!(take_deferred().is_empty());
+        enter("op", VecDeque::new());
+        assert!(active());
+        defer(Box::new(1u32));
+        defer(Box::new(2u32));
+        assert!(leave().is_empty());
+        assert!(!active());
+        let d = take_deferred();
+        let got: Vec<u32> = d
+            .iter()
+            .map(|b| *b.downcast_ref::<u32>().unwrap())
+            .collect();
+        assert_eq!(got, [1, 2]);
+        assert!(take_deferred().is_empty(), "taken once");
+    }
 }

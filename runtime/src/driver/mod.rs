@@ -11,7 +11,8 @@
 //! - `pinned.rs`: the pinned host staging cache for transfers;
 //! - `stream.rs`: [`StreamCx`], what a CUDA op sees of its stream;
 //! - `teardown.rs`: the process-wide serialization of driver teardown;
-//! - `capture.rs`: the thread-local capture mode (no allocation inside a graph capture).
+//! - `capture.rs`: the thread-local capture mode (no allocation inside a graph capture);
+//! - `reclaim.rs`: out of memory inside a library: empty the caches, retry once.
 
 pub(crate) mod alloc;
 pub(crate) mod capture;
@@ -19,6 +20,7 @@ mod device;
 pub(crate) mod event;
 pub(crate) mod pinned;
 mod pool;
+pub(crate) mod reclaim;
 mod stream;
 pub(crate) mod teardown;
 
@@ -28,4 +30,5 @@ pub use device::present_for_tests;
 pub use device::probe;
 pub(crate) use device::{open_device, DeviceShared};
 pub use pinned::{PINNED_MAX_BLOCK, PINNED_MAX_BYTES};
+pub use reclaim::{is_library_alloc_failure, retry_after_reclaim, Reclaimer};
 pub use stream::StreamCx;

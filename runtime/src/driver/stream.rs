@@ -75,6 +75,12 @@ impl StreamCx {
     pub(crate) fn home(&self) -> Home {
         self.mem.as_ref().map(Home::of).unwrap_or_default()
     }
+    /// This stream's out-of-memory reclaim step, for library calls (see
+    /// [`Reclaimer::retry`](super::Reclaimer::retry)); library state kept in
+    /// [`StreamCx::ext`] may hold it.
+    pub fn reclaimer(&self) -> super::Reclaimer {
+        super::Reclaimer::new(self.stream.clone(), self.mem.as_ref(), &self.dev)
+    }
     /// The stream ops enqueue on.
     pub fn stream(&self) -> &StdArc<CudaStream> {
         &self.stream

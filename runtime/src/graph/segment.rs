@@ -9,7 +9,9 @@ use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use cudarc::driver::DevicePtr;
+use std::sync::Arc as StdArc;
+
+use cudarc::driver::{CudaStream, DevicePtr};
 
 use super::record::Recorded;
 use crate::actor::panic_message;
@@ -151,14 +153,16 @@ fn copy_into(dst: &Buffer, src: &Buffer, scx: &StreamCx) -> Result<()> {
     unsafe { copy_dtod(d, s, bytes, scx.stream()) }
 }
 
-/// An output buffer as the typed slice `StreamCx::alloc` hands out during capture.
-fn into_any_slice(buf: Buffer) -> Result<Box<dyn Any>> {
+/// An output buffer as the typed slice `StreamCx::alloc` hands out during capture,
+/// bound to `side` (see `GraphTable::side_stream`).
+fn into_any_slice(buf: Buffer, side: &StdArc<CudaStream>) -> Result<Box<dyn Any>> {
     let Buffer::Cuda(d) = buf else {
         return Err(Error::invalid(
             "graph",
             "a graph buffer is not device memory",
         ));
     };
+    let d = d.rebind(side);
     let dt = d.dtype();
     by_dtype!(dt, T => d
         .into_slice::<T>()
@@ -242,9 +246,13 @@ impl CaptureSegment {
         if let BackendCx::Cpu = cx.backend() {
             return Ok(());
         }
+        let side = match cx.backend() {
+            BackendCx::Cuda(scx) => GraphTable::side_stream(scx)?,
+            BackendCx::Cpu => unreachable!("checked above"),
+        };
         begin_capture(cuda_of(cx))?;
         let mut unused: Vec<Box<dyn Any>> = Vec::new();
-        let captured = capture_ops(cx, ops, local, &mut unused);
+        let captured = capture_ops(cx, ops, local, &mut unused, &side);
         let graph = match captured {
             Ok(last) => end_capture(cuda_of(cx), last),
             Err(e) => {
@@ -252,7 +260,10 @@ impl CaptureSegment {
                 Err(e)
             }
         };
+        // Freed on `side` after the warm-up; what an op dropped during the capture as
+        // well (`capture::defer`), now on the actor's stream, which no longer captures.
         drop(unused);
+        drop(capture::take_deferred());
         let graph = graph?;
         let key = (self.shared.id, self.seg);
         match cx.backend() {
@@ -266,13 +277,16 @@ impl CaptureSegment {
 }
 
 /// The capture proper (the stream is capturing): each op in order, with its outputs
-/// queued for `StreamCx::alloc`. Returns the last op's name; what an op left of its
-/// queue goes to `unused`, freed by the caller once the capture has ended.
+/// queued for `StreamCx::alloc`, bound to `side` until the op's run is accepted (then
+/// bound to the actor's stream again, with its home). Returns the last op's name; what
+/// an op left of its queue goes to `unused`, freed by the caller once the capture has
+/// ended. Nothing is freed on the capturing stream.
 fn capture_ops(
     cx: &mut ExecCx<'_>,
     ops: &mut [Recorded],
     local: &mut Slots,
     unused: &mut Vec<Box<dyn Any>>,
+    side: &StdArc<CudaStream>,
 ) -> Result<&'static str> {
     let mut last = "graph capture";
     for rec in ops.iter_mut() {
@@ -283,7 +297,7 @@ fn capture_ops(
             let b = Arc::try_unwrap(b).map_err(|_| {
                 Error::invalid(rec.name, "an op kept its input's buffer past its run")
             })?;
-            queue.push_back(into_any_slice(b)?);
+            queue.push_back(into_any_slice(b, side)?);
         }
         capture::enter(rec.name, queue);
         let ran = run_recorded(cx, rec, local);
@@ -310,7 +324,16 @@ fn capture_ops(
                 hazard: CaptureHazard::Allocation,
             });
         }
+        let scx = cuda_of(cx);
         for (k, b) in rec.outs.iter().zip(outs) {
+            let b = match b {
+                Buffer::Cuda(d) => {
+                    let mut d = d.rebind(scx.stream());
+                    d.adopt(scx.home(), scx.stream().cu_stream() as usize);
+                    Buffer::Cuda(d)
+                }
+                cpu => cpu,
+            };
             local.insert(*k, Arc::new(b));
         }
     }

@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use crate::plan_cache::PlanCache;
 use cudarc::driver::{CudaSlice, CudaStream};
-use rtx_runtime::cuda::StreamCx;
+use rtx_runtime::cuda::{Reclaimer, StreamCx};
 use rtx_runtime::{DType, Element, Error, Result};
 
 use self::dnn::{Choice, ConvDescs, Dir, Filter, Handle, Io};
@@ -169,6 +169,9 @@ pub(crate) struct ConvState {
     workspace: Option<CudaSlice<u8>>,
     handle: Handle,
     stream: Arc<CudaStream>,
+    /// cuDNN calls that fail to allocate go through it: the caches are emptied and the
+    /// call retried once (`runtime/src/driver/reclaim.rs`).
+    reclaim: Reclaimer,
 }
 
 impl ConvState {
@@ -181,9 +184,11 @@ impl ConvState {
         scx.context()
             .bind_to_thread()
             .map_err(|e| Error::cuda("cuCtxSetCurrent", e))?;
+        let reclaim = scx.reclaimer();
         Ok(ConvState {
             stream: scx.stream().clone(),
-            handle: Handle::new(scx.stream())?,
+            handle: reclaim.retry(|| Handle::new(scx.stream()))?,
+            reclaim,
             plans: PlanCache::new(scx.settings().plan_cache),
             workspace: None,
         })
@@ -215,7 +220,8 @@ impl ConvState {
         // SAFETY: buffers as guaranteed by the caller (aligned as the key records);
         // `ws` addresses at least `need` bytes of this stream's workspace, which lives
         // until replaced, and is then freed stream-ordered after this work.
-        unsafe { planned.launch(&self.handle, io, ws) }
+        self.reclaim
+            .retry(|| unsafe { planned.launch(&self.handle, io, ws) })
     }
 
     /// Builds the descriptors and searches the algorithm for `key`.
@@ -243,7 +249,9 @@ impl ConvState {
         };
         // SAFETY: buffers as guaranteed by the caller; `ws` addresses `ws.1` bytes of
         // `tmp`, alive until after the (blocking) search returns.
-        let found = unsafe { descs.find(&self.handle, key.dir, io, ws, filter) };
+        let found = self
+            .reclaim
+            .retry(|| unsafe { descs.find(&self.handle, key.dir, io, ws, filter) });
         drop(tmp);
         let choice = match found {
             Ok(Some(c)) => c,

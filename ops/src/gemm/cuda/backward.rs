@@ -178,6 +178,7 @@ fn gemm_fused<T: Element>(
         lt,
         workspace,
         plans,
+        reclaim,
         ..
     } = st;
     let stream: &cudarc::driver::CudaStream = stream;
@@ -263,7 +264,7 @@ fn gemm_fused<T: Element>(
     // GELU_AUX or an input for DGELU; the BGRADB output is fresh with one element per
     // row of our output (`m`); fresh buffers overlap nothing. All outlive the work
     // (op keep-alive, or returned as outputs); the workspace is this stream's own.
-    unsafe { plan.launch_aux(lt, &ptrs, aux, stream.cu_stream() as _) }?;
+    reclaim.retry(|| unsafe { plan.launch_aux(lt, &ptrs, aux, stream.cu_stream() as _) })?;
     drop((_gd, _gws, _ga, _gb, gbias, gw, gr, gdb));
     Ok(Some(d))
 }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use cudarc::cublas::{self, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, CudaStream};
-use rtx_runtime::cuda::StreamCx;
+use rtx_runtime::cuda::{Reclaimer, StreamCx};
 use rtx_runtime::{DType, Element, Error, Result};
 
 use self::device::{alignment, cublas_error, dptr, dptr_mut, require_library};
@@ -84,6 +84,9 @@ pub(crate) struct GemmState {
     blas: Option<CudaBlas>,
     /// Bounded by the `plan_cache` setting (see `plan_cache.rs`).
     pub(super) plans: PlanCache<PlanKey, Option<LtPlan>>,
+    /// Library calls that fail to allocate go through it: the caches are emptied and
+    /// the call retried once (`runtime/src/driver/reclaim.rs`).
+    pub(super) reclaim: Reclaimer,
 }
 
 impl GemmState {
@@ -101,7 +104,8 @@ impl GemmState {
             .bind_to_thread()
             .map_err(|e| Error::cuda("cuCtxSetCurrent", e))?;
         let stream = scx.stream().clone();
-        let lt = LtHandle::new()?;
+        let reclaim = scx.reclaimer();
+        let lt = reclaim.retry(LtHandle::new)?;
         let bytes = if scx.arch().0 >= 9 { 32 << 20 } else { 4 << 20 };
         // Counted in u32 words so the runtime's allocator (typed OOM errors) applies.
         let workspace = scx.alloc::<u32>(bytes / 4)?;
@@ -111,6 +115,7 @@ impl GemmState {
             workspace,
             blas: None,
             plans: PlanCache::new(scx.settings().plan_cache),
+            reclaim,
         })
     }
 
@@ -126,6 +131,7 @@ impl GemmState {
             workspace,
             blas,
             plans,
+            reclaim,
         } = self;
         let owned_stream: &Arc<CudaStream> = stream;
         let stream: &CudaStream = stream;
@@ -158,7 +164,7 @@ impl GemmState {
             fused: None,
         };
         let (plan, hit) = plans.get_or_try_insert(key, || {
-            let plan = LtPlan::new(lt, &key, bias_ptr, ws_len)?;
+            let plan = reclaim.retry(|| LtPlan::new(lt, &key, bias_ptr, ws_len))?;
             if plan.is_none() {
                 LT_FALLBACKS.fetch_add(1, Ordering::Relaxed);
             }
@@ -185,15 +191,17 @@ impl GemmState {
                 // workspace is this stream's own, `ws_len` bytes. The op keeps its inputs
                 // alive until completion and owns `d`; `d` is fresh, so it overlaps
                 // nothing; `lt` built the plan.
-                unsafe { plan.launch(lt, &ptrs, stream.cu_stream() as _) }?;
+                reclaim.retry(|| unsafe { plan.launch(lt, &ptrs, stream.cu_stream() as _) })?;
                 Ok(false)
             }
             None => {
                 let blas = match blas {
                     Some(b) => b,
                     None => {
-                        let h = CudaBlas::new(owned_stream.clone())
-                            .map_err(|e| cublas_error("cublasCreate", e.0))?;
+                        let h = reclaim.retry(|| {
+                            CudaBlas::new(owned_stream.clone())
+                                .map_err(|e| cublas_error("cublasCreate", e.0))
+                        })?;
                         // cuBLAS gets this stream's workspace (shared with cuBLASLt:
                         // both run stream-ordered on this one stream), so it never
                         // allocates one itself: capture-safe in a graph.
@@ -212,7 +220,7 @@ impl GemmState {
                         blas.insert(h)
                     }
                 };
-                blas_gemm(blas, g, d)?;
+                reclaim.retry(|| blas_gemm(blas, g, d))?;
                 Ok(g.bias.is_some() || g.act != Activation::None)
             }
         }
