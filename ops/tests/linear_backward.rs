@@ -347,7 +347,11 @@ fn backward_case<T: Element>(
                 let dz: Vec<f64> = (0..rows * out)
                     .map(|i| dyf[i] * pre.as_ref().map_or(1.0, |p| dact64(act, p[i])))
                     .collect();
-                let adz = abs_all(&dz);
+                // The scale of dz's rounding: |dy| times that of the derivative's
+                // (`dact_mag64`; not |dz|, which vanishes where its terms cancel).
+                let adz: Vec<f64> = (0..rows * out)
+                    .map(|i| dyf[i].abs() * pre.as_ref().map_or(1.0, |p| dact_mag64(act, p[i])))
+                    .collect();
                 let mut dx = vec![0f64; rows * inp];
                 let mut sdx = vec![0f64; rows * inp];
                 for rr in 0..rows {

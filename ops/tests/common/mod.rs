@@ -42,9 +42,13 @@ macro_rules! backend_test {
     };
 }
 
-/// A fresh seed and its generator; put the seed in every failure message.
+/// A fresh seed and its generator; put the seed in every failure message. `RTX_TEST_SEED`
+/// replays a failure's seed.
 pub fn rng() -> (u64, StdRng) {
-    let seed: u64 = rand::random();
+    let seed: u64 = std::env::var("RTX_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
     (seed, StdRng::seed_from_u64(seed))
 }
 

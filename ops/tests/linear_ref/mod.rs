@@ -40,6 +40,23 @@ pub fn dact64(act: Activation, x: f64) -> f64 {
     }
 }
 
+/// The scale of [`dact64`]'s rounding error in f32: the sum of the absolute values of
+/// its terms expanded, `0.5 + 0.5 t + c - c t²` for GELU (t = tanh(u), c = x u'(x) / 2),
+/// the bound of an f32 evaluation's error in units of its epsilon. Where the terms cancel
+/// (|x| large: 1 + t and 1 - t² vanish) the derivative is small but its f32 error is not,
+/// so a scale of |dact64| would ask for more than f32 can give.
+pub fn dact_mag64(act: Activation, x: f64) -> f64 {
+    match act {
+        Activation::Gelu => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            let t = (k * (x + 0.044715 * x.powi(3))).tanh();
+            let c = (0.5 * x * k * (1.0 + 3.0 * 0.044715 * x * x)).abs();
+            0.5 + 0.5 * t.abs() + c + c * t * t
+        }
+        other => dact64(other, x).abs(),
+    }
+}
+
 /// `x · wᵀ + b` in f64: x `[rows, inp]`, w `[out, inp]`, b `[out]`.
 pub fn pre64(
     x: &[f64],
