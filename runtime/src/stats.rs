@@ -33,10 +33,11 @@ pub struct CacheStats {
     pub bytes: u64,
 }
 
-/// The time spent in one phase of the ops' lives on the CUDA actors and watchers.
+/// The time spent in one phase of the ops' lives: on the submitting threads, the stream
+/// actors (CPU and CUDA) and the CUDA completion watchers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PhaseStats {
-    /// The phase: `inputs`, `blocked`, `stream_wait`, `execute`, `alloc`, `record`,
+    /// The phase: `submit`, `inputs`, `blocked`, `execute`, `alloc`, `record`,
     /// `publish`, `send`, `watch_wait`, `watch_finish`, `release` or `idle` (see
     /// `Phase` in `runtime/src/stats.rs` for what each covers).
     pub phase: &'static str,
@@ -46,23 +47,26 @@ pub struct PhaseStats {
     pub samples: u64,
 }
 
-/// A phase of an op's life on a CUDA actor or watcher.
+/// A phase of an op's life on a submitting thread, an actor or a CUDA watcher.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Phase {
-    /// The poison check and taking the inputs, when all were published already.
+    /// `submit` on the submitting thread: validation (`plan`), placement, the op's
+    /// packaging and the send into the stream's mailbox (a wait for room included).
+    Submit,
+    /// On an actor, when every input was published already: the poison check (CUDA),
+    /// taking the inputs and the cross-stream event waits (`cuStreamWaitEvent`).
     Inputs,
     /// The same when some input was not published yet: the wait for its producer (e.g.
     /// a download submitted right behind a long chain) is counted here, not above.
     Blocked,
-    /// The cross-stream event waits (`cuStreamWaitEvent`) and dropping the input views.
-    StreamWait,
-    /// The op's `run` (allocation and launches), bookkeeping included.
+    /// The op's `run` (CPU: the computation; CUDA: allocation and launches),
+    /// bookkeeping included.
     Execute,
     /// Device allocations inside `run`.
     Alloc,
     /// Recording a burst's event and handing the burst to the watcher (per burst).
     Record,
-    /// Publishing the outputs.
+    /// Publishing the outputs (CPU: completing the op and dropping it too).
     Publish,
     /// Queueing the op for its burst's hand-off to the watcher.
     Send,
@@ -78,9 +82,9 @@ pub(crate) enum Phase {
 }
 
 const NAMES: [&str; 12] = [
+    "submit",
     "inputs",
     "blocked",
-    "stream_wait",
     "execute",
     "alloc",
     "record",
