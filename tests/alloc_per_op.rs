@@ -12,7 +12,7 @@
 //! output's data (a fresh `Vec` on the CPU) and the published buffer's `Arc`; plus one
 //! in builds with debug assertions (the CPU kernel's `debug_assert` on the broadcast
 //! shape). Nothing of the runtime's own bookkeeping (placement, input scans, the
-//! execution context, the output lists, shapes of up to 4 dims, tensor handles)
+//! execution context, the output lists, shapes of up to 2 dims, tensor handles)
 //! allocates in steady state. A change that adds an allocation per op fails here.
 //!
 //! One test in this binary: the counter is process-wide, and another test running

@@ -4,8 +4,9 @@ use std::fmt;
 
 use smallvec::SmallVec;
 
-/// Dims held inline (no heap allocation to make or clone a shape of up to this rank).
-const INLINE: usize = 4;
+/// Dims held inline (no heap allocation to make or clone a shape of up to this rank;
+/// with smallvec's `union` layout a shape is then as small as a `Vec`, 24 bytes).
+const INLINE: usize = 2;
 
 /// A tensor's dimensions, outermost first. The empty shape is a scalar (one element).
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
@@ -95,3 +96,7 @@ impl From<()> for Shape {
         Shape::scalar()
     }
 }
+
+// A shape stays the size of a `Vec` (errors hold two of them).
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Shape>() == 24);

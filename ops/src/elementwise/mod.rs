@@ -357,7 +357,7 @@ impl Op for Binary {
             None => Some(cx.input(&self.a)?),
         };
         let b = cx.input(&self.b)?;
-        // A shape of up to 4 dims clones without allocating.
+        // A shape of up to 2 dims clones without allocating.
         let y_shape = cx.output_spec(0).shape.clone();
         let args = BinaryArgs {
             op: self.op,
