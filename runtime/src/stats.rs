@@ -1,7 +1,8 @@
-//! A runtime's counters: the CUDA block and pinned caches' hits, misses and bytes held, and the
-//! opt-in timing of the stream actors' phases (setting `profile`, `RTX_PROFILE=1`), to
-//! see where an op's host time goes. Read with [`Runtime::stats`](crate::Runtime::stats).
-//! Profiling is off by default; when off each phase costs one load of a flag.
+//! A runtime's counters: the CUDA block and pinned caches' hits, misses and bytes held,
+//! and the opt-in timing of the phases of each op (submit, the stream actors, the CUDA
+//! watchers; setting `profile`, `RTX_PROFILE=1`), to see where an op's host time goes.
+//! Read with [`Runtime::stats`](crate::Runtime::stats). Profiling is off by default;
+//! when off each phase costs one load of a flag.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -77,7 +78,8 @@ pub(crate) enum Phase {
     /// An actor dropping a batch of finished ops' keep-alives (per batch; the memory
     /// goes back to the block caches here).
     Release,
-    /// An idle actor waiting for its next message (polling, then sleeping), per wait.
+    /// An idle actor waiting for its next message (CUDA: polling, then sleeping, per
+    /// wait; CPU: per message).
     Idle,
 }
 
