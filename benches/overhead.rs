@@ -5,7 +5,9 @@
 //! cargo bench --bench overhead
 //! ```
 //! Prints a markdown table: median over 9 runs of µs per op (end to end: first submit to
-//! last completion), the submitting thread's µs per submit, and ops/s.
+//! last completion), the submitting thread's µs per submit, and ops/s. With
+//! `RTX_PROFILE=1`, then the mean µs per sample of each phase (`Stats::phases`: submit,
+//! the actor's inputs, execute, publish, idle) over the submit chain's runs.
 
 use std::time::Instant;
 
@@ -42,6 +44,7 @@ fn main() {
         median(&mut direct),
         f64::NAN,
     )];
+    let mut profiles = Vec::new();
     for streams in [1usize, 4] {
         let rt = Runtime::builder()
             .backend(Backend::Cpu)
@@ -75,7 +78,19 @@ fn main() {
             )
         };
         run();
+        rt.reset_stats();
         let (mut e2e, mut sub): (Vec<f64>, Vec<f64>) = (0..9).map(|_| run()).unzip();
+        let phases = rt.stats().phases;
+        if !phases.is_empty() {
+            let list: Vec<String> = phases
+                .iter()
+                .map(|p| format!("{} {:.2}", p.phase, p.mean_us))
+                .collect();
+            profiles.push(format!(
+                "submit chain, {streams}-stream runtime: {}",
+                list.join(", ")
+            ));
+        }
         rows.push((
             format!("submit chain, {streams}-stream runtime"),
             median(&mut e2e),
@@ -143,5 +158,8 @@ fn main() {
             format!("{sub:.2}")
         };
         println!("| {name} | {us:.2} | {sub} | {:.0} |", 1e6 / us);
+    }
+    for p in profiles {
+        println!("RTX_PROFILE phases, µs per sample: {p}");
     }
 }

@@ -323,6 +323,55 @@ impl<'a, T> Input<'a, T> {
     }
 }
 
+impl<T> Input<'_, T> {
+    /// The input's device address (a kernel's pointer argument), for [`launch_direct`].
+    pub(crate) fn addr(&self, scx: &StreamCx) -> u64 {
+        match self {
+            Input::Slice(s) => device_addr(s, scx),
+            Input::Alias(p) => *p,
+        }
+    }
+}
+
+/// Launches `f` on `scx`'s stream with a prepared parameter block, straight through the
+/// driver (`cuLaunchKernel`): `params` holds one pointer per kernel parameter, in order,
+/// each to a value of that parameter's C type (for a pointer parameter, to a `u64`
+/// device address). Unlike cudarc's launch builder this builds no argument list on the
+/// heap and does not re-bind the context per launch: an actor's thread is bound to its
+/// device's context once, at its start (`cuda/actor.rs` in rtx-runtime), and runs only
+/// that device's ops.
+///
+/// # Safety
+///
+/// `params` must match `f`'s parameters in number, order and type, every pointee alive
+/// for the call (the driver copies the values at launch), and the kernel must be safe
+/// to run on what those values address (sizes, aliasing), as for cudarc's `launch`.
+pub(crate) unsafe fn launch_direct(
+    scx: &StreamCx,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    params: &mut [*mut std::ffi::c_void],
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    // SAFETY: the function and the stream are alive (held by `f` and `scx`) and of the
+    // context current on this thread (the actor's); the parameter block's contract is
+    // the caller's (see `# Safety`).
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            f.cu_function(),
+            cfg.grid_dim,
+            cfg.block_dim,
+            cfg.shared_mem_bytes,
+            scx.stream().cu_stream(),
+            params,
+        )
+    }
+}
+
+/// A parameter-block entry: a pointer to `v` (for [`launch_direct`]).
+pub(crate) fn param<V>(v: &mut V) -> *mut std::ffi::c_void {
+    (v as *mut V).cast()
+}
+
 /// The device slice of a donated buffer.
 pub(crate) fn take_cuda<T: Element>(op: &str, buf: Buffer) -> Result<CudaSlice<T>> {
     match buf {

@@ -15,7 +15,7 @@ use crate::device::{Device, DeviceInfo, StreamId, StreamInfo};
 use crate::error::{Error, Result};
 use crate::job::{Envelope, Msg};
 use crate::mailbox::Sender;
-use crate::op::{BackendCx, ExecCx};
+use crate::op::{BackendCx, Declared, ExecCx};
 use crate::placement::{LoadCounters, Policy};
 use crate::settings::Settings;
 use crate::stats::Counters;
@@ -92,27 +92,25 @@ pub(crate) fn spawn_named(
 
 /// The result of running an op: its output buffers and the completion-time finisher.
 pub(crate) struct Executed {
-    pub(crate) outputs: Vec<Buffer>,
+    pub(crate) outputs: smallvec::SmallVec<[Buffer; 2]>,
     pub(crate) finisher: Option<Box<dyn FnOnce() -> Result<Payload> + Send>>,
     pub(crate) took: Duration,
 }
 
 /// Runs the envelope's op in `backend`, catching panics, and checks every output is set.
+/// `declared` is the op's input list by address, as [`wait_declared`] returned it (the
+/// list is built once per op, on the actor).
 pub(crate) fn execute(
     env: &mut Envelope,
     actor: &ActorCx,
     backend: BackendCx<'_>,
+    declared: Declared,
 ) -> Result<Executed> {
     let name = env.name();
     let job = env
         .job
         .as_mut()
         .expect("envelope holds its job until executed");
-    let declared = job
-        .inputs()
-        .iter()
-        .map(|t| crate::sync::Arc::as_ptr(t.storage()) as usize)
-        .collect();
     let mut cx = ExecCx {
         name,
         stream: actor.stream,
@@ -159,7 +157,7 @@ pub(crate) fn execute(
         }
         return Err(e);
     }
-    let outputs: Vec<Buffer> = cx.outputs.into_iter().flatten().collect();
+    let outputs = cx.outputs.into_iter().flatten().collect();
     Ok(Executed {
         outputs,
         finisher: cx.finisher,
@@ -177,27 +175,41 @@ pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Waits (blocking, without spinning) until every input's producer has published, and
-/// returns what it published. A failed producer fails this op.
-pub(crate) fn wait_inputs(env: &Envelope) -> Result<Vec<Ready>> {
+/// Waits (blocking, without spinning) until every input of the envelope's op has been
+/// published, handing each one's ready mark to `each` (the CUDA actor makes its stream
+/// wait on it) and dropping it before the next: a donating op needs to hold the only
+/// reference to its input's buffer when it runs. Returns the op's input list by address
+/// for [`execute`]: the op's `inputs` is called once per op on the actor. A failed
+/// producer fails this op (as does an error from `each`, returned as it is).
+///
+/// `before_block` is called once, before the first wait for an input that is not
+/// published yet (the CUDA actor hands over its open burst there, see `burst.rs`); the
+/// returned flag says whether it was.
+pub(crate) fn wait_declared(
+    env: &Envelope,
+    mut before_block: impl FnMut(),
+    mut each: impl FnMut(Ready) -> Result<()>,
+) -> Result<(Declared, bool)> {
     let job = env
         .job
         .as_ref()
         .expect("envelope holds its job until executed");
-    wait_ready(job.name(), &job.inputs())
-}
-
-/// Waits until each of op `name`'s `inputs` is published; their ready marks.
-pub(crate) fn wait_ready(name: &str, inputs: &[&crate::Tensor]) -> Result<Vec<Ready>> {
-    inputs
-        .iter()
-        .map(|t| {
-            t.storage().wait_ready().map_err(|e| Error::Upstream {
-                op: name.to_string(),
-                cause: Box::new(e),
-            })
-        })
-        .collect()
+    let inputs = job.inputs();
+    let mut declared = Declared::new();
+    let mut blocked = false;
+    for t in &inputs {
+        if !blocked && !t.storage().is_settled() {
+            blocked = true;
+            before_block();
+        }
+        let ready = t.storage().wait_ready().map_err(|e| Error::Upstream {
+            op: job.name().to_string(),
+            cause: Box::new(e),
+        })?;
+        each(ready)?;
+        declared.push(crate::sync::Arc::as_ptr(t.storage()) as usize);
+    }
+    Ok((declared, blocked))
 }
 
 /// Calls the policy's `observe`, containing a panic in user code (the actor lives on).

@@ -20,7 +20,7 @@ use std::task::{Context, Poll, Waker};
 
 use crate::device::StreamId;
 use crate::error::{Error, Result};
-use crate::sync::{lock, wait, Arc, Condvar, Mutex};
+use crate::sync::{lock, Arc, Mutex, WaitCv};
 
 /// A value produced at completion time (host data of a download).
 pub(crate) type Payload = Box<dyn Any + Send>;
@@ -33,7 +33,7 @@ struct State {
 
 pub(crate) struct Completion {
     state: Mutex<State>,
-    cv: Condvar,
+    cv: WaitCv,
 }
 
 impl Completion {
@@ -44,7 +44,7 @@ impl Completion {
                 done: false,
                 waker: None,
             }),
-            cv: Condvar::new(),
+            cv: WaitCv::new(),
         })
     }
 
@@ -84,7 +84,7 @@ impl Completion {
     fn wait_result(&self) -> Result<Option<Payload>> {
         let mut g = lock(&self.state);
         while !g.done {
-            g = wait(&self.cv, g);
+            g = self.cv.wait(g);
         }
         g.result.take().unwrap_or_else(|| Err(already_taken()))
     }

@@ -11,6 +11,9 @@ use crate::storage::Storage;
 use crate::sync::Arc;
 use crate::tensor::Tensor;
 
+/// An op's output storages (inline up to 2).
+pub(crate) type OutputStorages = smallvec::SmallVec<[Arc<Storage>; 2]>;
+
 /// An op behind a trait object.
 pub(crate) trait Job: Send {
     fn name(&self) -> &'static str;
@@ -44,7 +47,7 @@ impl<O: Op> Job for OpJob<O> {
 pub(crate) struct Envelope {
     pub(crate) job: Option<Box<dyn Job>>,
     pub(crate) specs: Vec<TensorSpec>,
-    pub(crate) outputs: Vec<Arc<Storage>>,
+    pub(crate) outputs: OutputStorages,
     pub(crate) completion: Option<CompletionGuard>,
     pub(crate) cost: Cost,
     pub(crate) est_ns: u64,

@@ -10,6 +10,13 @@ use crate::settings::Settings;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 
+/// The storages an op declared in `inputs`, by address (inline up to 8: no allocation
+/// per op for the common arities).
+pub(crate) type Declared = smallvec::SmallVec<[usize; 8]>;
+
+/// An op's outputs as `run` sets them (inline up to 2).
+pub(crate) type OutputSlots = smallvec::SmallVec<[Option<Buffer>; 2]>;
+
 /// The shape and dtype of one output.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorSpec {
@@ -106,18 +113,29 @@ pub trait Outputs: Send + Sized + 'static {
     const COUNT: Option<usize>;
     /// Assembles the value; `tensors.len()` matches the plan.
     fn from_tensors(tensors: Vec<Tensor>) -> Self;
+    /// The same from an iterator of the tensors (what `submit` calls). The default
+    /// collects them into a `Vec` for [`Outputs::from_tensors`]; the fixed-arity forms
+    /// take them one by one, so submitting their ops allocates no list.
+    fn from_tensor_iter(tensors: impl Iterator<Item = Tensor>) -> Self {
+        Self::from_tensors(tensors.collect())
+    }
 }
 
 impl Outputs for Tensor {
     const COUNT: Option<usize> = Some(1);
-    fn from_tensors(mut t: Vec<Tensor>) -> Self {
-        t.pop().expect("one output")
+    fn from_tensors(t: Vec<Tensor>) -> Self {
+        Self::from_tensor_iter(t.into_iter())
+    }
+    fn from_tensor_iter(mut t: impl Iterator<Item = Tensor>) -> Self {
+        t.next().expect("one output")
     }
 }
 impl Outputs for (Tensor, Tensor) {
     const COUNT: Option<usize> = Some(2);
     fn from_tensors(t: Vec<Tensor>) -> Self {
-        let mut it = t.into_iter();
+        Self::from_tensor_iter(t.into_iter())
+    }
+    fn from_tensor_iter(mut it: impl Iterator<Item = Tensor>) -> Self {
         (
             it.next().expect("two outputs"),
             it.next().expect("two outputs"),
@@ -127,7 +145,9 @@ impl Outputs for (Tensor, Tensor) {
 impl Outputs for (Tensor, Tensor, Tensor) {
     const COUNT: Option<usize> = Some(3);
     fn from_tensors(t: Vec<Tensor>) -> Self {
-        let mut it = t.into_iter();
+        Self::from_tensor_iter(t.into_iter())
+    }
+    fn from_tensor_iter(mut it: impl Iterator<Item = Tensor>) -> Self {
         let mut n = || it.next().expect("three outputs");
         (n(), n(), n())
     }
@@ -165,11 +185,11 @@ pub struct ExecCx<'a> {
     pub(crate) backend: BackendCx<'a>,
     pub(crate) settings: &'a Settings,
     pub(crate) specs: &'a [TensorSpec],
-    pub(crate) outputs: Vec<Option<Buffer>>,
+    pub(crate) outputs: OutputSlots,
     pub(crate) finisher: Option<Box<dyn FnOnce() -> Result<Payload> + Send>>,
     /// The storages the op declared in `inputs` (by address): only those may be read,
     /// since only those were waited for.
-    pub(crate) declared: Vec<usize>,
+    pub(crate) declared: Declared,
     /// Inside a graph (`runtime/src/graph/`): the graph's own buffers, by the address of
     /// the placeholder storage they stand for. Inputs found here are read from them.
     pub(crate) slots: Option<&'a std::collections::HashMap<usize, crate::sync::Arc<Buffer>>>,

@@ -11,7 +11,7 @@
 //! |---|---|---|---|
 //! | [`actor_spin`](crate::Builder::actor_spin) | `RTX_ACTOR_SPIN_US=<µs>` | 50 µs when the machine has a core for every CUDA actor plus four, else 0 | How long an idle CUDA stream actor polls its mailbox before it sleeps (a sleeping actor costs the next submit a wake-up). |
 //! | [`stream_pools`](crate::Builder::stream_pools) | `RTX_STREAM_POOLS=0` turns off | on | Each CUDA stream actor allocates from a memory pool and block cache of its own; off, every stream uses the device's default pool and nothing is cached (a switch for diagnosis). |
-//! | [`profile`](crate::Builder::profile) | `RTX_PROFILE=1` turns on | off | Times the phases of each op on the CUDA actors and watchers; read with [`Runtime::stats`](crate::Runtime::stats). |
+//! | [`profile`](crate::Builder::profile) | `RTX_PROFILE=1` turns on | off | Times the phases of each op (submit, the CPU and CUDA actors, the CUDA watchers); read with [`Runtime::stats`](crate::Runtime::stats). |
 //! | [`poison_outputs`](crate::Builder::poison_outputs) | `RTX_POISON_OUTPUTS=1` turns on | off | Ops fill every freshly allocated output with NaN (`0xFF` bytes on CUDA) before computing it, so a test catches any element an op forgets to write. Costs one memset per output. |
 //! | [`trace`](crate::Builder::trace) | `RTX_TRACE=1` turns on | off | Records a timeline span per op (host clock on the CPU, a pair of CUDA timing events per op on the GPU); read with [`Runtime::take_trace`](crate::Runtime::take_trace). |
 //! | [`attn_wgmma`](crate::Builder::attn_wgmma) | `RTX_ATTN_WGMMA=0` turns off | on | The attention ops use their Hopper (sm_90a, wgmma) kernels on compute capability 9.0; off, the `mma.sync` kernels everywhere. |
@@ -46,7 +46,7 @@ pub struct Settings {
     pub actor_spin: Option<Duration>,
     /// Per-stream memory pools and block caches on CUDA (`RTX_STREAM_POOLS`).
     pub stream_pools: bool,
-    /// Phase timing of the CUDA actors (`RTX_PROFILE`).
+    /// Phase timing of the submits, actors and watchers (`RTX_PROFILE`).
     pub profile: bool,
     /// NaN-poisoned fresh outputs (`RTX_POISON_OUTPUTS`).
     pub poison_outputs: bool,

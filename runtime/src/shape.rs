@@ -2,18 +2,24 @@
 
 use std::fmt;
 
+use smallvec::SmallVec;
+
+/// Dims held inline (no heap allocation to make or clone a shape of up to this rank;
+/// with smallvec's `union` layout a shape is then as small as a `Vec`, 24 bytes).
+const INLINE: usize = 2;
+
 /// A tensor's dimensions, outermost first. The empty shape is a scalar (one element).
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
-pub struct Shape(Vec<usize>);
+pub struct Shape(SmallVec<[usize; INLINE]>);
 
 impl Shape {
     /// A shape from its dimensions.
     pub fn new(dims: impl Into<Vec<usize>>) -> Self {
-        Shape(dims.into())
+        Shape::from(dims.into())
     }
     /// The scalar shape `[]`.
     pub fn scalar() -> Self {
-        Shape(Vec::new())
+        Shape(SmallVec::new())
     }
     /// The dimensions.
     pub fn dims(&self) -> &[usize] {
@@ -63,22 +69,26 @@ impl fmt::Display for Shape {
 
 impl From<Vec<usize>> for Shape {
     fn from(v: Vec<usize>) -> Self {
-        Shape(v)
+        if v.len() <= INLINE {
+            Shape(SmallVec::from_slice(&v))
+        } else {
+            Shape(SmallVec::from_vec(v))
+        }
     }
 }
 impl From<&[usize]> for Shape {
     fn from(v: &[usize]) -> Self {
-        Shape(v.to_vec())
+        Shape(SmallVec::from_slice(v))
     }
 }
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(v: [usize; N]) -> Self {
-        Shape(v.to_vec())
+        Shape(SmallVec::from_slice(&v))
     }
 }
 impl From<usize> for Shape {
     fn from(n: usize) -> Self {
-        Shape(vec![n])
+        Shape(SmallVec::from_slice(&[n]))
     }
 }
 impl From<()> for Shape {
@@ -86,3 +96,7 @@ impl From<()> for Shape {
         Shape::scalar()
     }
 }
+
+// A shape stays the size of a `Vec` (errors hold two of them).
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Shape>() == 24);

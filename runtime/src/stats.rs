@@ -1,7 +1,8 @@
-//! A runtime's counters: the CUDA block and pinned caches' hits, misses and bytes held, and the
-//! opt-in timing of the stream actors' phases (setting `profile`, `RTX_PROFILE=1`), to
-//! see where an op's host time goes. Read with [`Runtime::stats`](crate::Runtime::stats).
-//! Profiling is off by default; when off each phase costs one load of a flag.
+//! A runtime's counters: the CUDA block and pinned caches' hits, misses and bytes held,
+//! and the opt-in timing of the phases of each op (submit, the stream actors, the CUDA
+//! watchers; setting `profile`, `RTX_PROFILE=1`), to see where an op's host time goes.
+//! Read with [`Runtime::stats`](crate::Runtime::stats). Profiling is off by default;
+//! when off each phase costs one load of a flag.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -33,10 +34,11 @@ pub struct CacheStats {
     pub bytes: u64,
 }
 
-/// The time spent in one phase of the ops' lives on the CUDA actors and watchers.
+/// The time spent in one phase of the ops' lives: on the submitting threads, the stream
+/// actors (CPU and CUDA) and the CUDA completion watchers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PhaseStats {
-    /// The phase: `inputs`, `blocked`, `stream_wait`, `execute`, `alloc`, `record`,
+    /// The phase: `submit`, `inputs`, `blocked`, `execute`, `alloc`, `record`,
     /// `publish`, `send`, `watch_wait`, `watch_finish`, `release` or `idle` (see
     /// `Phase` in `runtime/src/stats.rs` for what each covers).
     pub phase: &'static str,
@@ -46,23 +48,26 @@ pub struct PhaseStats {
     pub samples: u64,
 }
 
-/// A phase of an op's life on a CUDA actor or watcher.
+/// A phase of an op's life on a submitting thread, an actor or a CUDA watcher.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Phase {
-    /// The poison check and taking the inputs, when all were published already.
+    /// `submit` on the submitting thread: validation (`plan`), placement, the op's
+    /// packaging and the send into the stream's mailbox (a wait for room included).
+    Submit,
+    /// On an actor, when every input was published already: the poison check (CUDA),
+    /// taking the inputs and the cross-stream event waits (`cuStreamWaitEvent`).
     Inputs,
     /// The same when some input was not published yet: the wait for its producer (e.g.
     /// a download submitted right behind a long chain) is counted here, not above.
     Blocked,
-    /// The cross-stream event waits (`cuStreamWaitEvent`) and dropping the input views.
-    StreamWait,
-    /// The op's `run` (allocation and launches), bookkeeping included.
+    /// The op's `run` (CPU: the computation; CUDA: allocation and launches),
+    /// bookkeeping included.
     Execute,
     /// Device allocations inside `run`.
     Alloc,
     /// Recording a burst's event and handing the burst to the watcher (per burst).
     Record,
-    /// Publishing the outputs.
+    /// Publishing the outputs (CPU: completing the op and dropping it too).
     Publish,
     /// Queueing the op for its burst's hand-off to the watcher.
     Send,
@@ -73,14 +78,15 @@ pub(crate) enum Phase {
     /// An actor dropping a batch of finished ops' keep-alives (per batch; the memory
     /// goes back to the block caches here).
     Release,
-    /// An idle actor waiting for its next message (polling, then sleeping), per wait.
+    /// An idle actor waiting for its next message (CUDA: polling, then sleeping, per
+    /// wait; CPU: per message).
     Idle,
 }
 
 const NAMES: [&str; 12] = [
+    "submit",
     "inputs",
     "blocked",
-    "stream_wait",
     "execute",
     "alloc",
     "record",

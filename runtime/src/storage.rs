@@ -26,7 +26,7 @@ use crate::device::{Device, StreamId};
 use crate::driver::event::PooledEvent;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::sync::{lock, wait, Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering, WaitCv};
 
 #[cfg(not(loom))]
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -86,7 +86,7 @@ pub(crate) struct Storage {
     /// The runtime this storage belongs to (stream ids and events are per runtime).
     pub(crate) runtime: u64,
     slot: Mutex<Slot>,
-    cv: Condvar,
+    cv: WaitCv,
     /// Set (after the slot) once the slot has left `Pending`: a lock-free answer for
     /// `Tensor::is_published`, which submitters ask about every input.
     settled: AtomicBool,
@@ -110,7 +110,7 @@ impl Storage {
             runtime,
             slot: Mutex::new(Slot::Pending),
             settled: AtomicBool::new(false),
-            cv: Condvar::new(),
+            cv: WaitCv::new(),
         }
     }
 
@@ -157,7 +157,7 @@ impl Storage {
         let mut g = lock(&self.slot);
         loop {
             match &*g {
-                Slot::Pending => g = wait(&self.cv, g),
+                Slot::Pending => g = self.cv.wait(g),
                 Slot::Ready(r) => return Ok(r.clone()),
                 Slot::Failed(e) => return Err(e.clone()),
                 Slot::Donated => return Err(Error::Donated),

@@ -34,3 +34,43 @@ pub(crate) fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, 
         Err(p) => p.into_inner(),
     }
 }
+
+/// A condition variable that skips the wake-up when nobody waits: std's `notify_all`
+/// is a system call (a futex wake) even then, and the runtime notifies once per
+/// published output and once per completed op, almost always with no waiter.
+///
+/// A waiter counts itself in while it holds the mutex, before it sleeps, and out once
+/// woken (holding the mutex again). A notifier changes the guarded state under the same
+/// mutex and reads the count after that (before or after unlocking): a waiter that
+/// counted itself in did so before the notifier took the mutex, so the notifier sees it;
+/// one that comes later sees the new state and does not sleep. Loom checks it through
+/// the storage and completion models (`loom_tests.rs`).
+pub(crate) struct WaitCv {
+    cv: Condvar,
+    waiters: AtomicUsize,
+}
+
+impl WaitCv {
+    pub(crate) fn new() -> Self {
+        WaitCv {
+            cv: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+        }
+    }
+
+    /// Sleeps until notified (or spuriously): call in a loop over the guarded state.
+    pub(crate) fn wait<'a, T>(&self, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+        // Relaxed: the mutex orders these against the notifier's read (see above).
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        let g = wait(&self.cv, g);
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
+        g
+    }
+
+    /// Wakes every waiter, if there is one.
+    pub(crate) fn notify_all(&self) {
+        if self.waiters.load(Ordering::Relaxed) > 0 {
+            self.cv.notify_all();
+        }
+    }
+}

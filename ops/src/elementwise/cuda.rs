@@ -6,12 +6,11 @@
 //! In-place ops pass the output's address as the donated operand too, which the kernels
 //! allow for an operand of `n` elements.
 
-use cudarc::driver::PushKernelArg;
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
 use super::{is_trailing, BinaryArgs, BinaryOp, UnaryOp};
-use crate::kernels::{self, config, elementwise_grid, float_dispatch, launch_error};
+use crate::kernels::{self, config, elementwise_grid, float_dispatch, launch_error, param};
 use rtx_kernels::launch::{StridedArgs, MAX_DIMS};
 
 const MODULE: &str = "elementwise";
@@ -129,30 +128,65 @@ fn binary_t<T: Element>(
     let f = kernels::function(scx, MODULE, kind << 8 | args.op as u16, T::DTYPE, || {
         format!("{prefix}_{}_{}", binary_kernel(args.op), T::DTYPE.name())
     })?;
-    let (mut y, a) = kernels::output_and_input::<T>(scx, name, n, donated, a)?;
+    let (y, a) = kernels::output_and_input::<T>(scx, name, n, donated, a)?;
     let b = b.cuda::<T>()?;
     let cfg = config(elementwise_grid(scx, n, std::mem::size_of::<T>()), 0);
-    {
-        let mut lb = scx.stream().launch_builder(&f);
-        a.push(&mut lb);
-        lb.arg(b).arg(&mut y).arg(&n);
-        match &layout {
-            Layout::Same => {}
-            Layout::Trailing { na, nb } => {
-                lb.arg(na).arg(nb);
-            }
-            Layout::Strided(s) => {
-                lb.arg(s);
-            }
+    // The parameter block, on the stack: device addresses as `u64`, sizes as `usize`
+    // (`size_t`), the strided form's `StridedArgs` by value.
+    let (mut pa, mut pb, mut py, mut pn) = (
+        a.addr(scx),
+        kernels::device_addr(b, scx),
+        kernels::device_addr(&y, scx),
+        n,
+    );
+    let launched = match layout {
+        Layout::Same => {
+            let mut params = [
+                param(&mut pa),
+                param(&mut pb),
+                param(&mut py),
+                param(&mut pn),
+            ];
+            // SAFETY: `ew_{op}_{dt}(const T* a, const T* b, T* y, size_t n)` (elementwise.cu),
+            // T the dtype of the buffers, each entry pointing at a live local of that C
+            // type. `y` holds n elements; `a` holds n elements or is `y` itself (an aliasing
+            // the kernels allow); `b` holds n elements; the kernel writes every y[i], i < n.
+            unsafe { kernels::launch_direct(scx, &f, cfg, &mut params) }
         }
-        // SAFETY: the arguments match the kernel chosen above, as documented in
-        // elementwise.cu: (const T* a, const T* b, T* y, size_t n) then (size_t na,
-        // size_t nb) for `ewb_` or (StridedArgs) for `ews_`, with T the dtype of the
-        // buffers. `y` holds n elements; `a` holds n elements or is `y` itself (an
-        // aliasing the kernels allow), or is broadcast with na/nb/strides derived from
-        // its shape; the kernel writes every y[i], i < n.
-        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(name, e))?;
-    }
+        Layout::Trailing { na, nb } => {
+            let (mut na, mut nb) = (na, nb);
+            let mut params = [
+                param(&mut pa),
+                param(&mut pb),
+                param(&mut py),
+                param(&mut pn),
+                param(&mut na),
+                param(&mut nb),
+            ];
+            // SAFETY: `ewb_{op}_{dt}(const T* a, const T* b, T* y, size_t n, size_t na,
+            // size_t nb)`, entries as above; `a` holds na and `b` nb elements (the operands'
+            // sizes, one of them n, the other repeating along the trailing dims), `a` may
+            // be `y` itself when na == n; the kernel reads a[i % na], b[i % nb] and writes
+            // every y[i], i < n.
+            unsafe { kernels::launch_direct(scx, &f, cfg, &mut params) }
+        }
+        Layout::Strided(mut s) => {
+            let mut params = [
+                param(&mut pa),
+                param(&mut pb),
+                param(&mut py),
+                param(&mut pn),
+                param(&mut s),
+            ];
+            // SAFETY: `ews_{op}_{dt}(const T* a, const T* b, T* y, size_t n, StridedArgs s)`,
+            // entries as above, `s` the `repr(C)` struct of the C layout (rtx-kernels'
+            // `launch::StridedArgs`); its shape and strides are derived from the operands'
+            // shapes broadcast into y's, so every index read is inside `a` and `b`; the
+            // kernel writes every y[i], i < n.
+            unsafe { kernels::launch_direct(scx, &f, cfg, &mut params) }
+        }
+    };
+    launched.map_err(|e| launch_error(name, e))?;
     Ok(Buffer::from_cuda(y))
 }
 
@@ -180,17 +214,15 @@ fn unary_t<T: Element>(
     let f = kernels::function(scx, MODULE, op as u16, T::DTYPE, || {
         format!("ew_{}_{}", unary_kernel(op), T::DTYPE.name())
     })?;
-    let (mut y, x) = kernels::output_and_input::<T>(scx, name, n, donated, x)?;
+    let (y, x) = kernels::output_and_input::<T>(scx, name, n, donated, x)?;
     let cfg = config(elementwise_grid(scx, n, std::mem::size_of::<T>()), 0);
-    {
-        let mut lb = scx.stream().launch_builder(&f);
-        x.push(&mut lb);
-        lb.arg(&mut y).arg(&n);
-        // SAFETY: `ew_{op}_{dt}(const T* x, T* y, size_t n)` with T the buffers' dtype;
-        // `y` holds n elements and `x` holds n elements or is `y` itself (allowed); the
-        // kernel writes every y[i], i < n.
-        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(name, e))?;
-    }
+    let (mut px, mut py, mut pn) = (x.addr(scx), kernels::device_addr(&y, scx), n);
+    let mut params = [param(&mut px), param(&mut py), param(&mut pn)];
+    // SAFETY: `ew_{op}_{dt}(const T* x, T* y, size_t n)` (elementwise.cu), T the buffers'
+    // dtype, each entry pointing at a live local of that C type; `y` holds n elements and
+    // `x` holds n elements or is `y` itself (allowed); the kernel writes every y[i], i < n.
+    unsafe { kernels::launch_direct(scx, &f, cfg, &mut params) }
+        .map_err(|e| launch_error(name, e))?;
     Ok(Buffer::from_cuda(y))
 }
 

@@ -312,15 +312,20 @@ impl Op for Binary {
         if self.b.dtype() != dtype {
             return Err(Error::dtype(name, dtype, self.b.dtype()));
         }
-        let dims = cpu::broadcast_shape(self.a.dims(), self.b.dims()).ok_or_else(|| {
-            Error::shape(
-                name,
-                self.a.shape(),
-                self.b.shape(),
-                "shapes do not broadcast",
-            )
-        })?;
-        let shape = Shape::new(dims);
+        // Same shapes (the common case) need no broadcast, nor its allocation.
+        let shape = if self.a.dims() == self.b.dims() {
+            self.a.shape().clone()
+        } else {
+            let dims = cpu::broadcast_shape(self.a.dims(), self.b.dims()).ok_or_else(|| {
+                Error::shape(
+                    name,
+                    self.a.shape(),
+                    self.b.shape(),
+                    "shapes do not broadcast",
+                )
+            })?;
+            Shape::new(dims)
+        };
         let n = shape.numel();
         if n == 0 {
             return Err(Error::invalid(name, format!("zero-size result {shape}")));
@@ -352,13 +357,14 @@ impl Op for Binary {
             None => Some(cx.input(&self.a)?),
         };
         let b = cx.input(&self.b)?;
-        let y_dims = cx.output_spec(0).shape.dims().to_vec();
+        // A shape of up to 2 dims clones without allocating.
+        let y_shape = cx.output_spec(0).shape.clone();
         let args = BinaryArgs {
             op: self.op,
             name,
             a_dims: self.a.dims(),
             b_dims: self.b.dims(),
-            y_dims: &y_dims,
+            y_dims: y_shape.dims(),
         };
         let out = match cx.backend() {
             BackendCx::Cpu => float_dispatch!(dtype, name, |T| binary_cpu::<T>(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use cudarc::driver::CudaStream;
 
 use super::watcher::{watch, Watch};
-use crate::actor::{execute, wait_ready, ActorCx};
+use crate::actor::{execute, wait_declared, ActorCx};
 use crate::burst::{Burst, OpenBurst};
 use crate::driver::event::{EventPool, PooledEvent};
 use crate::driver::teardown::teardown_serialized;
@@ -259,35 +259,17 @@ fn run_cuda(
     }
     // An input still pending means waiting for another actor: record this actor's open
     // burst first, so that the other actor never waits for this one (see `burst.rs`).
-    // The input list is built once for both the check and the wait.
-    let (blocked, readies) = {
-        let job = env
-            .job
-            .as_ref()
-            .expect("envelope holds its job until executed");
-        let inputs = job.inputs();
-        let blocked = inputs.iter().any(|i| !i.storage().is_settled());
-        if blocked {
-            out.borrow_mut().flush(&scx.stream);
-        }
-        (blocked, wait_ready(job.name(), &inputs))
-    };
-    let readies = match readies {
-        Ok(r) => r,
-        Err(e) => return env.fail(e),
-    };
-    actor.counters.lap(
-        if blocked {
-            Phase::Blocked
-        } else {
-            Phase::Inputs
-        },
-        &mut t,
-    );
-    for r in &readies {
-        if let Mark::Cuda { event, stream } = &r.mark {
+    // Each published input's event is waited on by this stream as it comes; the input
+    // list is built once for the waits and the op's `run`.
+    let waited = wait_declared(
+        &env,
+        || out.borrow_mut().flush(&scx.stream),
+        |ready| {
+            let Mark::Cuda { event, stream } = &ready.mark else {
+                return Ok(());
+            };
             if *stream == actor.stream {
-                continue;
+                return Ok(());
             }
             let recorded = match event.get() {
                 Some(r) => r,
@@ -298,27 +280,36 @@ fn run_cuda(
                     event.wait()
                 }
             };
-            let waited = recorded.and_then(|ev| {
-                ev.event()
-                    .wait_on(&scx.stream)
-                    .map_err(|e| cuda_err("cuStreamWaitEvent", e))
-            });
-            if let Err(e) = waited {
-                let op = env.name().to_string();
-                return env.fail(Error::Upstream {
-                    op,
+            recorded
+                .and_then(|ev| {
+                    ev.event()
+                        .wait_on(&scx.stream)
+                        .map_err(|e| cuda_err("cuStreamWaitEvent", e))
+                })
+                .map_err(|e| Error::Upstream {
+                    op: env.name().to_string(),
                     cause: Box::new(e),
-                });
-            }
-        }
-    }
-    drop(readies);
-    actor.counters.lap(Phase::StreamWait, &mut t);
+                })
+        },
+    );
+    let (declared, blocked) = match waited {
+        Ok(w) => w,
+        Err(e) => return env.fail(e),
+    };
+    // Both phases now include the stream waits (they are taken input by input).
+    actor.counters.lap(
+        if blocked {
+            Phase::Blocked
+        } else {
+            Phase::Inputs
+        },
+        &mut t,
+    );
     let mut timing = origin.and_then(|o| {
         let detail = crate::actor::describe(&env.specs);
         super::timing::OpTiming::start(o, &scx.stream, actor.stream, detail)
     });
-    let ex = match execute(&mut env, actor, BackendCx::Cuda(scx)) {
+    let ex = match execute(&mut env, actor, BackendCx::Cuda(scx), declared) {
         Ok(x) => x,
         Err(e) => return fail_after_enqueue(env, e, &scx.stream),
     };

@@ -61,6 +61,9 @@ pub(crate) struct DeviceShared {
     pub(crate) arch: (i32, i32),
     pub(crate) sm_count: u32,
     poison: StdMutex<Option<String>>,
+    /// Set (after `poison`) once the device is poisoned: every actor of the device asks
+    /// before each op, and a lock shared by all of them would make them contend.
+    poisoned: std::sync::atomic::AtomicBool,
     pub(crate) modules: DashMap<String, StdArc<CudaModule>>,
     /// Counts this device in [`LIVE`] while the runtime's state on it exists.
     _live: Live,
@@ -159,6 +162,10 @@ impl DeviceShared {
     }
     /// The poisoning error, if the device hit a sticky error.
     pub(crate) fn poisoned(&self) -> Option<Error> {
+        // Acquire: pairs with the Release store in `poison`, made after the cause.
+        if !self.poisoned.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
         let g = self.poison.lock().unwrap_or_else(|p| p.into_inner());
         g.as_ref().map(|c| Error::DevicePoisoned {
             device: self.device(),
@@ -170,6 +177,8 @@ impl DeviceShared {
         if g.is_none() {
             tracing::error!(device = self.ordinal, %cause, "CUDA device poisoned");
             *g = Some(cause);
+            self.poisoned
+                .store(true, std::sync::atomic::Ordering::Release);
         }
     }
 }
@@ -204,6 +213,7 @@ pub(crate) fn open_device(
         arch,
         sm_count: sm.max(1) as u32,
         poison: StdMutex::new(None),
+        poisoned: std::sync::atomic::AtomicBool::new(false),
         modules: DashMap::new(),
         _live: live,
     }))

@@ -74,7 +74,7 @@ fn run_recorded(parent: &mut ExecCx<'_>, rec: &mut Recorded, slots: &Slots) -> R
         specs: &rec.specs,
         outputs: (0..rec.specs.len()).map(|_| None).collect(),
         finisher: None,
-        declared: rec.declared.clone(),
+        declared: rec.declared.iter().copied().collect(),
         slots: Some(slots),
         donated: false,
     };
