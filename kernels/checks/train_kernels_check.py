@@ -395,7 +395,7 @@ def mt_table(mt_max):
                      ("count", "i4"), ("pad_", "i4")])
 
 
-assert mt_table(24).itemsize == 1928
+assert mt_table(24).itemsize == 1928 and mt_table(48).itemsize == 3848
 
 
 def hyper(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=0.1, t=1.0, copy_kind=0):
@@ -406,7 +406,7 @@ def hyper(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=0.1, t=1.0, copy_kind=0):
 
 
 class Adam:
-    def __init__(self, mod, mt_max=24, tile=4096):
+    def __init__(self, mod, mt_max=48, tile=4096):
         self.m = mod
         self.mt_max = mt_max
         self.tile = tile
@@ -582,26 +582,34 @@ class Emb:
         self.m.launch(name, grid, (ptr(table), ptr(ids), ptr(y), np.uint64(n), np.uint64(v), np.uint64(d), ptr(bad)))
 
     def scratch(self, n, v):
-        return {"cnt": torch.empty(v + 1, device=DEV, dtype=torch.int32),
+        nt = (v + 1023) // 1024
+        return {"cnt": torch.empty(v + nt + 1, device=DEV, dtype=torch.int32),
                 "off": torch.empty(v + 1, device=DEV, dtype=torch.int32),
                 "next": torch.empty(v + 4, device=DEV, dtype=torch.int32),
                 "slots": torch.empty(max(n, 1), device=DEV, dtype=torch.int32),
                 "pos": torch.empty(max(n, 1), device=DEV, dtype=torch.int32)}
 
-    def bwd(self, dy, ids, v, dt, sc):
+    def args(self, dy, ids, v, dt, sc):
+        """(name, grid, args) of each launch after the memset, as ops/src/embedding/cuda.rs."""
         n, d = dy.shape
+        nt = (v + 1023) // 1024
         cnt = sc["cnt"]
-        cnt.zero_()  # counts[V] and bad (one memset, as the launcher)
-        bad = cnt[v:]
-        g = lambda work: max(1, min((work + BLOCK - 1) // BLOCK, SMS * 8))  # noqa: E731
-        self.m.launch("emb_count_i32", g(n), (ptr(ids), np.uint64(n), np.uint64(v), ptr(cnt), ptr(bad)))
-        self.m.launch("emb_scan", 1, (ptr(cnt), np.uint64(v), ptr(sc["off"]), ptr(sc["next"])))
-        self.m.launch("emb_scatter_i32", g(n), (ptr(ids), np.uint64(n), np.uint64(v), ptr(sc["next"]),
-                                                ptr(sc["slots"])))
-        self.m.launch("emb_order_i32", g(n), (ptr(ids), np.uint64(n), np.uint64(v), ptr(sc["off"]),
-                                              ptr(sc["slots"]), ptr(sc["pos"])))
-        self.m.launch("emb_bwd_%s" % tname(dy.dtype), max(1, min((v + 7) // 8, SMS * 8)),
-                      (ptr(dy), ptr(sc["off"]), ptr(sc["pos"]), ptr(dt), np.uint64(v), np.uint64(d)))
+        tiles, bad = cnt[v:v + nt], cnt[v + nt:]
+        g = max(1, min((n + BLOCK - 1) // BLOCK, SMS * 8))
+        return [("emb_count_i32", g, (ptr(ids), np.uint64(n), np.uint64(v), ptr(cnt), ptr(tiles), ptr(bad))),
+                ("emb_scan", max(1, min(nt, SMS * 8)), (ptr(cnt), ptr(tiles), np.uint64(v), ptr(sc["off"]),
+                                                        ptr(sc["next"]))),
+                ("emb_scatter_i32", g, (ptr(ids), np.uint64(n), np.uint64(v), ptr(sc["next"]), ptr(sc["slots"]))),
+                ("emb_order_i32", g, (ptr(ids), np.uint64(n), np.uint64(v), ptr(sc["off"]), ptr(sc["slots"]),
+                                      ptr(sc["pos"]))),
+                ("emb_bwd_%s" % tname(dy.dtype), max(1, min((v + 63) // 64, SMS * 8)),
+                 (ptr(dy), ptr(sc["off"]), ptr(sc["pos"]), ptr(dt), np.uint64(v), np.uint64(d)))], bad
+
+    def bwd(self, dy, ids, v, dt, sc):
+        sc["cnt"].zero_()  # counts, tile counts and bad (one memset)
+        launches, bad = self.args(dy, ids, v, dt, sc)
+        for name, grid, a in launches:
+            self.m.launch(name, grid, a)
         return bad
 
 
@@ -653,7 +661,7 @@ def check_emb(em):
           1e-5)
 
 
-def bench_emb(em, old=None):
+def bench_emb(em, old=None, variants=()):
     v, d, n = 50257, 768, 8192
     table = (torch.randn(v, d, device=DEV) * 0.02)
     tr = table.clone().requires_grad_()
@@ -673,32 +681,29 @@ def bench_emb(em, old=None):
     report("emb bwd f32 (scatter-add, whole table)", time_ms(lambda: em.bwd(dy, ids, v, dt, sc)), t_b, bb,
            "(torch: autograd.grad of F.embedding)")
     copy_ref(bb, "emb bwd ")
-    # the pieces
-    report("  of which emb_bwd kernel alone",
-           time_ms(lambda: em.m.launch("emb_bwd_f32", max(1, min((v + 7) // 8, SMS * 8)),
-                                       (ptr(dy), ptr(sc["off"]), ptr(sc["pos"]), ptr(dt), np.uint64(v),
-                                        np.uint64(d)))), float("nan"), bb)
-    report("  zero-fill of the table (torch zero_)", time_ms(lambda: dt.zero_()), float("nan"), v * d * 4)
-    g = max(1, min((n + BLOCK - 1) // BLOCK, SMS * 8))
-    cnt, bad2 = sc["cnt"], sc["cnt"][v:]
-    L = em.m.launch
-    a_count = (ptr(ids), np.uint64(n), np.uint64(v), ptr(cnt), ptr(bad2))
-    a_scan = (ptr(cnt), np.uint64(v), ptr(sc["off"]), ptr(sc["next"]))
-    a_scat = (ptr(ids), np.uint64(n), np.uint64(v), ptr(sc["next"]), ptr(sc["slots"]))
-    a_ord = (ptr(ids), np.uint64(n), np.uint64(v), ptr(sc["off"]), ptr(sc["slots"]), ptr(sc["pos"]))
-    # (counts only grow here; the scan and scatter below run on consistent counts)
-    report("  of which emb_count", time_ms(lambda: L("emb_count_i32", g, a_count)), float("nan"), 1)
+    # the pieces (each launch alone, on consistent scratch; the scatter after a scan,
+    # which resets its cursors)
     em.bwd(dy, ids, v, dt, sc)
-    report("  of which emb_scan", time_ms(lambda: L("emb_scan", 1, a_scan)), float("nan"), 1)
-    report("  of which emb_scan + emb_scatter",
-           time_ms(lambda: (L("emb_scan", 1, a_scan), L("emb_scatter_i32", g, a_scat))), float("nan"), 1)
-    report("  of which emb_order", time_ms(lambda: L("emb_order_i32", g, a_ord)), float("nan"), 1)
-    report("  of which the memset of counts", time_ms(lambda: cnt.zero_()), float("nan"), 1)
+    launches, _ = em.args(dy, ids, v, dt, sc)
+    L = em.m.launch
+    (n_c, g_c, a_c), (n_s, g_s, a_s), (n_x, g_x, a_x), (n_o, g_o, a_o), (n_b, g_b, a_b) = launches
+    report("  of which emb_bwd kernel", time_ms(lambda: L(n_b, g_b, a_b)), float("nan"), bb)
+    report("  of which emb_scan", time_ms(lambda: L(n_s, g_s, a_s)), float("nan"), 1)
+    report("  of which emb_scan + emb_scatter", time_ms(lambda: (L(n_s, g_s, a_s), L(n_x, g_x, a_x))),
+           float("nan"), 1)
+    report("  of which emb_order", time_ms(lambda: L(n_o, g_o, a_o)), float("nan"), 1)
+    report("  of which emb_count", time_ms(lambda: L(n_c, g_c, a_c)), float("nan"), 1)
+    report("  of which the memset of counts", time_ms(lambda: sc["cnt"].zero_()), float("nan"), 1)
+    report("  zero-fill of the table (torch zero_)", time_ms(lambda: dt.zero_()), float("nan"), v * d * 4)
     em.bwd(dy, ids, v, dt, sc)  # leave the scratch consistent
     w = 1.0 / torch.arange(1, v + 1, device=DEV, dtype=torch.float64)
     zid = torch.multinomial(w, n, replacement=True).to(torch.int32)
-    report("emb bwd f32, Zipf ids", time_ms(lambda: em.bwd(dy, zid, v, dt, sc)),
-           time_ms(lambda: torch.autograd.grad(F.embedding(zid.long(), tr), tr, dy)), bb)
+    t_z = time_ms(lambda: torch.autograd.grad(F.embedding(zid.long(), tr), tr, dy))
+    report("emb bwd f32, Zipf ids", time_ms(lambda: em.bwd(dy, zid, v, dt, sc)), t_z, bb)
+    for tag, k in variants:
+        report("%s emb bwd f32" % tag, time_ms(lambda: k.bwd(dy, ids, v, dt, sc)), t_b, bb)
+        report("%s emb bwd f32, Zipf ids" % tag, time_ms(lambda: k.bwd(dy, zid, v, dt, sc)), t_z, bb)
+    em.bwd(dy, ids, v, dt, sc)
 
 
 def copy_peak():
@@ -759,15 +764,23 @@ def main():
                 ce_vars.append(("CE_U=%d" % u, CE(Module("loss", defines={"CE_U": u}))))
             except Exception as e:  # noqa: BLE001
                 print("variant CE_U=%d: %s" % (u, str(e)[:300]))
+    emb_vars = []
+    if "emb" in only and not args.no_bench:
+        for dfn in ({"EMB_BWD_MIN_BLOCKS": 4}, {"EMB_HEAVY": 4}, {"EMB_HEAVY": 64}, {"EMB_BWD_MIN_BLOCKS": 2}):
+            try:
+                mod = Module("embedding", defines=dfn)
+                print("  variant %s emb_bwd_f32: %s" % (dfn, mod.regs("emb_bwd_f32")))
+                emb_vars.append((",".join("%s=%s" % kv for kv in dfn.items()), Emb(mod)))
+            except Exception as e:  # noqa: BLE001
+                print("variant %s: %s" % (dfn, str(e)[:300]))
     ad_vars = []
     if "adamw" in only and not args.no_bench:
-        for dfn in ({"RTX_MT_MAX": 48}, {"RTX_MT_MAX": 160}, {"RTX_MT_U": 2}, {"RTX_MT_MAX": 160, "RTX_MT_U": 2},
-                    {"RTX_MT_TILE": 16384, "RTX_MT_U": 2}):
+        for dfn in ({"RTX_MT_MAX": 24}, {"RTX_MT_MAX": 160}, {"RTX_MT_U": 2}):
             try:
                 mod = Module("optim", defines=dfn)
                 print("  variant %s adamw_mt_f32_f32: %s" % (dfn, mod.regs("adamw_mt_f32_f32")))
                 ad_vars.append((",".join("%s=%s" % kv for kv in dfn.items()),
-                                Adam(mod, dfn.get("RTX_MT_MAX", 24), dfn.get("RTX_MT_TILE", 4096))))
+                                Adam(mod, dfn.get("RTX_MT_MAX", 48), dfn.get("RTX_MT_TILE", 4096))))
             except Exception as e:  # noqa: BLE001
                 print("variant %s: %s" % (dfn, str(e)[:300]))
     for key, names in (("norm", ["ln_fwd_bf16", "ln_bwd_dx_bf16", "ln_bwd_part_bf16", "ln_fwd_f32",
@@ -793,6 +806,12 @@ def main():
                     print("CHECK ERROR %s: %r" % (flag, e), flush=True)
                     FAILS.append("check " + flag)
     if not args.no_check:
+        for tag, k in emb_vars:
+            try:
+                check_emb(k)
+            except Exception as e:  # noqa: BLE001
+                print("CHECK ERROR emb %s: %r" % (tag, e), flush=True)
+                FAILS.append("check emb " + tag)
         for tag, k in ad_vars:
             try:
                 check_adam(k, tag + " ")
@@ -805,7 +824,7 @@ def main():
                   LN(old["norm"], fused=False) if "norm" in old else None),
                  ("ce", lambda k, o: bench_ce(k, o, ce_vars), ce, CE(old["loss"]) if "loss" in old else None),
                  ("adamw", lambda k, o: bench_adam(k, o, ad_vars), ad, Adam(old["optim"]) if "optim" in old else None),
-                 ("emb", bench_emb, em, None),
+                 ("emb", lambda k, o: bench_emb(k, o, emb_vars), em, None),
                  ("ew", lambda k, o: bench_ew(k), mods.get("elementwise"), None))
         for flag, fn, obj, o in steps:
             if flag in only and obj is not None:

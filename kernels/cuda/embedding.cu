@@ -3,8 +3,8 @@
 // ops/src/embedding/cpu.rs.
 //
 // dt is f32 / f16 / bf16 (T), it is i32 / u32 (I). Arithmetic in f32. Block: 256 threads
-// (RTX_BLOCK; emb_scan runs as ONE block of RTX_BLOCK); the other kernels are grid-stride
-// (any grid). An id is valid when 0 <= id < V; invalid ids are never used as an address.
+// (RTX_BLOCK, required by emb_scan and emb_bwd); every kernel is grid-stride (any grid).
+// An id is valid when 0 <= id < V; invalid ids are never used as an address.
 //
 //   extern "C" __global__ void emb_fwd_{dt}_{it}(const T* table, const I* ids, T* y,
 //       size_t n, size_t V, size_t D, unsigned* bad)
@@ -14,14 +14,19 @@
 //     aligned, up to 8 vectors per lane in flight; best grid ceil(n / 8) blocks, capped
 //     at the resident blocks.
 //
-// Backward, dtable[v, :] = sum over i with ids[i] == v, in increasing i, of dy[i, :]
-// (summed in f32 from 0, in that order: the same bits every run):
-//   emb_count_{it}(const I* ids, size_t n, size_t V, unsigned* counts, unsigned* bad)
-//     counts[V] (zeroed) gets the number of each valid id; *bad (zeroed) the invalid ones.
-//   emb_scan(const unsigned* counts, size_t V, unsigned* offsets, unsigned* next)
-//     one block: offsets[v] = next[v] = sum of counts[0..v], offsets[V] = the total.
-//     (Each thread a contiguous segment, 16-byte loads and stores when counts, offsets
-//     and next are 16-byte aligned.)
+// Backward, dtable[v, :] = sum over i with ids[i] == v of dy[i, :], in f32, in an order
+// fixed by the ids alone (increasing i, or for buckets of more than EMB_HEAVY entries 8
+// segments of increasing i, see emb_bwd): the same bits every run. The CPU reference sums
+// in f64 in increasing i; the two agree within f32 rounding.
+//   emb_count_{it}(const I* ids, size_t n, size_t V, unsigned* counts, unsigned* tiles,
+//       unsigned* bad)
+//     counts[V] (zeroed) gets the number of each valid id, tiles[ceil(V / 1024)] (zeroed)
+//     the number in each tile of 1024 rows; *bad (zeroed) the invalid ones.
+//   emb_scan(const unsigned* counts, const unsigned* tiles, size_t V, unsigned* offsets,
+//       unsigned* next)
+//     offsets[v] = next[v] = sum of counts[0..v], offsets[V] = the total. A block per
+//     tile of 1024 counts (grid-stride, any grid; best ceil(V / 1024)): its start is the
+//     sum of the tiles before it, then a block scan of 4 counts per thread.
 //   emb_scatter_{it}(const I* ids, size_t n, size_t V, unsigned* next, unsigned* slots)
 //     slots[offsets[v] ..] = the i with ids[i] == v, in an arbitrary order (atomics on
 //     the cursors next[]); grid-stride over i.
@@ -33,8 +38,12 @@
 //   emb_bwd_{dt}(const T* dy, const unsigned* offsets, const unsigned* positions, T* dtable,
 //       size_t V, size_t D)
 //     every element of dtable [V, D] written once: the ordered sum of its bucket (0 if
-//     empty). A warp per table row, 16-byte vectors as the forward; best grid ceil(V / 8)
-//     blocks, capped at the resident blocks.
+//     empty). Blocks take tiles of EMB_ROWS = 64 table rows (grid-stride; best
+//     ceil(V / 64) blocks, capped at the resident blocks); a bucket of at most EMB_HEAVY
+//     entries is summed by one warp, in increasing i; a larger one by the whole block:
+//     warp w sums the w-th of 8 consecutive segments of ceil(c / 8) entries (increasing
+//     i) and the 8 segment sums are added in segment order. 16-byte vectors as the
+//     forward.
 // n and V are below 2^32 - 1 (checked at submit).
 
 #include "common.cuh"
@@ -44,6 +53,15 @@ using namespace rtx;
 #define RTX_NO_ID 0xffffffffu
 #ifndef EMB_U
 #define EMB_U 8  // most 16-byte vectors per lane in flight (forward)
+#endif
+#define EMB_TILE 1024  // counts per block of emb_scan (RTX_BLOCK threads x 4)
+#ifndef EMB_HEAVY
+#define EMB_HEAVY 64  // buckets larger than this are summed by the whole block (H200: 64
+                      // beat 4 and 16 on Zipf ids, equal on uniform ones)
+#endif
+#define EMB_ROWS 64    // table rows per block of emb_bwd (8 per warp)
+#ifndef EMB_BWD_MIN_BLOCKS
+#define EMB_BWD_MIN_BLOCKS 3  // emb_bwd's launch bound (at most 80 registers)
 #endif
 
 template <typename I>
@@ -91,11 +109,16 @@ __device__ __forceinline__ void fwd(const T* table, const I* ids, T* y, size_t n
 }
 
 template <typename I>
-__device__ __forceinline__ void count(const I* ids, size_t n, size_t V, unsigned* counts, unsigned* bad) {
+__device__ __forceinline__ void count(const I* ids, size_t n, size_t V, unsigned* counts, unsigned* tiles,
+                                      unsigned* bad) {
     for (size_t i = global_thread(); i < n; i += global_threads()) {
         const unsigned id = valid_id(ids[i], V);
-        if (id != RTX_NO_ID) atomicAdd(counts + id, 1u);
-        else atomicAdd(bad, 1u);
+        if (id != RTX_NO_ID) {
+            atomicAdd(counts + id, 1u);
+            atomicAdd(tiles + id / EMB_TILE, 1u);
+        } else {
+            atomicAdd(bad, 1u);
+        }
     }
 }
 
@@ -127,42 +150,37 @@ __device__ __forceinline__ unsigned block_exclusive_scan(unsigned v, unsigned* t
     return before;
 }
 
+// Block b scans counts [b * EMB_TILE, (b + 1) * EMB_TILE): its start is the sum of the
+// tiles before it (tiles[], from emb_count), then 4 counts per thread.
 extern "C" __global__ void __launch_bounds__(RTX_BLOCK)
-    emb_scan(const unsigned* counts, size_t V, unsigned* offsets, unsigned* next) {
-    const unsigned t = threadIdx.x;
-    // Segments of a multiple of 4 counts, so that each starts 16-byte aligned.
-    const size_t seg = ((V + blockDim.x - 1) / blockDim.x + 3) / 4 * 4;
-    const size_t lo = (size_t)t * seg < V ? (size_t)t * seg : V;
-    const size_t hi = lo + seg < V ? lo + seg : V;
-    const bool vec = aligned16(counts) && aligned16(offsets) && aligned16(next);
-    unsigned s = 0;
-    size_t v = lo;
-    if (vec) {
-#pragma unroll 4
-        for (; v + 4 <= hi; v += 4) {
-            const uint4 c = *reinterpret_cast<const uint4*>(counts + v);
-            s += c.x + c.y + c.z + c.w;
+    emb_scan(const unsigned* counts, const unsigned* tiles, size_t V, unsigned* offsets, unsigned* next) {
+    const size_t ntiles = (V + EMB_TILE - 1) / EMB_TILE;
+    for (size_t b = blockIdx.x; b < ntiles; b += gridDim.x) {
+        unsigned before = 0;
+        for (size_t k = threadIdx.x; k < b; k += blockDim.x) before += tiles[k];
+        __shared__ unsigned red[32];
+        unsigned w = before;  // the block's sum of `before` (integers: exact in any order)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(RTX_FULL_MASK, w, o);
+        __syncthreads();
+        if (lane_id() == 0) red[threadIdx.x >> 5] = w;
+        __syncthreads();
+        unsigned start = 0;
+        for (unsigned k = 0; k < (blockDim.x >> 5); ++k) start += red[k];
+        const size_t v0 = b * EMB_TILE + 4 * (size_t)threadIdx.x;
+        unsigned c[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[e] = v0 + e < V ? counts[v0 + e] : 0u;
+        unsigned total;
+        unsigned run = start + block_exclusive_scan(c[0] + c[1] + c[2] + c[3], &total);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (v0 + e < V) { offsets[v0 + e] = run; next[v0 + e] = run; }
+            run += c[e];
         }
+        if (b == ntiles - 1 && threadIdx.x == 0) offsets[V] = start + total;
+        __syncthreads();
     }
-    for (; v < hi; ++v) s += counts[v];
-    unsigned total;
-    unsigned run = block_exclusive_scan(s, &total);
-    if (t == 0) offsets[V] = total;
-    v = lo;
-    if (vec) {
-#pragma unroll 4
-        for (; v + 4 <= hi; v += 4) {
-            const uint4 c = *reinterpret_cast<const uint4*>(counts + v);
-            uint4 o;
-            o.x = run; run += c.x;
-            o.y = run; run += c.y;
-            o.z = run; run += c.z;
-            o.w = run; run += c.w;
-            *reinterpret_cast<uint4*>(offsets + v) = o;
-            *reinterpret_cast<uint4*>(next + v) = o;
-        }
-    }
-    for (; v < hi; ++v) { offsets[v] = run; next[v] = run; run += counts[v]; }
 }
 
 template <typename I>
@@ -189,54 +207,106 @@ __device__ __forceinline__ void order(const I* ids, size_t n, size_t V, const un
     }
 }
 
+// Sums entries [k0, k1) of a bucket (the dy rows positions[k], in increasing k, from
+// 0) over vectors [base, base + 32 * U) of the row: acc[u] holds vector base + lane + 32 u.
+template <typename T, int U>
+__device__ __forceinline__ void bucket_sum(const T* dy, const unsigned* positions, unsigned k0, unsigned k1,
+                                           size_t D, size_t nv, size_t base, unsigned lane,
+                                           float (*acc)[Ty<T>::V]) {
+    constexpr int VW = Ty<T>::V;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < VW; ++e) acc[u][e] = 0.0f;
+    for (unsigned k = k0; k < k1; ++k) {
+        const T* src = dy + (size_t)__ldg(positions + k) * D;
+        uint4 r[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const size_t j = base + lane + 32 * u;
+            if (j < nv) r[u] = ldg16(src + j * VW);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const size_t j = base + lane + 32 * u;
+            if (j < nv) {
+                float f[VW];
+                Ty<T>::unpack(r[u], f);
+#pragma unroll
+                for (int e = 0; e < VW; ++e) acc[u][e] += f[e];
+            }
+        }
+    }
+}
+
+// Table rows in tiles of EMB_ROWS per block (grid-stride over tiles). A bucket of at
+// most EMB_HEAVY entries is summed by one warp in increasing i; a larger one by the
+// whole block: warp w sums the w-th of blockDim.x / 32 consecutive segments of
+// ceil(c / warps) entries (in increasing i), and the segment sums are added in segment
+// order. (The order depends only on the ids and the block size: the same bits every run.)
 template <typename T>
 __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const unsigned* positions, T* dtable,
                                     size_t V, size_t D) {
     constexpr int VW = Ty<T>::V;
-    constexpr int U = 32 / VW;  // vectors per lane per pass: 32 accumulators
-    const unsigned lane = lane_id();
-    const bool vec = D % VW == 0 && aligned16(dy) && aligned16(dtable);
+    constexpr int U = 4;  // vectors per lane per pass (16 or 32 accumulators)
+    __shared__ float part[RTX_BLOCK / 32][32 * U * 8];
+    const unsigned lane = lane_id(), warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const bool vec = D % VW == 0 && aligned16(dy) && aligned16(dtable) && blockDim.x <= RTX_BLOCK;
     const size_t nv = D / VW;
-    for (size_t row = global_warp(); row < V; row += global_warps()) {
-        const unsigned k0 = __ldg(offsets + row), k1 = __ldg(offsets + row + 1);
-        T* out = dtable + row * D;
-        if (vec) {
-            for (size_t base = 0; base < nv; base += 32 * U) {
-                float acc[U][VW];
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-#pragma unroll
-                    for (int e = 0; e < VW; ++e) acc[u][e] = 0.0f;
-                for (unsigned k = k0; k < k1; ++k) {
-                    const T* src = dy + (size_t)__ldg(positions + k) * D;
-                    uint4 r[U];
+    for (size_t tile = blockIdx.x; tile * EMB_ROWS < V; tile += gridDim.x) {
+        const size_t r0 = tile * EMB_ROWS, r1 = r0 + EMB_ROWS < V ? r0 + EMB_ROWS : V;
+        for (size_t row = r0 + warp; row < r1; row += nw) {
+            const unsigned k0 = __ldg(offsets + row), k1 = __ldg(offsets + row + 1);
+            if (k1 - k0 > EMB_HEAVY) continue;
+            T* out = dtable + row * D;
+            if (vec) {
+                for (size_t base = 0; base < nv; base += 32 * U) {
+                    float acc[U][VW];
+                    bucket_sum<T, U>(dy, positions, k0, k1, D, nv, base, lane, acc);
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const size_t j = base + lane + 32 * u;
-                        if (j < nv) r[u] = ldg16(src + j * VW);
-                    }
-#pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const size_t j = base + lane + 32 * u;
-                        if (j < nv) {
-                            float f[VW];
-                            Ty<T>::unpack(r[u], f);
-#pragma unroll
-                            for (int e = 0; e < VW; ++e) acc[u][e] += f[e];
-                        }
+                        if (j < nv) st16(out + j * VW, Ty<T>::pack(acc[u]));
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const size_t j = base + lane + 32 * u;
-                    if (j < nv) st16(out + j * VW, Ty<T>::pack(acc[u]));
+            } else {
+                for (size_t j = lane; j < D; j += 32) {
+                    float s = 0.0f;
+                    for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)__ldg(positions + k) * D + j);
+                    Ty<T>::store(out + j, s);
                 }
             }
-        } else {
-            for (size_t j = lane; j < D; j += 32) {
-                float s = 0.0f;
-                for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)__ldg(positions + k) * D + j);
-                Ty<T>::store(out + j, s);
+        }
+        for (size_t row = r0; row < r1; ++row) {
+            const unsigned k0 = __ldg(offsets + row), k1 = __ldg(offsets + row + 1);
+            if (k1 - k0 <= EMB_HEAVY) continue;  // uniform over the block
+            T* out = dtable + row * D;
+            if (vec) {
+                const unsigned seg = (k1 - k0 + nw - 1) / nw;
+                const unsigned s0 = k0 + warp * seg < k1 ? k0 + warp * seg : k1;
+                const unsigned s1 = s0 + seg < k1 ? s0 + seg : k1;
+                for (size_t base = 0; base < nv; base += 32 * U) {
+                    float acc[U][VW];
+                    bucket_sum<T, U>(dy, positions, s0, s1, D, nv, base, lane, acc);
+#pragma unroll
+                    for (int u = 0; u < U; ++u)
+#pragma unroll
+                        for (int e = 0; e < VW; ++e) part[warp][(lane + 32 * u) * VW + e] = acc[u][e];
+                    __syncthreads();
+                    const size_t left = nv - base < (size_t)(32 * U) ? nv - base : (size_t)(32 * U);
+                    for (size_t q = threadIdx.x; q < left * VW; q += blockDim.x) {
+                        float t = 0.0f;
+                        for (unsigned w = 0; w < nw; ++w) t += part[w][q];
+                        Ty<T>::store(out + base * VW + q, t);
+                    }
+                    __syncthreads();
+                }
+            } else {
+                for (size_t j = threadIdx.x; j < D; j += blockDim.x) {
+                    float s = 0.0f;
+                    for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)__ldg(positions + k) * D + j);
+                    Ty<T>::store(out + j, s);
+                }
             }
         }
     }
@@ -251,8 +321,8 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
 #define RTX_EMB_IDX(it, I)                                                                     \
     RTX_EMB_FWD(f32, float, it, I) RTX_EMB_FWD(f16, __half, it, I) RTX_EMB_FWD(bf16, __nv_bfloat16, it, I) \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK) emb_count_##it(                    \
-        const I* ids, size_t n, size_t V, unsigned* counts, unsigned* bad) {                   \
-        count<I>(ids, n, V, counts, bad);                                                      \
+        const I* ids, size_t n, size_t V, unsigned* counts, unsigned* tiles, unsigned* bad) {  \
+        count<I>(ids, n, V, counts, tiles, bad);                                               \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK) emb_scatter_##it(                  \
         const I* ids, size_t n, size_t V, unsigned* next, unsigned* slots) {                   \
@@ -268,7 +338,7 @@ RTX_EMB_IDX(i32, int)
 RTX_EMB_IDX(u32, unsigned)
 
 #define RTX_EMB_BWD(dt, T)                                                                     \
-    extern "C" __global__ void __launch_bounds__(RTX_BLOCK) emb_bwd_##dt(                      \
+    extern "C" __global__ void __launch_bounds__(RTX_BLOCK, EMB_BWD_MIN_BLOCKS) emb_bwd_##dt(                      \
         const T* dy, const unsigned* offsets, const unsigned* positions, T* dtable, size_t V, size_t D) { \
         bwd<T>(dy, offsets, positions, dtable, V, D);                                          \
     }

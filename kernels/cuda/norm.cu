@@ -11,7 +11,16 @@
 //   mean[r] = sum x / d; var = sum (x - mean)^2 / d (two passes, biased);
 //   rstd[r] = rsqrt(var + eps); y = (x - mean) * rstd * gamma + beta.
 //
-// Backward, three launches:
+// Backward, on the register path (below) two launches, ln_bwd_fused then ln_bwd_final:
+//   extern "C" __global__ void ln_bwd_fused_{dt}(const T* dy, const T* x, const float* mean,
+//       const float* rstd, const T* gamma, T* dx, float* part_g, float* part_b, size_t rows,
+//       size_t d)
+//     dx as ln_bwd_dx, and in the same pass (dy and x read once) each thread's sums of
+//     dy * xh and dy over the rows its group takes, in registers; block b writes its
+//     groups' sums (added in group order) to part_g / part_b row b. Grid: SMs x
+//     LN_FUSED_BLOCKS (the partial rows; its launch bound), chunks = the grid. Needs the
+//     register path and d <= 8192 (else it writes NaN partials).
+// Otherwise three launches:
 //   extern "C" __global__ void ln_bwd_dx_{dt}(const T* dy, const T* x, const float* mean,
 //       const float* rstd, const T* gamma, T* dx, size_t rows, size_t d)
 //     g = dy * gamma, xh = (x - mean) * rstd,
@@ -24,7 +33,9 @@
 //     rpc) <= 65535. Static shared memory: 16 KiB.
 //   extern "C" __global__ void ln_bwd_final_{dt}(const float* part_g, const float* part_b,
 //       T* dgamma, T* dbeta, size_t chunks, size_t d)
-//     thread per column (grid-stride): the chunks' partials summed in chunk order (f64).
+//     blocks of 256 = 8 chunk lanes x 32 columns over column tiles of 32 (grid-stride;
+//     best ceil(d / 32)): lane c sums chunks c, c + 8, ... in f64, the 8 lane sums are
+//     added in lane order.
 // Deterministic: no atomics; the order of every sum depends only on the launch shape.
 //
 // Row kernels (fwd, dx), when every row pointer is 16-byte aligned (d % V == 0 and the

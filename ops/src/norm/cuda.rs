@@ -1,7 +1,7 @@
 //! CUDA launches of `kernels/cuda/norm.cu`.
 //!
 //! The backward, when a row fits the kernels' register path (16-byte aligned rows of at
-//! most 1024 vectors of 16 bytes, d <= 8192), is two launches: `ln_bwd_fused_*` (dx, and
+//! most 1024 vectors of 16 bytes, d <= 8192) and is at least 8 KiB long, is two launches: `ln_bwd_fused_*` (dx, and
 //! each block's partial sums of dgamma and dbeta over its rows, so that dy and x are read
 //! once) and `ln_bwd_final_*` (the partials summed in block order). Otherwise it is three:
 //! dx, the partial sums over chunks of rows (`ln_bwd_part_*`, rereading dy and x), and
@@ -24,6 +24,8 @@ const FUSED_BLOCKS_PER_SM: usize = 2;
 const LN_NV: usize = 4;
 /// Longest row of `ln_bwd_fused_*` (`LN_RED` in norm.cu: its shared row of partials).
 const FUSED_MAX_D: usize = 8192;
+/// Shortest row (bytes) for which the backward takes `ln_bwd_fused_*`.
+const FUSED_MIN_BYTES: usize = 8192;
 /// Columns per block of `ln_bwd_final_*`.
 const FINAL_COLUMNS: usize = 32;
 
@@ -131,7 +133,14 @@ fn backward_t<T: Element>(
     ]
     .iter()
     .all(|a| a % 16 == 0);
-    let fused = aligned && d % v == 0 && d / v <= BLOCK as usize * LN_NV && d <= FUSED_MAX_D;
+    // The fused pass runs at half the dx kernel's occupancy (its accumulators): on the
+    // H200 it won at bf16 8192 x 4096 (bwd 0.0953 ms against 0.0992) and lost at 8192 x
+    // 768 (0.0355 against 0.0312), so it is taken for rows of at least FUSED_MIN_BYTES.
+    let fused = aligned
+        && d % v == 0
+        && d / v <= BLOCK as usize * LN_NV
+        && d <= FUSED_MAX_D
+        && d * std::mem::size_of::<T>() >= FUSED_MIN_BYTES;
     let sms = scx.sm_count() as usize;
     let (rpc, chunks) = if fused {
         (0, rows.min(sms * FUSED_BLOCKS_PER_SM).max(1))
