@@ -2,11 +2,13 @@
 """Correctness and speed check of the training kernels against PyTorch, on a GPU host.
 
     python3 kernels/checks/train_kernels_check.py [--no-check] [--no-bench] [--old DIR]
-        [--only ln,ce,adamw,ew]
+        [--only ln,ce,adamw,ew,emb]
 
-Kernels: kernels/cuda/norm.cu (layer norm fwd / bwd), loss.cu (cross entropy fwd / bwd),
-optim.cu (AdamW, one launch per tensor and the multi-tensor launch), elementwise.cu
-(add, exp: only timed, at several grid sizes). Each .cu is compiled with cupy's RawModule
+Kernels: kernels/cuda/norm.cu (layer norm fwd / bwd: the fused backward and the
+three-kernel one), loss.cu (cross entropy fwd / bwd), optim.cu (AdamW, one launch per
+tensor and the multi-tensor launch), embedding.cu (lookup and the deterministic
+scatter-add: uniform, Zipf, all-equal and invalid ids; the backward run twice and
+compared bit for bit), elementwise.cu (add, exp: only timed, at several grid sizes). Each .cu is compiled with cupy's RawModule
 (NVRTC) with the flags rtx uses (sm_90, -std=c++17, --use_fast_math, -I kernels/cuda).
 
 1. Correctness against float64 PyTorch math on fresh torch.randn inputs, every output
@@ -22,7 +24,10 @@ optim.cu (AdamW, one launch per tensor and the multi-tensor launch), elementwise
    multi-tensor AdamW; element-wise add/exp are timed at several grids ("1vec", a
    16-byte vector per thread, is rtx_kernels::launch::elementwise_grid's). Rows tagged
    grid=occ (SMs x blocks per SM at the kernel's occupancy), LN_*= / CE_U= (compile-time
-   variants of norm.cu / loss.cu) are experiments. The per-tensor AdamW forms are bound
+   variants of norm.cu / loss.cu; RTX_MT_* of optim.cu, EMB_* of embedding.cu) are
+   experiments. "copy ref" rows: a torch copy_ moving the same bytes as the case before
+   it, in the same run (what a transfer of that size reaches). Timings put a ~1 ms GPU
+   spin before each start event, so that the host's launch overhead is not timed. The per-tensor AdamW forms are bound
    here by Python's launch overhead (148 cupy launches).
    --old DIR also times an older tree's kernels, so that before and after come from one
    run: DIR holds its norm.cu, loss.cu, optim.cu and common.cuh, e.g.
