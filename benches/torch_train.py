@@ -76,6 +76,28 @@ def copy_peak():
     emit("copy_peak", {"copy": ms}, 2 * n * 4)
 
 
+# The small cases' byte counts: a copy moving as many bytes is timed beside each
+# (`copy_<case>`), since a kernel that moves tens of MB cannot reach the big copy's peak.
+SMALL_CASES = {
+    "ln_fwd_8192x768_bf16": 2 * 8192 * 768 * 2,
+    "ln_fwdbwd_8192x768_bf16": 5 * 8192 * 768 * 2,
+    "ln_fwd_8192x4096_bf16": 2 * 8192 * 4096 * 2,
+    "ln_fwdbwd_8192x4096_bf16": 5 * 8192 * 4096 * 2,
+    "emb_fwd_50257x768_n8192_f32": 2 * 8192 * 768 * 4 + 8192 * 4,
+    "emb_bwd_50257x768_n8192_f32": 50257 * 768 * 4 + 8192 * 768 * 4 + 8192 * 4,
+}
+
+
+def copy_small():
+    """`copy_<case>`: `copy_` of bytes / 2 into another buffer (bytes / 2 read, as many
+    written) for each small case."""
+    for case, bytes_ in SMALL_CASES.items():
+        n = bytes_ // 8
+        x = torch.randn(n, device=DEV)
+        y = torch.empty_like(x)
+        emit(f"copy_{case}", {"copy": median_ms(lambda: y.copy_(x))}, 8 * n)
+
+
 def cross_entropy(compile_):
     n, c = 8192, 50304
     logits = (torch.randn(n, c, device=DEV) * 2).to(torch.bfloat16).requires_grad_()
@@ -158,11 +180,12 @@ def embedding():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile forms")
-    ap.add_argument("cases", nargs="*", help="case prefixes: copy ce ln adamw emb (default all)")
+    ap.add_argument("cases", nargs="*", help="case prefixes: copy ce ln adamw emb (default all; copy "
+                    "includes the copy_<case> references of the small cases)")
     a = ap.parse_args()
     torch.manual_seed(0)
     want = a.cases or ["copy", "ce", "ln", "adamw", "emb"]
-    runs = {"copy": copy_peak, "ce": lambda: cross_entropy(not a.no_compile),
+    runs = {"copy": lambda: (copy_peak(), copy_small()), "ce": lambda: cross_entropy(not a.no_compile),
             "ln": lambda: layer_norm(not a.no_compile), "adamw": adamw, "emb": embedding}
     for k in want:
         guarded(k, runs[k])

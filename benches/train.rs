@@ -2,6 +2,9 @@
 //! issue, with the same case names and byte counts as `benches/torch_train.py`, so
 //! `compare.py` joins them and both sides report TB/s against the device copy peak
 //! (`copy_peak`: here `mul_scalar` by 1, which reads and writes every element once).
+//! Each small case (layer norm, embedding: tens of MB) also gets `copy_<case>`, the same
+//! copy moving as many bytes, timed in the same run: what a kernel of that size can
+//! reach, since the big copy's peak is out of reach of a launch that short.
 
 use rtx::ops::optim::{adamw, AdamW};
 use rtx::ops::{self};
@@ -15,6 +18,34 @@ fn copy_peak(rt: &Runtime) {
     let x = upload(rt, &random_f32(n, 41), &[n], DType::F32);
     let ms = time_op(rt, 4, 9, || ops::mul_scalar(&x, 1.0));
     emit("copy_peak", ms, 2.0 * n as f64 * 4.0, 0.0, &[]);
+}
+
+/// The small cases and their byte counts (as `emit`ted below and in `torch_train.py`).
+fn small_cases() -> Vec<(String, usize)> {
+    let mut v = Vec::new();
+    for d in [768usize, 4096] {
+        let xb = 8192 * d * 2;
+        v.push((format!("ln_fwd_8192x{d}_bf16"), 2 * xb));
+        v.push((format!("ln_fwdbwd_8192x{d}_bf16"), 5 * xb));
+    }
+    let (vocab, d, n) = (50257usize, 768usize, 8192usize);
+    v.push(("emb_fwd_50257x768_n8192_f32".into(), 2 * n * d * 4 + n * 4));
+    v.push((
+        "emb_bwd_50257x768_n8192_f32".into(),
+        vocab * d * 4 + n * d * 4 + n * 4,
+    ));
+    v
+}
+
+/// `copy_<case>`: `mul_scalar` by 1 over bytes / 8 f32 values (bytes / 2 read, as many
+/// written) for each small case.
+fn copy_small(rt: &Runtime) {
+    for (case, bytes) in small_cases() {
+        let n = bytes / 8;
+        let x = upload(rt, &random_f32(n, 51), &[n], DType::F32);
+        let ms = time_op(rt, 10, 15, || ops::mul_scalar(&x, 1.0));
+        emit(&format!("copy_{case}"), ms, 8.0 * n as f64, 0.0, &[]);
+    }
 }
 
 fn cross_entropy(rt: &Runtime) {
@@ -195,6 +226,7 @@ fn embedding(rt: &Runtime) {
 /// Every case of the suite.
 pub fn suite_train(rt: &Runtime) {
     copy_peak(rt);
+    copy_small(rt);
     cross_entropy(rt);
     layer_norm(rt);
     adamw_step(rt);

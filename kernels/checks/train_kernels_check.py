@@ -2,11 +2,13 @@
 """Correctness and speed check of the training kernels against PyTorch, on a GPU host.
 
     python3 kernels/checks/train_kernels_check.py [--no-check] [--no-bench] [--old DIR]
-        [--only ln,ce,adamw,ew]
+        [--only ln,ce,adamw,ew,emb]
 
-Kernels: kernels/cuda/norm.cu (layer norm fwd / bwd), loss.cu (cross entropy fwd / bwd),
-optim.cu (AdamW, one launch per tensor and the multi-tensor launch), elementwise.cu
-(add, exp: only timed, at several grid sizes). Each .cu is compiled with cupy's RawModule
+Kernels: kernels/cuda/norm.cu (layer norm fwd / bwd: the fused backward and the
+three-kernel one), loss.cu (cross entropy fwd / bwd), optim.cu (AdamW, one launch per
+tensor and the multi-tensor launch), embedding.cu (lookup and the deterministic
+scatter-add: uniform, Zipf, all-equal and invalid ids; the backward run twice and
+compared bit for bit), elementwise.cu (add, exp: only timed, at several grid sizes). Each .cu is compiled with cupy's RawModule
 (NVRTC) with the flags rtx uses (sm_90, -std=c++17, --use_fast_math, -I kernels/cuda).
 
 1. Correctness against float64 PyTorch math on fresh torch.randn inputs, every output
@@ -22,7 +24,10 @@ optim.cu (AdamW, one launch per tensor and the multi-tensor launch), elementwise
    multi-tensor AdamW; element-wise add/exp are timed at several grids ("1vec", a
    16-byte vector per thread, is rtx_kernels::launch::elementwise_grid's). Rows tagged
    grid=occ (SMs x blocks per SM at the kernel's occupancy), LN_*= / CE_U= (compile-time
-   variants of norm.cu / loss.cu) are experiments. The per-tensor AdamW forms are bound
+   variants of norm.cu / loss.cu; RTX_MT_* of optim.cu, EMB_* of embedding.cu) are
+   experiments. "copy ref" rows: a torch copy_ moving the same bytes as the case before
+   it, in the same run (what a transfer of that size reaches). Timings put a ~1 ms GPU
+   spin before each start event, so that the host's launch overhead is not timed. The per-tensor AdamW forms are bound
    here by Python's launch overhead (148 cupy launches).
    --old DIR also times an older tree's kernels, so that before and after come from one
    run: DIR holds its norm.cu, loss.cu, optim.cu and common.cuh, e.g.
@@ -144,12 +149,17 @@ def poison(shape, dt):
 # Timing
 # ---------------------------------------------------------------------------------------
 def time_ms(fn, reps=40, warm=5):
+    """Median of CUDA-event times of fn. Before each start event the stream gets a spin
+    of about 1 ms (torch.cuda._sleep), so that Python's launch overhead is hidden behind
+    it and the events time the GPU's work, not the host's (as the harness's queued
+    submissions do)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
     evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
            for _ in range(reps)]
     for a, b in evs:
+        torch.cuda._sleep(2_000_000)
         a.record()
         fn()
         b.record()
@@ -178,9 +188,14 @@ def ln_chunking(rows, d):
 
 
 class LN:
-    def __init__(self, mod, mode="rust"):
+    """fused: the backward as ln_bwd_fused (dx + per-block partials, grid SMs x
+    fused_blocks) + ln_bwd_final, as ops/src/norm/cuda.rs does on the register path;
+    otherwise the three-kernel path (dx, part, final)."""
+    def __init__(self, mod, mode="rust", fused=True, fused_blocks=2):
         self.m = mod
         self.mode = mode
+        self.fused = fused
+        self.fused_blocks = fused_blocks
 
     def fwd(self, x, g, b, y, mean, rstd, eps=1e-5):
         rows, d = x.shape
@@ -189,9 +204,23 @@ class LN:
         self.m.launch(name, grid, (ptr(x), ptr(g), ptr(b), ptr(y), ptr(mean), ptr(rstd),
                                    np.uint64(rows), np.uint64(d), np.float32(eps)))
 
+    def fused_ok(self, x):
+        v = 16 // x.element_size()
+        d = x.shape[1]
+        return d % v == 0 and d // v <= BLOCK * 4 and d <= 8192
+
     def bwd(self, dy, x, mean, rstd, g, dx, dg, db, scratch):
         rows, d = x.shape
         t = tname(x.dtype)
+        if self.fused and self.fused_ok(x):
+            grid = max(1, min(rows, SMS * self.fused_blocks))
+            pg, pb = scratch[0][: grid * d], scratch[1][: grid * d]
+            self.m.launch("ln_bwd_fused_" + t, grid,
+                          (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(g), ptr(dx), ptr(pg), ptr(pb),
+                           np.uint64(rows), np.uint64(d)))
+            self.m.launch("ln_bwd_final_" + t, (d + 31) // 32,
+                          (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d)))
+            return
         n_dx = "ln_bwd_dx_" + t
         self.m.launch(n_dx, max(1, min(rows, self.m.resident(n_dx, self.mode))),
                       (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(g), ptr(dx), np.uint64(rows), np.uint64(d)))
@@ -201,12 +230,13 @@ class LN:
                       (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(pg), ptr(pb),
                        np.uint64(rows), np.uint64(d), np.uint64(rpc)))
         n_f = "ln_bwd_final_" + t
-        grid = max(1, min((d + BLOCK - 1) // BLOCK, self.m.resident(n_f)))
+        grid = (d + 31) // 32
         self.m.launch(n_f, grid, (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(chunks), np.uint64(d)))
 
 
 def ln_scratch(rows, d):
     _, chunks = ln_chunking(rows, d)
+    chunks = max(chunks, SMS * 4)
     return (torch.empty(chunks * d, device=DEV), torch.empty(chunks * d, device=DEV))
 
 
@@ -218,7 +248,8 @@ def ln_inputs(rows, d, dt):
     return x, g, b, dy
 
 
-def check_ln(ln):
+def check_ln(ln_fused):
+  for ln in (ln_fused, LN(ln_fused.m, fused=False)):
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         for rows, d in ((67, 768), (33, 4096), (19, 1000), (21, 771), (9, 2048), (5, 8192), (40, 96), (7, 1)):
             if dt == torch.float32 and d == 8192:
@@ -235,7 +266,7 @@ def check_ln(ln):
             mr = xd.detach().mean(-1)
             rr = (xd.detach().var(-1, unbiased=False) + 1e-5).rsqrt()
             tol = 1e-4 if dt == torch.float32 else 2e-2
-            check("ln %s %dx%d" % (tname(dt), rows, d),
+            check("ln %s %dx%d%s" % (tname(dt), rows, d, "" if ln.fused else " 3-kernel bwd"),
                   {"y": rel(y, yr), "mean": rel(mean, mr), "rstd": rel(rstd, rr),
                    "dx": rel(dx, dxr), "dg": rel(dg, dgr), "db": rel(db, dbr)}, tol)
 
@@ -252,7 +283,9 @@ def bench_ln(ln, old, variants=()):
         xr, gr, br = (t.detach().clone().requires_grad_() for t in (x, g, b))
         t_f = time_ms(lambda: F.layer_norm(xr, (d,), gr, br, 1e-5))
         t_fb = time_ms(lambda: torch.autograd.grad(F.layer_norm(xr, (d,), gr, br, 1e-5), (xr, gr, br), dy))
-        ks = [("", ln), ("grid=occ ", LN(ln.m, "occ"))] + [("%s " % t, k) for t, k in variants]
+        copy_ref(2 * xb, "ln fwd ")
+        copy_ref(5 * xb, "ln fwd+bwd ")
+        ks = [("", ln), ("3-kernel bwd ", LN(ln.m, fused=False))] + [("%s " % t, k) for t, k in variants]
         for tag, k in ks + ([("old ", old)] if old else []):
             f = lambda: k.fwd(x, g, b, y, mean, rstd)  # noqa: E731
             fb = lambda: (k.fwd(x, g, b, y, mean, rstd), k.bwd(dy, x, mean, rstd, g, dx, dg, db, sc))  # noqa: E731
@@ -260,7 +293,7 @@ def bench_ln(ln, old, variants=()):
             report("%sln fwd+bwd bf16 %dx%d" % (tag, rows, d), time_ms(fb), t_fb, 5 * xb)
             bw = time_ms(lambda: k.bwd(dy, x, mean, rstd, g, dx, dg, db, sc))
             report("%sln bwd only %dx%d" % (tag, rows, d), bw, t_fb - t_f, 3 * xb, "(torch: fb - f)")
-            if tag == "":
+            if tag == "3-kernel bwd ":
                 t = tname(dt)
                 n_dx = "ln_bwd_dx_" + t
                 gdx = max(1, min(rows, k.m.resident(n_dx, k.mode)))
@@ -358,12 +391,16 @@ HYPER = np.dtype({"names": ["lr", "beta1", "beta2", "eps", "wd", "momentum", "t"
                             "nesterov", "copy_kind"],
                   "formats": ["f4"] * 8 + ["i4", "i4"], "offsets": [4 * i for i in range(10)],
                   "itemsize": 40})
-MT_MAX, MT_TILE = 24, 4096
 MT_TENSOR = [("p_in", "u8"), ("p_out", "u8"), ("g", "u8"), ("m_in", "u8"), ("m_out", "u8"),
              ("v_in", "u8"), ("v_out", "u8"), ("copy", "u8"), ("n", "u8")]
-MT_TABLE = np.dtype([("t", np.dtype(MT_TENSOR), (MT_MAX,)), ("tile_end", "u8", (MT_MAX,)),
+
+
+def mt_table(mt_max):
+    return np.dtype([("t", np.dtype(MT_TENSOR), (mt_max,)), ("tile_end", "u8", (mt_max,)),
                      ("count", "i4"), ("pad_", "i4")])
-assert MT_TABLE.itemsize == 1928
+
+
+assert mt_table(24).itemsize == 1928 and mt_table(48).itemsize == 3848
 
 
 def hyper(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=0.1, t=1.0, copy_kind=0):
@@ -374,8 +411,10 @@ def hyper(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=0.1, t=1.0, copy_kind=0):
 
 
 class Adam:
-    def __init__(self, mod):
+    def __init__(self, mod, mt_max=48, tile=4096):
         self.m = mod
+        self.mt_max = mt_max
+        self.tile = tile
 
     def per_tensor(self, ts, h, copies=None):
         """ts: list of (p, g, m, v) updated in place."""
@@ -389,9 +428,10 @@ class Adam:
 
     def tables(self, ts, copies=None):
         out = []
+        MT_MAX, MT_TILE = self.mt_max, self.tile
         for s in range(0, len(ts), MT_MAX):
             grp = ts[s:s + MT_MAX]
-            tab = np.zeros(1, dtype=MT_TABLE)
+            tab = np.zeros(1, dtype=mt_table(MT_MAX))
             end = 0
             for k, (p, g, m, v) in enumerate(grp):
                 c = copies[s + k] if copies else None
@@ -424,7 +464,7 @@ def adam_ref(p, g, m, v, lr, b1, b2, eps, wd, t):
     return p, m, v
 
 
-def check_adam(ad):
+def check_adam(ad, tag=""):
     sizes = [1, 3, 4, 4095, 4096, 4097, 12345, 768, 100003]
     for pdt, gdt in ((torch.float32, torch.float32), (torch.float32, torch.bfloat16),
                      (torch.bfloat16, torch.bfloat16)):
@@ -450,7 +490,7 @@ def check_adam(ad):
                     "m": rel(cat([t[2] for t in ts]), cat([r[1] for r in refs])),
                     "v": rel(cat([t[3] for t in ts]), cat([r[2] for r in refs])),
                     "copy": rel(cat(copies), cat([r[0] for r in refs]))}
-            check("adamw %s %s %s" % (tname(pdt), tname(gdt), mode), errs,
+            check("%sadamw %s %s %s" % (tag, tname(pdt), tname(gdt), mode), errs,
                   {"p": tol, "m": tol, "v": tol, "copy": 1e-2})
 
 
@@ -462,7 +502,7 @@ def gpt2_sizes():
     return sizes + [d, d]
 
 
-def bench_adam(ad, old):
+def bench_adam(ad, old, variants=()):
     """The per-tensor forms are bound by Python's launch overhead here (148 launches from
     cupy): only the multi-tensor form and the one large tensor measure the kernels."""
     sizes = gpt2_sizes()
@@ -480,8 +520,14 @@ def bench_adam(ad, old):
            t_torch, nbytes, "(torch fused)")
     report("adamw 124M f32 multi-tensor, grid capped at SMs x 8", time_ms(lambda: ad.multi(tabs, h, "rust"), reps=20),
            t_torch, nbytes, "(torch fused)")
-    report("adamw 124M f32 per tensor (%d launches)" % len(ts), time_ms(lambda: ad.per_tensor(ts, h), reps=20),
-           t_torch, nbytes, "(torch fused)")
+    for tag, k in variants:
+        tb = k.tables(ts)
+        report("%s adamw multi-tensor (%d launches)" % (tag, len(tb)), time_ms(lambda: k.multi(tb, h), reps=20),
+               t_torch, nbytes, "(torch fused)")
+    # PyTorch's foreach form, and the per-size copy reference
+    opt2 = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, foreach=True)
+    report("torch foreach adamw (as rtx column)", time_ms(opt2.step, reps=20), t_torch, nbytes, "(torch fused)")
+    copy_ref(nbytes)
     if old:
         report("old adamw per tensor", time_ms(lambda: old.per_tensor(ts, h), reps=20), t_torch, nbytes)
     # one big tensor: the kernel's own bandwidth, no launch gaps
@@ -516,6 +562,155 @@ def bench_ew(ew):
                     report("%s %s 2^%d grid %s=%d" % (op, tname(dt), log2n, gname, grid), ms, t_t, nb)
 
 
+def copy_ref(nbytes, tag=""):
+    """A device-to-device copy moving nbytes (nbytes / 2 read, nbytes / 2 written)."""
+    n = int(nbytes // 8)
+    x = torch.randn(n, device=DEV)
+    y = torch.empty_like(x)
+    ms = time_ms(lambda: y.copy_(x))
+    report("copy ref %s%.1f MB moved" % (tag, nbytes / 1e6), ms, float("nan"), 8 * n)
+    del x, y
+
+
+# ---------------------------------------------------------------------------------------
+# Embedding
+# ---------------------------------------------------------------------------------------
+class Emb:
+    def __init__(self, mod):
+        self.m = mod
+
+    def fwd(self, table, ids, y, bad):
+        v, d = table.shape
+        n = ids.numel()
+        name = "emb_fwd_%s_i32" % tname(table.dtype)
+        grid = max(1, min((n + 7) // 8, SMS * 8))
+        self.m.launch(name, grid, (ptr(table), ptr(ids), ptr(y), np.uint64(n), np.uint64(v), np.uint64(d), ptr(bad)))
+
+    def scratch(self, n, v):
+        nt = (v + 1023) // 1024
+        return {"cnt": torch.empty(v + nt + 1, device=DEV, dtype=torch.int32),
+                "off": torch.empty(v + 1, device=DEV, dtype=torch.int32),
+                "next": torch.empty(v + 4, device=DEV, dtype=torch.int32),
+                "slots": torch.empty(max(n, 1), device=DEV, dtype=torch.int32),
+                "pos": torch.empty(max(n, 1), device=DEV, dtype=torch.int32)}
+
+    def args(self, dy, ids, v, dt, sc):
+        """(name, grid, args) of each launch after the memset, as ops/src/embedding/cuda.rs."""
+        n, d = dy.shape
+        nt = (v + 1023) // 1024
+        cnt = sc["cnt"]
+        tiles, bad = cnt[v:v + nt], cnt[v + nt:]
+        g = max(1, min((n + BLOCK - 1) // BLOCK, SMS * 8))
+        return [("emb_count_i32", g, (ptr(ids), np.uint64(n), np.uint64(v), ptr(cnt), ptr(tiles), ptr(bad))),
+                ("emb_scan", max(1, min(nt, SMS * 8)), (ptr(cnt), ptr(tiles), np.uint64(v), ptr(sc["off"]),
+                                                        ptr(sc["next"]))),
+                ("emb_scatter_i32", g, (ptr(ids), np.uint64(n), np.uint64(v), ptr(sc["next"]), ptr(sc["slots"]))),
+                ("emb_order_i32", g, (ptr(ids), np.uint64(n), np.uint64(v), ptr(sc["off"]), ptr(sc["slots"]),
+                                      ptr(sc["pos"]))),
+                ("emb_bwd_%s" % tname(dy.dtype), max(1, min((v + 63) // 64, SMS * 8)),
+                 (ptr(dy), ptr(sc["off"]), ptr(sc["pos"]), ptr(dt), np.uint64(v), np.uint64(d)))], bad
+
+    def bwd(self, dy, ids, v, dt, sc):
+        sc["cnt"].zero_()  # counts, tile counts and bad (one memset)
+        launches, bad = self.args(dy, ids, v, dt, sc)
+        for name, grid, a in launches:
+            self.m.launch(name, grid, a)
+        return bad
+
+
+def check_emb(em):
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        for v, d, n, mode in ((1000, 768, 4096, "rand"), (50257, 768, 8192, "zipf"), (37, 13, 100, "rand"),
+                              (5, 64, 3000, "rand"), (300, 96, 2049, "same"), (64, 100, 513, "rand")):
+            table = torch.randn(v, d, device=DEV).to(dt)
+            if mode == "same":
+                ids = torch.full((n,), 7, device=DEV, dtype=torch.int32)
+            elif mode == "zipf":
+                w = 1.0 / torch.arange(1, v + 1, device=DEV, dtype=torch.float64)
+                ids = torch.multinomial(w, n, replacement=True).to(torch.int32)
+            else:
+                ids = torch.randint(0, v, (n,), device=DEV, dtype=torch.int32)
+            y, bad = poison((n, d), dt), torch.full((1,), 7, device=DEV, dtype=torch.int32)
+            bad.zero_()
+            em.fwd(table, ids, y, bad)
+            dy = torch.randn(n, d, device=DEV).to(dt)
+            sc = em.scratch(n, v)
+            dtab = poison((v, d), dt)
+            b2 = em.bwd(dy, ids, v, dtab, sc)
+            dtab2 = poison((v, d), dt)
+            em.bwd(dy, ids, v, dtab2, sc)
+            torch.cuda.synchronize()
+            ref = torch.zeros(v, d, device=DEV, dtype=torch.float64).index_add_(0, ids.long(), dy.double())
+            same = bool(torch.equal(dtab.view(torch.int16 if dt != torch.float32 else torch.int32),
+                                    dtab2.view(torch.int16 if dt != torch.float32 else torch.int32)))
+            tol = 1e-5 if dt == torch.float32 else 2e-2
+            check("emb %s V=%d D=%d n=%d %s" % (tname(dt), v, d, n, mode),
+                  {"y": rel(y, table[ids.long()]), "dtable": rel(dtab, ref), "bad": float(bad.item() + b2.item()),
+                   "nondet": 0.0 if same else 1.0}, tol)
+    # invalid ids: zeros in y, counted; skipped by the backward
+    v, d, n = 50, 64, 100
+    table = torch.randn(v, d, device=DEV)
+    ids = torch.randint(0, v, (n,), device=DEV, dtype=torch.int32)
+    ids[3], ids[50] = -1, v
+    y, bad = poison((n, d), torch.float32), torch.zeros(1, device=DEV, dtype=torch.int32)
+    em.fwd(table, ids, y, bad)
+    dy = torch.randn(n, d, device=DEV)
+    dtab = poison((v, d), torch.float32)
+    b2 = em.bwd(dy, ids, v, dtab, em.scratch(n, v))
+    torch.cuda.synchronize()
+    ok = ids.clamp(0, v - 1).long()
+    yr = table[ok] * ((ids >= 0) & (ids < v)).unsqueeze(1)
+    keep = (ids >= 0) & (ids < v)
+    ref = torch.zeros(v, d, device=DEV, dtype=torch.float64).index_add_(0, ids[keep].long(), dy[keep].double())
+    check("emb invalid ids", {"y": rel(y, yr), "dtable": rel(dtab, ref), "bad": abs(bad.item() - 2) + abs(b2.item() - 2)},
+          1e-5)
+
+
+def bench_emb(em, old=None, variants=()):
+    v, d, n = 50257, 768, 8192
+    table = (torch.randn(v, d, device=DEV) * 0.02)
+    tr = table.clone().requires_grad_()
+    ids = torch.randint(0, v, (n,), device=DEV, dtype=torch.int32)
+    ids64 = ids.long()
+    dy = torch.randn(n, d, device=DEV)
+    y = torch.empty(n, d, device=DEV)
+    bad = torch.zeros(1, device=DEV, dtype=torch.int32)
+    fb = 2 * n * d * 4 + n * 4
+    t_f = time_ms(lambda: F.embedding(ids64, tr))
+    report("emb fwd f32 [50257,768] n=8192", time_ms(lambda: em.fwd(table, ids, y, bad)), t_f, fb)
+    copy_ref(fb, "emb fwd ")
+    sc = em.scratch(n, v)
+    dt = torch.empty(v, d, device=DEV)
+    bb = v * d * 4 + n * d * 4 + n * 4
+    t_b = time_ms(lambda: torch.autograd.grad(F.embedding(ids64, tr), tr, dy))
+    report("emb bwd f32 (scatter-add, whole table)", time_ms(lambda: em.bwd(dy, ids, v, dt, sc)), t_b, bb,
+           "(torch: autograd.grad of F.embedding)")
+    copy_ref(bb, "emb bwd ")
+    # the pieces (each launch alone, on consistent scratch; the scatter after a scan,
+    # which resets its cursors)
+    em.bwd(dy, ids, v, dt, sc)
+    launches, _ = em.args(dy, ids, v, dt, sc)
+    L = em.m.launch
+    (n_c, g_c, a_c), (n_s, g_s, a_s), (n_x, g_x, a_x), (n_o, g_o, a_o), (n_b, g_b, a_b) = launches
+    report("  of which emb_bwd kernel", time_ms(lambda: L(n_b, g_b, a_b)), float("nan"), bb)
+    report("  of which emb_scan", time_ms(lambda: L(n_s, g_s, a_s)), float("nan"), 1)
+    report("  of which emb_scan + emb_scatter", time_ms(lambda: (L(n_s, g_s, a_s), L(n_x, g_x, a_x))),
+           float("nan"), 1)
+    report("  of which emb_order", time_ms(lambda: L(n_o, g_o, a_o)), float("nan"), 1)
+    report("  of which emb_count", time_ms(lambda: L(n_c, g_c, a_c)), float("nan"), 1)
+    report("  of which the memset of counts", time_ms(lambda: sc["cnt"].zero_()), float("nan"), 1)
+    report("  zero-fill of the table (torch zero_)", time_ms(lambda: dt.zero_()), float("nan"), v * d * 4)
+    em.bwd(dy, ids, v, dt, sc)  # leave the scratch consistent
+    w = 1.0 / torch.arange(1, v + 1, device=DEV, dtype=torch.float64)
+    zid = torch.multinomial(w, n, replacement=True).to(torch.int32)
+    t_z = time_ms(lambda: torch.autograd.grad(F.embedding(zid.long(), tr), tr, dy))
+    report("emb bwd f32, Zipf ids", time_ms(lambda: em.bwd(dy, zid, v, dt, sc)), t_z, bb)
+    for tag, k in variants:
+        report("%s emb bwd f32" % tag, time_ms(lambda: k.bwd(dy, ids, v, dt, sc)), t_b, bb)
+        report("%s emb bwd f32, Zipf ids" % tag, time_ms(lambda: k.bwd(dy, zid, v, dt, sc)), t_z, bb)
+    em.bwd(dy, ids, v, dt, sc)
+
+
 def copy_peak():
     n = 1 << 29
     x = torch.randn(n, device=DEV)
@@ -535,14 +730,14 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--old", default=None, help="folder with an older tree's norm/loss/optim.cu + common.cuh")
-    ap.add_argument("--only", default="ln,ce,adamw,ew")
+    ap.add_argument("--only", default="ln,ce,adamw,ew,emb")
     args = ap.parse_args()
     only = set(args.only.split(","))
     SMS = torch.cuda.get_device_properties(0).multi_processor_count
     print("device: %s, %d SMs, torch %s, cupy %s" % (torch.cuda.get_device_name(0), SMS, torch.__version__,
                                                       cupy.__version__), flush=True)
     mods = {}
-    for name in ("norm", "loss", "optim", "elementwise"):
+    for name in ("norm", "loss", "optim", "elementwise", "embedding"):
         try:
             mods[name] = Module(name)
         except Exception as e:  # noqa: BLE001
@@ -557,9 +752,14 @@ def main():
                 print("old %s: %s" % (name, str(e)[:300]))
     ln_vars = []
     if "ln" in only and not args.no_bench:
-        for dfn in ({"LN_MIN_BLOCKS": 1}, {"LN_NV": 8, "LN_MIN_BLOCKS": 2}, {"LN_NV": 2}):
+        for dfn, fb in (({"LN_PREFETCH": 1}, 2), ({"LN_PREFETCH": 1, "LN_MIN_BLOCKS": 3}, 2),
+                        ({"LN_MIN_BLOCKS": 2}, 2), ({"LN_FUSED_BLOCKS": 1}, 1), ({}, 4)):
             try:
-                ln_vars.append((",".join("%s=%s" % kv for kv in dfn.items()), LN(Module("norm", defines=dfn))))
+                mod = Module("norm", defines=dfn)
+                for kn in ("ln_fwd_bf16", "ln_bwd_fused_bf16"):
+                    print("  variant %s %s: %s" % (dfn, kn, mod.regs(kn)))
+                ln_vars.append((",".join("%s=%s" % kv for kv in dfn.items()) + " fgrid=%dxSM" % fb,
+                                LN(mod, fused_blocks=fb)))
             except Exception as e:  # noqa: BLE001
                 print("variant %s: %s" % (dfn, str(e)[:300]))
     ce_vars = []
@@ -569,7 +769,28 @@ def main():
                 ce_vars.append(("CE_U=%d" % u, CE(Module("loss", defines={"CE_U": u}))))
             except Exception as e:  # noqa: BLE001
                 print("variant CE_U=%d: %s" % (u, str(e)[:300]))
-    for key, names in (("norm", ["ln_fwd_bf16", "ln_bwd_dx_bf16", "ln_bwd_part_bf16", "ln_fwd_f32"]),
+    emb_vars = []
+    if "emb" in only and not args.no_bench:
+        for dfn in ({"EMB_BWD_MIN_BLOCKS": 4}, {"EMB_HEAVY": 4}, {"EMB_HEAVY": 64}, {"EMB_BWD_MIN_BLOCKS": 2}):
+            try:
+                mod = Module("embedding", defines=dfn)
+                print("  variant %s emb_bwd_f32: %s" % (dfn, mod.regs("emb_bwd_f32")))
+                emb_vars.append((",".join("%s=%s" % kv for kv in dfn.items()), Emb(mod)))
+            except Exception as e:  # noqa: BLE001
+                print("variant %s: %s" % (dfn, str(e)[:300]))
+    ad_vars = []
+    if "adamw" in only and not args.no_bench:
+        for dfn in ({"RTX_MT_MAX": 24}, {"RTX_MT_MAX": 160}, {"RTX_MT_U": 2}):
+            try:
+                mod = Module("optim", defines=dfn)
+                print("  variant %s adamw_mt_f32_f32: %s" % (dfn, mod.regs("adamw_mt_f32_f32")))
+                ad_vars.append((",".join("%s=%s" % kv for kv in dfn.items()),
+                                Adam(mod, dfn.get("RTX_MT_MAX", 48), dfn.get("RTX_MT_TILE", 4096))))
+            except Exception as e:  # noqa: BLE001
+                print("variant %s: %s" % (dfn, str(e)[:300]))
+    for key, names in (("norm", ["ln_fwd_bf16", "ln_bwd_dx_bf16", "ln_bwd_part_bf16", "ln_fwd_f32",
+                                 "ln_bwd_fused_bf16", "ln_bwd_fused_f32", "ln_bwd_final_bf16"]),
+                       ("embedding", ["emb_fwd_f32_i32", "emb_bwd_f32", "emb_bwd_bf16", "emb_scan", "emb_order_i32"]),
                        ("loss", ["ce_fwd_bf16_i32", "ce_bwd_bf16_i32"]),
                        ("optim", ["adamw_f32_f32", "adamw_mt_f32_f32", "adamw_mt_f32_bf16"]),
                        ("elementwise", ["ew_add_f32", "ew_exp_f16"])):
@@ -579,19 +800,36 @@ def main():
     ln = LN(mods["norm"]) if "norm" in mods else None
     ce = CE(mods["loss"]) if "loss" in mods else None
     ad = Adam(mods["optim"]) if "optim" in mods else None
+    em = Emb(mods["embedding"]) if "embedding" in mods else None
     if not args.no_check:
-        for flag, fn, obj in (("ln", check_ln, ln), ("ce", check_ce, ce), ("adamw", check_adam, ad)):
+        for flag, fn, obj in (("ln", check_ln, ln), ("ce", check_ce, ce), ("adamw", check_adam, ad),
+                              ("emb", check_emb, em)):
             if flag in only and obj is not None:
                 try:
                     fn(obj)
                 except Exception as e:  # noqa: BLE001
                     print("CHECK ERROR %s: %r" % (flag, e), flush=True)
                     FAILS.append("check " + flag)
+    if not args.no_check:
+        for tag, k in emb_vars:
+            try:
+                check_emb(k)
+            except Exception as e:  # noqa: BLE001
+                print("CHECK ERROR emb %s: %r" % (tag, e), flush=True)
+                FAILS.append("check emb " + tag)
+        for tag, k in ad_vars:
+            try:
+                check_adam(k, tag + " ")
+            except Exception as e:  # noqa: BLE001
+                print("CHECK ERROR adamw %s: %r" % (tag, e), flush=True)
+                FAILS.append("check adamw " + tag)
     if not args.no_bench:
         copy_peak()
-        steps = (("ln", lambda k, o: bench_ln(k, o, ln_vars), ln, LN(old["norm"]) if "norm" in old else None),
+        steps = (("ln", lambda k, o: bench_ln(k, o, ln_vars), ln,
+                  LN(old["norm"], fused=False) if "norm" in old else None),
                  ("ce", lambda k, o: bench_ce(k, o, ce_vars), ce, CE(old["loss"]) if "loss" in old else None),
-                 ("adamw", bench_adam, ad, Adam(old["optim"]) if "optim" in old else None),
+                 ("adamw", lambda k, o: bench_adam(k, o, ad_vars), ad, Adam(old["optim"]) if "optim" in old else None),
+                 ("emb", lambda k, o: bench_emb(k, o, emb_vars), em, None),
                  ("ew", lambda k, o: bench_ew(k), mods.get("elementwise"), None))
         for flag, fn, obj, o in steps:
             if flag in only and obj is not None:

@@ -11,7 +11,16 @@
 //   mean[r] = sum x / d; var = sum (x - mean)^2 / d (two passes, biased);
 //   rstd[r] = rsqrt(var + eps); y = (x - mean) * rstd * gamma + beta.
 //
-// Backward, three launches:
+// Backward, on the register path (below) two launches, ln_bwd_fused then ln_bwd_final:
+//   extern "C" __global__ void ln_bwd_fused_{dt}(const T* dy, const T* x, const float* mean,
+//       const float* rstd, const T* gamma, T* dx, float* part_g, float* part_b, size_t rows,
+//       size_t d)
+//     dx as ln_bwd_dx, and in the same pass (dy and x read once) each thread's sums of
+//     dy * xh and dy over the rows its group takes, in registers; block b writes its
+//     groups' sums (added in group order) to part_g / part_b row b. Grid: SMs x
+//     LN_FUSED_BLOCKS (the partial rows; its launch bound), chunks = the grid. Needs the
+//     register path and d <= 8192 (else it writes NaN partials).
+// Otherwise three launches:
 //   extern "C" __global__ void ln_bwd_dx_{dt}(const T* dy, const T* x, const float* mean,
 //       const float* rstd, const T* gamma, T* dx, size_t rows, size_t d)
 //     g = dy * gamma, xh = (x - mean) * rstd,
@@ -24,7 +33,9 @@
 //     rpc) <= 65535. Static shared memory: 16 KiB.
 //   extern "C" __global__ void ln_bwd_final_{dt}(const float* part_g, const float* part_b,
 //       T* dgamma, T* dbeta, size_t chunks, size_t d)
-//     thread per column (grid-stride): the chunks' partials summed in chunk order (f64).
+//     blocks of 256 = 8 chunk lanes x 32 columns over column tiles of 32 (grid-stride;
+//     best ceil(d / 32)): lane c sums chunks c, c + 8, ... in f64, the 8 lane sums are
+//     added in lane order.
 // Deterministic: no atomics; the order of every sum depends only on the launch shape.
 //
 // Row kernels (fwd, dx), when every row pointer is 16-byte aligned (d % V == 0 and the
@@ -47,6 +58,15 @@ using namespace rtx;
 #endif
 #ifndef LN_MIN_BLOCKS
 #define LN_MIN_BLOCKS 4  // fwd, dx: at most 64 registers (no spills seen at this cap)
+#endif
+#ifndef LN_PREFETCH
+#define LN_PREFETCH 0  // fwd: load the next row before reducing this one
+#endif
+// ln_bwd_fused's shared row of partials: the longest register-path row (8 elements per
+// vector), at most 32 KiB.
+#define LN_RED (RTX_BLOCK * LN_NV * 8 < 8192 ? RTX_BLOCK * LN_NV * 8 : 8192)
+#ifndef LN_FUSED_BLOCKS
+#define LN_FUSED_BLOCKS 2  // ln_bwd_fused: blocks per SM (its grid; at most 128 registers)
 #endif
 
 namespace {
@@ -82,18 +102,24 @@ __device__ __forceinline__ float group_sum(float v, unsigned gi, unsigned gn, fl
 
 // ---- row in registers -----------------------------------------------------------------
 
-// One row of the forward by a group of `gn` threads (lane `gl`), nv = d / V vectors.
+// The row's vectors this thread holds: raw[k] = vector gl + k * gn (when below nv).
 template <typename T>
-__device__ __forceinline__ void ln_fwd_row(const T* xr, const T* gamma, const T* beta, T* yr, size_t nv,
-                                           float inv_d, float eps, unsigned gl, unsigned gi, unsigned gn,
-                                           float* sm, float& mu, float& r) {
+__device__ __forceinline__ void ln_load_row(const T* xr, size_t nv, unsigned gl, unsigned gn, uint4* raw) {
     constexpr int V = Ty<T>::V;
-    uint4 raw[LN_NV];
 #pragma unroll
     for (int k = 0; k < LN_NV; ++k) {
         const size_t i = gl + (size_t)k * gn;
         if (i < nv) raw[k] = ldg16(xr + i * V);
     }
+}
+
+// One row of the forward by a group of `gn` threads (lane `gl`), nv = d / V vectors, the
+// row already in `raw` (ln_load_row).
+template <typename T>
+__device__ __forceinline__ void ln_fwd_row(const uint4* raw, const T* gamma, const T* beta, T* yr, size_t nv,
+                                           float inv_d, float eps, unsigned gl, unsigned gi, unsigned gn,
+                                           float* sm, float& mu, float& r) {
+    constexpr int V = Ty<T>::V;
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < LN_NV; ++k) {
@@ -134,11 +160,12 @@ __device__ __forceinline__ void ln_fwd_row(const T* xr, const T* gamma, const T*
     }
 }
 
-// One row of dx by a group of `gn` threads (lane `gl`).
-template <typename T>
+// One row of dx by a group of `gn` threads (lane `gl`). With ACC, also adds the row's
+// dy * xh and dy to ag, ab (this thread's columns: vector gl + k * gn, element e).
+template <typename T, bool ACC>
 __device__ __forceinline__ void ln_dx_row(const T* dyr, const T* xr, const T* gamma, T* dxr, size_t nv,
                                           float inv_d, float m, float rs, unsigned gl, unsigned gi, unsigned gn,
-                                          float* sm) {
+                                          float* sm, float (*ag)[Ty<T>::V], float (*ab)[Ty<T>::V]) {
     constexpr int V = Ty<T>::V;
     uint4 rdy[LN_NV], rx[LN_NV];
 #pragma unroll
@@ -180,6 +207,10 @@ __device__ __forceinline__ void ln_dx_row(const T* dyr, const T* xr, const T* ga
             for (int e = 0; e < V; ++e) {
                 const float gg = fd[e] * g[e];
                 const float xh = (fx[e] - m) * rs;
+                if constexpr (ACC) {
+                    ag[k][e] += fd[e] * xh;
+                    ab[k][e] += fd[e];
+                }
                 fd[e] = rs * (gg - mg - xh * mgx);
             }
             store_vec<T, V>(dxr + i * V, fd);
@@ -237,11 +268,30 @@ __device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta
     if (vec && nv <= (size_t)blockDim.x * LN_NV) {
         __shared__ float sm[32];
         const unsigned gn = ln_group(nv), gpb = blockDim.x / gn, gi = threadIdx.x / gn, gl = threadIdx.x % gn;
-        for (size_t row = (size_t)blockIdx.x * gpb + gi; row < rows; row += (size_t)gridDim.x * gpb) {
+        const size_t stride = (size_t)gridDim.x * gpb;
+        size_t row = (size_t)blockIdx.x * gpb + gi;
+#if LN_PREFETCH
+        // The next row's loads are issued before this row's reductions.
+        uint4 raw[LN_NV];
+        if (row < rows) ln_load_row<T>(x + row * d, nv, gl, gn, raw);
+        for (; row < rows; row += stride) {
+            uint4 nxt[LN_NV];
+            if (row + stride < rows) ln_load_row<T>(x + (row + stride) * d, nv, gl, gn, nxt);
             float mu, r;
-            ln_fwd_row<T>(x + row * d, gamma, beta, y + row * d, nv, inv_d, eps, gl, gi, gn, sm, mu, r);
+            ln_fwd_row<T>(raw, gamma, beta, y + row * d, nv, inv_d, eps, gl, gi, gn, sm, mu, r);
+            if (gl == 0) { mean[row] = mu; rstd[row] = r; }
+#pragma unroll
+            for (int k = 0; k < LN_NV; ++k) raw[k] = nxt[k];
+        }
+#else
+        for (; row < rows; row += stride) {
+            uint4 raw[LN_NV];
+            ln_load_row<T>(x + row * d, nv, gl, gn, raw);
+            float mu, r;
+            ln_fwd_row<T>(raw, gamma, beta, y + row * d, nv, inv_d, eps, gl, gi, gn, sm, mu, r);
             if (gl == 0) { mean[row] = mu; rstd[row] = r; }
         }
+#endif
     } else {
         for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
             float mu, r;
@@ -263,8 +313,8 @@ __device__ __forceinline__ void ln_bwd_dx(const T* dy, const T* x, const float* 
         const unsigned gn = ln_group(nv), gpb = blockDim.x / gn, gi = threadIdx.x / gn, gl = threadIdx.x % gn;
         for (size_t row = (size_t)blockIdx.x * gpb + gi; row < rows; row += (size_t)gridDim.x * gpb) {
             const size_t o = row * d;
-            ln_dx_row<T>(dy + o, x + o, gamma, dx + o, nv, inv_d, __ldg(mean + row), __ldg(rstd + row), gl, gi,
-                         gn, sm);
+            ln_dx_row<T, false>(dy + o, x + o, gamma, dx + o, nv, inv_d, __ldg(mean + row), __ldg(rstd + row), gl,
+                                gi, gn, sm, nullptr, nullptr);
         }
     } else {
         for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -354,17 +404,91 @@ __device__ __forceinline__ void ln_bwd_part(const T* dy, const T* x, const float
     }
 }
 
+// dx and the block's parameter-gradient partials in one pass over dy and x: each thread
+// sums dy * xh and dy over the rows its group takes, for its own columns, in registers;
+// the block's groups are combined in group order through shared memory and written to
+// part_g / part_b row blockIdx.x. Needs the register path (d % V == 0, 16-byte aligned
+// rows, nv <= blockDim.x * LN_NV); otherwise it writes NaN partials (the launcher takes
+// the three-kernel path then).
+template <typename T>
+__device__ __forceinline__ void ln_bwd_fused(const T* dy, const T* x, const float* mean, const float* rstd,
+                                             const T* gamma, T* dx, float* part_g, float* part_b, size_t rows,
+                                             size_t d) {
+    constexpr int V = Ty<T>::V;
+    const float inv_d = 1.0f / (float)d;
+    const bool vec = d % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(gamma);
+    const size_t nv = d / V;
+    __shared__ float red[LN_RED];
+    if (!(vec && nv <= (size_t)blockDim.x * LN_NV && d <= LN_RED)) {
+        for (size_t j = threadIdx.x; j < d; j += blockDim.x) {
+            part_g[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
+            part_b[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
+        }
+        return;
+    }
+    __shared__ float sm[32];
+    const unsigned gn = ln_group(nv), gpb = blockDim.x / gn, gi = threadIdx.x / gn, gl = threadIdx.x % gn;
+    float ag[LN_NV][V], ab[LN_NV][V];
+#pragma unroll
+    for (int k = 0; k < LN_NV; ++k)
+#pragma unroll
+        for (int e = 0; e < V; ++e) { ag[k][e] = 0.0f; ab[k][e] = 0.0f; }
+    for (size_t row = (size_t)blockIdx.x * gpb + gi; row < rows; row += (size_t)gridDim.x * gpb) {
+        const size_t o = row * d;
+        ln_dx_row<T, true>(dy + o, x + o, gamma, dx + o, nv, inv_d, __ldg(mean + row), __ldg(rstd + row), gl, gi,
+                           gn, sm, ag, ab);
+    }
+    // Groups in order: red = group 0's sums, then + group 1's, ...; then the row out.
+    for (int which = 0; which < 2; ++which) {
+        for (unsigned g = 0; g < gpb; ++g) {
+            if (gi == g) {
+#pragma unroll
+                for (int k = 0; k < LN_NV; ++k) {
+                    const size_t i = gl + (size_t)k * gn;
+                    if (i < nv) {
+#pragma unroll
+                        for (int e = 0; e < V; ++e) {
+                            const float a = which == 0 ? ag[k][e] : ab[k][e];
+                            red[i * V + e] = g == 0 ? a : red[i * V + e] + a;
+                        }
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        float* part = which == 0 ? part_g : part_b;
+        for (size_t j = threadIdx.x; j < d; j += blockDim.x) part[blockIdx.x * d + j] = red[j];
+        __syncthreads();
+    }
+}
+
+// The chunks' partials summed in chunk order, in f64. Block: 256 threads = 8 chunk lanes
+// x 32 columns; chunk lane c sums chunks c, c + 8, ...; the 8 lane sums are added in lane
+// order. Column tiles of 32, grid-stride (any grid; best ceil(d / 32)).
 template <typename T>
 __device__ __forceinline__ void ln_bwd_final(const float* part_g, const float* part_b, T* dgamma, T* dbeta,
                                              size_t chunks, size_t d) {
-    for (size_t j = global_thread(); j < d; j += global_threads()) {
+    __shared__ double sg[8][32], sb[8][32];
+    const unsigned cl = threadIdx.x >> 5, jl = threadIdx.x & 31u, lanes = blockDim.x >> 5;
+    for (size_t tile = blockIdx.x; tile * 32 < d; tile += gridDim.x) {
+        const size_t j = tile * 32 + jl;
         double ag = 0.0, ab = 0.0;
-        for (size_t c = 0; c < chunks; ++c) {
-            ag += part_g[c * d + j];
-            ab += part_b[c * d + j];
+        if (j < d && cl < 8) {
+#pragma unroll 4
+            for (size_t c = cl; c < chunks; c += (lanes < 8 ? lanes : 8)) {
+                ag += part_g[c * d + j];
+                ab += part_b[c * d + j];
+            }
         }
-        Ty<T>::store(dgamma + j, (float)ag);
-        Ty<T>::store(dbeta + j, (float)ab);
+        if (cl < 8) { sg[cl][jl] = ag; sb[cl][jl] = ab; }
+        __syncthreads();
+        if (cl == 0 && j < d) {
+            double tg = 0.0, tb = 0.0;
+            for (unsigned k = 0; k < (lanes < 8 ? lanes : 8); ++k) { tg += sg[k][jl]; tb += sb[k][jl]; }
+            Ty<T>::store(dgamma + j, (float)tg);
+            Ty<T>::store(dbeta + j, (float)tb);
+        }
+        __syncthreads();
     }
 }
 
@@ -385,6 +509,12 @@ __device__ __forceinline__ void ln_bwd_final(const float* part_g, const float* p
         ln_bwd_part_##dt(const T* dy, const T* x, const float* mean, const float* rstd,        \
                          float* part_g, float* part_b, size_t rows, size_t d, size_t rpc) {    \
         ln_bwd_part<T>(dy, x, mean, rstd, part_g, part_b, rows, d, rpc);                       \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(RTX_BLOCK, LN_FUSED_BLOCKS)                   \
+        ln_bwd_fused_##dt(const T* dy, const T* x, const float* mean, const float* rstd,       \
+                          const T* gamma, T* dx, float* part_g, float* part_b, size_t rows,    \
+                          size_t d) {                                                          \
+        ln_bwd_fused<T>(dy, x, mean, rstd, gamma, dx, part_g, part_b, rows, d);                \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
         ln_bwd_final_##dt(const float* part_g, const float* part_b, T* dgamma, T* dbeta,       \

@@ -30,14 +30,19 @@
 //     d = nesterov ? g + mu m : m (d = g when mu == 0); p -= lr d.
 //
 // Many tensors per launch (the op groups its tensors of one gradient dtype, RTX_MT_MAX
-// = 24 a launch), the same arithmetic per element:
+// = 48 a launch: GPT-2 small's 148 tensors in 4 launches), the same arithmetic per element:
 //   struct MtTensor { u64 p_in, p_out, g, m_in, m_out, v_in, v_out, copy, n; };  // 72 B
-//   struct MtTable { MtTensor t[24]; u64 tile_end[24]; int count, pad_; };     // 1928 B
+//   struct MtTable { MtTensor t[48]; u64 tile_end[48]; int count, pad_; };     // 3848 B
 //   extern "C" __global__ void adamw_mt_{p}_{g}(MtTable tab, Hyper h, const float* norm,
 //       const float* scaler)   (and sgd_mt_{p}_{g}); tab by value: tensors t[0..count],
 //   each with the one-tensor kernel's pointers (addresses; null as there) and n;
 //   tile_end[k] = sum over tensors 0..=k of ceil(n / 4096) (tiles of RTX_MT_TILE = 4096
 //   elements). Block b takes tiles b, b + grid, ...; any grid, best a block per tile.
+//   (RTX_MT_MAX, RTX_MT_TILE and RTX_MT_U, the 4-element vectors a thread loads before
+//   it stores, are compile-time knobs for kernels/checks/train_kernels_check.py; the
+//   launcher, ops/src/optim/cuda.rs, matches the defaults. On the H200, 124M f32
+//   parameters in 148 tensors: 7 launches of 24 ran 0.904 ms, 4 of 48 0.884, one of 160
+//   (a 12.8 KB parameter table, past the classic 4 KiB) 0.864; RTX_MT_U = 2 no gain.)
 //
 //   extern "C" __global__ void nonfinite_{dt}(const T* g, size_t n, float* flag)
 //     sets *flag = 1 when some g[i] is NaN or infinite (never clears it).
@@ -56,8 +61,15 @@
 
 using namespace rtx;
 
-#define RTX_MT_MAX 24     // tensors per multi-tensor launch
+#ifndef RTX_MT_MAX
+#define RTX_MT_MAX 48     // tensors per multi-tensor launch (the table: 3848 bytes, under 4 KiB)
+#endif
+#ifndef RTX_MT_TILE
 #define RTX_MT_TILE 4096  // elements per tile of a multi-tensor launch
+#endif
+#ifndef RTX_MT_U
+#define RTX_MT_U 1        // 4-element vectors per thread with their loads issued together
+#endif
 
 struct Hyper {
     float lr, beta1, beta2, eps, wd, momentum, t, max_norm;
@@ -179,6 +191,44 @@ __device__ __forceinline__ void step4(const P* p_in, P* p_out, const G* g, const
     }
 }
 
+// U groups of 4 elements, at i0, i0 + stride, ...: every load issued before any store
+// (the outputs may alias the inputs, so the compiler cannot reorder them itself).
+template <class R, typename P, typename G, int U>
+__device__ __forceinline__ void stepu(const P* p_in, P* p_out, const G* g, const P* m_in, P* m_out,
+                                      const P* v_in, P* v_out, void* copy, size_t i0, size_t stride,
+                                      const R& rule, float mult, bool skip, int copy_kind) {
+    const bool has_m = m_in != nullptr, has_v = R::TWO;
+    float p[U][4], gg[U][4], m[U][4], v[U][4];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const size_t i = i0 + u * stride;
+        load4<P>(p_in + i, p[u]);
+        load4<G>(g + i, gg[u]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) { m[u][e] = 0.0f; v[u][e] = 0.0f; }
+        if (has_m) load4<P>(m_in + i, m[u]);
+        if (has_v) load4<P>(v_in + i, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const size_t i = i0 + u * stride;
+        if (!skip) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) rule.apply(p[u][e], gg[u][e] * mult, m[u][e], v[u][e]);
+        }
+        store4<P>(p_out + i, p[u]);
+        if (has_m) store4<P>(m_out + i, m[u]);
+        if (has_v) store4<P>(v_out + i, v[u]);
+        if (copy_kind != 0) {
+            float c[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[e] = rounded<P>(p[u][e]);
+            if (copy_kind == 1) store4<__half>(static_cast<__half*>(copy) + i, c);
+            else store4<__nv_bfloat16>(static_cast<__nv_bfloat16*>(copy) + i, c);
+        }
+    }
+}
+
 // Element i of one tensor, scalar.
 template <class R, typename P, typename G>
 __device__ __forceinline__ void step1(const P* p_in, P* p_out, const G* g, const P* m_in, P* m_out,
@@ -268,7 +318,14 @@ __device__ __forceinline__ void step_mt(const MtTable& tab, const Hyper& h, cons
         size_t done = first;
         if (step_vec_ok<P, G>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy)) {
             const size_t vend = first + (end - first) / 4 * 4;
-            for (size_t i = first + 4 * (size_t)threadIdx.x; i < vend; i += 4 * (size_t)blockDim.x)
+            size_t i = first + 4 * (size_t)threadIdx.x;
+#if RTX_MT_U > 1
+            const size_t bs = 4 * (size_t)blockDim.x;
+            for (; i + (RTX_MT_U - 1) * bs < vend; i += RTX_MT_U * bs)
+                stepu<R, P, G, RTX_MT_U>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy, i, bs, rule, mult, skip,
+                                         h.copy_kind);
+#endif
+            for (; i < vend; i += 4 * (size_t)blockDim.x)
                 step4<R, P, G>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy, i, rule, mult, skip, h.copy_kind);
             done = vend;
         }

@@ -1,9 +1,12 @@
 //! CUDA launches of `kernels/cuda/embedding.cu`.
 //!
-//! The backward enqueues four launches on the op's stream: `emb_count_*` (ids per row),
-//! `emb_scan` (bucket offsets), `emb_rank_*` (the stable sort of positions by id) and
-//! `emb_bwd_*` (each gradient element sums its bucket in order). Its scratch (counts,
-//! offsets, positions) is freed stream-ordered after them.
+//! The forward is one launch, a warp per output row (8 rows per block of 256).
+//! The backward enqueues five launches on the op's stream: `emb_count_*` (ids per row and
+//! per tile of 1024 rows), `emb_scan` (bucket offsets, a block per tile), `emb_scatter_*` (each id's position into its bucket, in
+//! any order), `emb_order_*` (each bucket sorted by position: a stable sort of the
+//! positions by id) and `emb_bwd_*` (a warp per table row sums its bucket in increasing
+//! position; a bucket of more than 16 by the whole block in 8 segments). Its scratch (counts, offsets, cursors, slots, positions) is freed
+//! stream-ordered after them.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
@@ -14,6 +17,14 @@ use crate::kernels::{
 };
 
 const MODULE: &str = "embedding";
+
+/// Warps in a block of [`BLOCK`] threads: the rows one block of `emb_fwd_*` takes at once
+/// (a warp per row).
+const WARPS_PER_BLOCK: usize = BLOCK as usize / 32;
+/// Counts per block of `emb_scan` (`EMB_TILE` in embedding.cu).
+const SCAN_TILE: usize = 1024;
+/// Table rows per block of `emb_bwd_*` (`EMB_ROWS` in embedding.cu).
+const BWD_ROWS: usize = 64;
 
 /// The ids' address and kernel suffix.
 fn ids_addr(scx: &StreamCx, ids: &Buffer) -> Result<(u64, u16, &'static str)> {
@@ -50,7 +61,7 @@ pub(super) fn forward(
         })?;
         let mut y = alloc_out::<T>(scx, n * d)?;
         let tab = table.cuda::<T>()?;
-        let cfg = config(grid(scx, (n * d).div_ceil(BLOCK as usize)), 0);
+        let cfg = config(grid(scx, n.div_ceil(WARPS_PER_BLOCK)), 0);
         let mut lb = scx.stream().launch_builder(&f);
         lb.arg(tab)
             .arg(&ids_ptr)
@@ -82,48 +93,77 @@ pub(super) fn backward(
     let (ids_ptr, icode, iname) = ids_addr(scx, ids)?;
     let n = ids.len();
     let mut bad = zeroed(scx, 1)?;
-    let mut counts = zeroed(scx, rows)?;
+    // counts[V], then the tile counts of emb_scan's tiles, zeroed by one memset.
+    let tiles = rows.div_ceil(SCAN_TILE);
+    let mut counts = zeroed(scx, rows + tiles)?;
+    let tiles_addr = device_addr(&counts, scx) + (rows * 4) as u64;
     let mut offsets = scx.alloc::<u32>(rows + 1)?;
     let mut next = scx.alloc::<u32>(rows)?;
+    let mut slots = scx.alloc::<u32>(n.max(1))?;
     let mut positions = scx.alloc::<u32>(n.max(1))?;
-    let one = config(1, 0);
+    let per_id = config(grid(scx, n.div_ceil(BLOCK as usize)), 0);
     {
         let f = kernels::function(scx, MODULE, 0x200 | icode, DType::U32, || {
             format!("emb_count_{iname}")
         })?;
-        let cfg = config(grid(scx, n.div_ceil(BLOCK as usize)), 0);
         let mut lb = scx.stream().launch_builder(&f);
         lb.arg(&ids_ptr)
             .arg(&n)
             .arg(&rows)
             .arg(&mut counts)
+            .arg(&tiles_addr)
             .arg(&mut bad);
         // SAFETY: emb_count_{it}(const I* ids, size_t n, size_t V, unsigned* counts,
-        // unsigned* bad): n ids; `counts` holds V zeroed counters, `bad` one.
-        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(name, e))?;
+        // unsigned* tiles, unsigned* bad): n ids; `counts` holds V zeroed counters and
+        // then (at `tiles_addr`) ceil(V / 1024) zeroed tile counters; `bad` one.
+        unsafe { lb.launch(per_id) }.map_err(|e| launch_error(name, e))?;
     }
     {
         let f = kernels::function(scx, MODULE, 0x300, DType::U32, || "emb_scan".into())?;
         let mut lb = scx.stream().launch_builder(&f);
-        lb.arg(&counts).arg(&rows).arg(&mut offsets).arg(&mut next);
-        // SAFETY: emb_scan(const unsigned* counts, size_t V, unsigned* offsets, unsigned*
-        // next), one block of 256: V counts in, V + 1 offsets and V cursors out.
-        unsafe { lb.launch(one) }.map_err(|e| launch_error(name, e))?;
+        lb.arg(&counts)
+            .arg(&tiles_addr)
+            .arg(&rows)
+            .arg(&mut offsets)
+            .arg(&mut next);
+        // SAFETY: emb_scan(const unsigned* counts, const unsigned* tiles, size_t V,
+        // unsigned* offsets, unsigned* next), blocks of 256 over tiles of 1024 counts (any
+        // grid): V counts and ceil(V / 1024) tile counts in (written by emb_count above),
+        // V + 1 offsets and V cursors out.
+        unsafe { lb.launch(config(grid(scx, tiles), 0)) }.map_err(|e| launch_error(name, e))?;
     }
     {
         let f = kernels::function(scx, MODULE, 0x400 | icode, DType::U32, || {
-            format!("emb_rank_{iname}")
+            format!("emb_scatter_{iname}")
         })?;
         let mut lb = scx.stream().launch_builder(&f);
         lb.arg(&ids_ptr)
             .arg(&n)
             .arg(&rows)
             .arg(&mut next)
+            .arg(&mut slots);
+        // SAFETY: emb_scatter_{it}(const I* ids, size_t n, size_t V, unsigned* next,
+        // unsigned* slots): the cursors from emb_scan (bucket v's run [offsets[v],
+        // offsets[v + 1]) holds exactly counts[v] slots, so every cursor stays inside it);
+        // `slots` holds n entries (at least 1), one per valid id.
+        unsafe { lb.launch(per_id) }.map_err(|e| launch_error(name, e))?;
+    }
+    {
+        let f = kernels::function(scx, MODULE, 0x600 | icode, DType::U32, || {
+            format!("emb_order_{iname}")
+        })?;
+        let mut lb = scx.stream().launch_builder(&f);
+        lb.arg(&ids_ptr)
+            .arg(&n)
+            .arg(&rows)
+            .arg(&offsets)
+            .arg(&slots)
             .arg(&mut positions);
-        // SAFETY: emb_rank_{it}(const I* ids, size_t n, size_t V, unsigned* next, unsigned*
-        // positions), one block of 256: the cursors from emb_scan; `positions` holds n
-        // entries (at least 1), one per valid id, each written once.
-        unsafe { lb.launch(one) }.map_err(|e| launch_error(name, e))?;
+        // SAFETY: emb_order_{it}(const I* ids, size_t n, size_t V, const unsigned* offsets,
+        // const unsigned* slots, unsigned* positions): offsets (V + 1) and slots (n) as
+        // written above; each valid id's rank within its bucket is below the bucket's
+        // size, so every write lands in `positions` (n entries), each once.
+        unsafe { lb.launch(per_id) }.map_err(|e| launch_error(name, e))?;
     }
     let dt = float_dispatch!(dtype, name, |T| {
         let f = kernels::function(scx, MODULE, 0x500, T::DTYPE, || {
@@ -131,7 +171,7 @@ pub(super) fn backward(
         })?;
         let mut dt = alloc_out::<T>(scx, rows * d)?;
         let dys = dy.cuda::<T>()?;
-        let cfg = config(grid(scx, (rows * d).div_ceil(BLOCK as usize)), 0);
+        let cfg = config(grid(scx, rows.div_ceil(BWD_ROWS)), 0);
         let mut lb = scx.stream().launch_builder(&f);
         lb.arg(dys)
             .arg(&offsets)

@@ -1,16 +1,33 @@
 //! CUDA launches of `kernels/cuda/norm.cu`.
 //!
-//! The backward is three launches: dx (a block per row), the parameter gradients' partial
-//! sums over chunks of rows into a scratch buffer, and their sum in chunk order.
+//! The backward, when a row fits the kernels' register path (16-byte aligned rows of at
+//! most 1024 vectors of 16 bytes, d <= 8192) and is at least 8 KiB long, is two launches: `ln_bwd_fused_*` (dx, and
+//! each block's partial sums of dgamma and dbeta over its rows, so that dy and x are read
+//! once) and `ln_bwd_final_*` (the partials summed in block order). Otherwise it is three:
+//! dx, the partial sums over chunks of rows (`ln_bwd_part_*`, rereading dy and x), and
+//! their sum in chunk order. Both are deterministic: every sum's order depends only on
+//! the shape and the device's SM count.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
 use super::{BWD, FWD};
-use crate::kernels::{self, config, float_dispatch, grid, launch_error, BLOCK};
+use crate::kernels::{self, config, device_addr, float_dispatch, grid, launch_error, BLOCK};
 
 const MODULE: &str = "norm";
+
+/// Blocks per SM of `ln_bwd_fused_*` (`LN_FUSED_BLOCKS` in norm.cu, its launch bound): its
+/// grid, and so the number of partial rows, is the SM count times this.
+const FUSED_BLOCKS_PER_SM: usize = 2;
+/// Most 16-byte vectors per thread of the register path (`LN_NV` in norm.cu).
+const LN_NV: usize = 4;
+/// Longest row of `ln_bwd_fused_*` (`LN_RED` in norm.cu: its shared row of partials).
+const FUSED_MAX_D: usize = 8192;
+/// Shortest row (bytes) for which the backward takes `ln_bwd_fused_*`.
+const FUSED_MIN_BYTES: usize = 8192;
+/// Columns per block of `ln_bwd_final_*`.
+const FINAL_COLUMNS: usize = 32;
 
 /// Enqueues the forward; returns `(y, mean, rstd)`.
 #[allow(clippy::too_many_arguments)]
@@ -101,15 +118,35 @@ fn backward_t<T: Element>(
     d: usize,
 ) -> Result<[Buffer; 3]> {
     let name = |k: &str| format!("ln_bwd_{k}_{}", T::DTYPE.name());
-    let f_dx = kernels::function(scx, MODULE, 1, T::DTYPE, || name("dx"))?;
-    let f_part = kernels::function(scx, MODULE, 2, T::DTYPE, || name("part"))?;
     let f_final = kernels::function(scx, MODULE, 3, T::DTYPE, || name("final"))?;
     let (dy, x, g) = (dy.cuda::<T>()?, x.cuda::<T>()?, g.cuda::<T>()?);
     let (mean, rstd) = (mean.cuda::<f32>()?, rstd.cuda::<f32>()?);
     let mut dx = kernels::alloc_out::<T>(scx, rows * d)?;
     let mut dg = kernels::alloc_out::<T>(scx, d)?;
     let mut db = kernels::alloc_out::<T>(scx, d)?;
-    let (rpc, chunks) = chunking(scx.sm_count() as usize, rows, d);
+    // The register path of norm.cu: V = 16 / size_of::<T>() elements per vector.
+    let v = 16 / std::mem::size_of::<T>();
+    let aligned = [
+        device_addr(dy, scx),
+        device_addr(x, scx),
+        device_addr(g, scx),
+    ]
+    .iter()
+    .all(|a| a % 16 == 0);
+    // The fused pass runs at half the dx kernel's occupancy (its accumulators): on the
+    // H200 it won at bf16 8192 x 4096 (bwd 0.0953 ms against 0.0992) and lost at 8192 x
+    // 768 (0.0355 against 0.0312), so it is taken for rows of at least FUSED_MIN_BYTES.
+    let fused = aligned
+        && d % v == 0
+        && d / v <= BLOCK as usize * LN_NV
+        && d <= FUSED_MAX_D
+        && d * std::mem::size_of::<T>() >= FUSED_MIN_BYTES;
+    let sms = scx.sm_count() as usize;
+    let (rpc, chunks) = if fused {
+        (0, rows.min(sms * FUSED_BLOCKS_PER_SM).max(1))
+    } else {
+        chunking(sms, rows, d)
+    };
     let scratch = chunks
         .checked_mul(d)
         .ok_or_else(|| Error::invalid(BWD, "parameter-gradient scratch overflows"))?;
@@ -117,22 +154,45 @@ fn backward_t<T: Element>(
     // that use it.
     let mut part_g = scx.alloc::<f32>(scratch)?;
     let mut part_b = scx.alloc::<f32>(scratch)?;
-    {
-        let mut lb = scx.stream().launch_builder(&f_dx);
+    if fused {
+        let f = kernels::function(scx, MODULE, 4, T::DTYPE, || name("fused"))?;
+        let mut lb = scx.stream().launch_builder(&f);
         lb.arg(dy)
             .arg(x)
             .arg(mean)
             .arg(rstd)
             .arg(g)
             .arg(&mut dx)
+            .arg(&mut part_g)
+            .arg(&mut part_b)
             .arg(&rows)
             .arg(&d);
-        // SAFETY: `ln_bwd_dx_{dt}(const T* dy, const T* x, const float* mean, const float*
-        // rstd, const T* gamma, T* dx, size_t rows, size_t d)`: `dy`, `x`, `dx` hold rows
-        // * d elements, `mean`, `rstd` rows, `gamma` d; dx is written entirely.
-        unsafe { lb.launch(config(grid(scx, rows), 0)) }.map_err(|e| launch_error(BWD, e))?;
-    }
-    {
+        // SAFETY: `ln_bwd_fused_{dt}(const T* dy, const T* x, const float* mean, const
+        // float* rstd, const T* gamma, T* dx, float* part_g, float* part_b, size_t rows,
+        // size_t d)`: `dy`, `x`, `dx` hold rows * d elements, `mean`, `rstd` rows, `gamma`
+        // d; the register path's conditions hold (checked above; dx is a fresh 256-byte
+        // aligned allocation), so dx is written entirely and each block b < chunks writes
+        // part_*[b * d .. (b + 1) * d] (scratch = chunks * d).
+        unsafe { lb.launch(config(chunks as u32, 0)) }.map_err(|e| launch_error(BWD, e))?;
+    } else {
+        let f_dx = kernels::function(scx, MODULE, 1, T::DTYPE, || name("dx"))?;
+        let f_part = kernels::function(scx, MODULE, 2, T::DTYPE, || name("part"))?;
+        {
+            let mut lb = scx.stream().launch_builder(&f_dx);
+            lb.arg(dy)
+                .arg(x)
+                .arg(mean)
+                .arg(rstd)
+                .arg(g)
+                .arg(&mut dx)
+                .arg(&rows)
+                .arg(&d);
+            // SAFETY: `ln_bwd_dx_{dt}(const T* dy, const T* x, const float* mean, const
+            // float* rstd, const T* gamma, T* dx, size_t rows, size_t d)`: `dy`, `x`, `dx`
+            // hold rows * d elements, `mean`, `rstd` rows, `gamma` d; dx is written
+            // entirely.
+            unsafe { lb.launch(config(grid(scx, rows), 0)) }.map_err(|e| launch_error(BWD, e))?;
+        }
         let cfg = LaunchConfig {
             grid_dim: (d.div_ceil(BLOCK as usize) as u32, chunks as u32, 1),
             block_dim: (BLOCK, 1, 1),
@@ -161,9 +221,10 @@ fn backward_t<T: Element>(
             .arg(&chunks)
             .arg(&d);
         // SAFETY: `ln_bwd_final_{dt}(const float* part_g, const float* part_b, T* dgamma,
-        // T* dbeta, size_t chunks, size_t d)`: the partials hold chunks * d elements,
-        // written by the launch before on this stream; dgamma, dbeta d, each written.
-        let blocks = grid(scx, d.div_ceil(BLOCK as usize));
+        // T* dbeta, size_t chunks, size_t d)`, blocks of 256 over column tiles of 32 (any
+        // grid): the partials hold chunks * d elements, written by the launches before on
+        // this stream; dgamma, dbeta d, each written.
+        let blocks = d.div_ceil(FINAL_COLUMNS).clamp(1, u32::MAX as usize) as u32;
         unsafe { lb.launch(config(blocks, 0)) }.map_err(|e| launch_error(BWD, e))?;
     }
     Ok([
