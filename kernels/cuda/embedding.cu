@@ -38,7 +38,8 @@
 //   emb_bwd_{dt}(const T* dy, const unsigned* offsets, const unsigned* positions, T* dtable,
 //       size_t V, size_t D)
 //     every element of dtable [V, D] written once: the ordered sum of its bucket (0 if
-//     empty). Blocks take tiles of EMB_ROWS = 64 table rows (grid-stride; best
+//     empty). Blocks take tiles of EMB_ROWS = 64 table rows, every ceil(V / 64)-th row
+//     (interleaved, so that the heavy buckets of frequent ids spread over blocks; grid-stride; best
 //     ceil(V / 64) blocks, capped at the resident blocks); a bucket of at most EMB_HEAVY
 //     entries is summed by one warp, in increasing i; a larger one by the whole block:
 //     warp w sums the w-th of 8 consecutive segments of ceil(c / 8) entries (increasing
@@ -239,7 +240,8 @@ __device__ __forceinline__ void bucket_sum(const T* dy, const unsigned* position
     }
 }
 
-// Table rows in tiles of EMB_ROWS per block (grid-stride over tiles). A bucket of at
+// Table rows in tiles of EMB_ROWS per block (grid-stride over tiles; a tile's rows are
+// interleaved, every ntiles-th, see below). A bucket of at
 // most EMB_HEAVY entries is summed by one warp in increasing i; a larger one by the
 // whole block: warp w sums the w-th of blockDim.x / 32 consecutive segments of
 // ceil(c / warps) entries (in increasing i), and the segment sums are added in segment
@@ -253,9 +255,14 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
     const unsigned lane = lane_id(), warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const bool vec = D % VW == 0 && aligned16(dy) && aligned16(dtable) && blockDim.x <= RTX_BLOCK;
     const size_t nv = D / VW;
-    for (size_t tile = blockIdx.x; tile * EMB_ROWS < V; tile += gridDim.x) {
-        const size_t r0 = tile * EMB_ROWS, r1 = r0 + EMB_ROWS < V ? r0 + EMB_ROWS : V;
-        for (size_t row = r0 + warp; row < r1; row += nw) {
+    // Tile t holds rows t, t + ntiles, t + 2 ntiles, ... (interleaved, not consecutive):
+    // frequent ids cluster at low rows in real text (Zipf), and consecutive tiles would
+    // give one block every heavy bucket to sum one after another.
+    const size_t ntiles = (V + EMB_ROWS - 1) / EMB_ROWS;
+    for (size_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        for (size_t j = warp; j < EMB_ROWS; j += nw) {
+            const size_t row = tile + j * ntiles;
+            if (row >= V) break;
             const unsigned k0 = __ldg(offsets + row), k1 = __ldg(offsets + row + 1);
             if (k1 - k0 > EMB_HEAVY) continue;
             T* out = dtable + row * D;
@@ -277,7 +284,9 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
                 }
             }
         }
-        for (size_t row = r0; row < r1; ++row) {
+        for (size_t j = 0; j < EMB_ROWS; ++j) {
+            const size_t row = tile + j * ntiles;
+            if (row >= V) break;
             const unsigned k0 = __ldg(offsets + row), k1 = __ldg(offsets + row + 1);
             if (k1 - k0 <= EMB_HEAVY) continue;  // uniform over the block
             T* out = dtable + row * D;

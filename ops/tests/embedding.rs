@@ -66,14 +66,26 @@ backend_test!(forward_gathers_rows, |rt, label| {
 
 fn backward_case<T: Element>(rt: &Runtime, label: &str) {
     let (seed, mut r) = rng();
-    // Few rows (every row hit many times), many rows (most unused), odd D.
-    for (v, d, n) in [
-        (17usize, 33usize, 1000usize),
-        (5000, 7, 301),
-        (3, 768, 2049),
+    // Few rows (every row hit many times), many rows (most unused), odd D, and skewed ids
+    // as in text (low ids frequent: heavy buckets in neighbouring rows, spread over
+    // blocks on CUDA).
+    for (v, d, n, skewed) in [
+        (17usize, 33usize, 1000usize, false),
+        (5000, 7, 301, false),
+        (3, 768, 2049, false),
+        (3000, 256, 6000, true),
     ] {
         let dy = rand_vec::<T>(&mut r, n * d, -1.0, 1.0);
-        let ids: Vec<i64> = (0..n).map(|_| r.gen_range(0..v as i64)).collect();
+        let ids: Vec<i64> = (0..n)
+            .map(|_| {
+                if skewed {
+                    let u: f64 = r.gen_range(0.0..1.0);
+                    ((v as f64 * u.powi(6)) as i64).min(v as i64 - 1)
+                } else {
+                    r.gen_range(0..v as i64)
+                }
+            })
+            .collect();
         let mut want = vec![0f64; v * d];
         for (i, &id) in ids.iter().enumerate() {
             for k in 0..d {
