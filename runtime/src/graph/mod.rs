@@ -152,6 +152,9 @@ impl Runtime {
 
 struct SegInfo {
     stream: StreamId,
+    /// The states this segment copies out at the end of each launch (their last
+    /// segment on their stream).
+    commits: Vec<usize>,
     deps: Vec<usize>,
     inputs: Vec<usize>,
     first_on_stream: bool,
@@ -169,6 +172,10 @@ pub struct Graph {
     /// What the next launch (or the release) waits for: each stream's last segment of
     /// the last launch, and the copies of outputs made since.
     last: Vec<Tensor>,
+    /// Each segment's token of the last launch (or of the capture).
+    tokens: Vec<Tensor>,
+    /// Each state's key, spec and the segment whose token follows its newest value.
+    states: Vec<(usize, TensorSpec, usize)>,
     launches: u64,
 }
 
@@ -178,23 +185,56 @@ impl Graph {
             return Err(Error::invalid("graph", "the capture submitted no op"));
         }
         let Capture {
-            segments,
+            mut segments,
             inputs,
+            states,
             placeholders,
             outputs,
             ..
         } = c;
+        // Each state is committed by (and initialized at the latest in) the last
+        // segment of its stream.
+        let mut commits: Vec<Vec<usize>> = vec![Vec::new(); segments.len()];
+        let mut state_info = Vec::new();
+        for (i, st) in states.iter().enumerate() {
+            let Some(stream) = st.stream else {
+                return Err(Error::invalid(
+                    "graph state",
+                    "a state that no op of the capture reads or updates",
+                ));
+            };
+            let last = (0..segments.len())
+                .rev()
+                .find(|&s| segments[s].stream == stream)
+                .expect("a segment on the state's stream");
+            if !segments.iter().any(|s| s.state_inits.contains(&i)) {
+                segments[last].state_inits.push(i);
+            }
+            if st.update.is_some() {
+                commits[last].push(i);
+            }
+            state_info.push((st.key, st.spec.clone(), last));
+        }
         let mut ops = Vec::new();
         let mut plans = Vec::new();
         for s in segments {
             ops.push(Mutex::new(s.ops));
-            plans.push((s.stream, s.deps, s.externals, s.inputs));
+            let inits: Vec<(usize, Tensor)> = s
+                .state_inits
+                .iter()
+                .map(|&i| (states[i].key, states[i].init.clone()))
+                .collect();
+            plans.push((s.stream, s.deps, s.externals, s.inputs, inits));
         }
         let shared = Arc::new(Shared {
             id: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
             slots: Mutex::new(Default::default()),
             ops,
             inputs: inputs.iter().map(|b| (b.key, b.spec.clone())).collect(),
+            commits: states
+                .iter()
+                .map(|st| (st.key, st.update.unwrap_or(st.key)))
+                .collect(),
             _placeholders: placeholders,
         });
         let mut graph = Graph {
@@ -203,11 +243,13 @@ impl Graph {
             segs: Vec::new(),
             outputs,
             last: Vec::new(),
+            tokens: Vec::new(),
+            states: state_info,
             launches: 0,
         };
         let mut subs = Vec::new();
         let mut tokens: Vec<Tensor> = Vec::new();
-        for (seg, (stream, deps, externals, seg_inputs)) in plans.into_iter().enumerate() {
+        for (seg, (stream, deps, externals, seg_inputs, inits)) in plans.into_iter().enumerate() {
             let first_on_stream = !graph.segs.iter().any(|s| s.stream == stream);
             let op = CaptureSegment {
                 shared: shared.clone(),
@@ -217,10 +259,13 @@ impl Graph {
                     .iter()
                     .map(|&i| (i, inputs[i].example.clone()))
                     .collect(),
+                inits,
+                commits: commits[seg].clone(),
                 deps: deps.iter().map(|&d| tokens[d].clone()).collect(),
             };
             graph.segs.push(SegInfo {
                 stream,
+                commits: commits[seg].clone(),
                 deps,
                 inputs: seg_inputs,
                 first_on_stream,
@@ -230,6 +275,7 @@ impl Graph {
             subs.push(sub);
         }
         graph.last = graph.stream_sinks(&tokens);
+        graph.tokens = tokens;
         wait_all(subs)?;
         Ok(graph)
     }
@@ -254,6 +300,38 @@ impl Graph {
     /// The outputs' shapes and dtypes, in declaration order.
     pub fn outputs(&self) -> Vec<TensorSpec> {
         self.outputs.iter().map(|(_, s, _)| s.clone()).collect()
+    }
+
+    /// The states' shapes and dtypes, in declaration order ([`Capture::state`]).
+    pub fn states(&self) -> Vec<TensorSpec> {
+        self.states.iter().map(|(_, s, _)| s.clone()).collect()
+    }
+
+    /// State `i`'s value after the last launch (before any, its initial value), as a
+    /// fresh tensor the caller owns (a copy made on the device after that launch;
+    /// later launches do not touch it). The next launch waits for the copy.
+    pub fn state(&mut self, i: usize) -> Result<Tensor> {
+        let (key, spec, seg) = self.states.get(i).cloned().ok_or_else(|| {
+            Error::invalid(
+                "graph state",
+                format!("state {i} of a graph with {}", self.states.len()),
+            )
+        })?;
+        let op = ReadSlot {
+            shared: self.shared.clone(),
+            key,
+            spec,
+            token: self.tokens[seg].clone(),
+        };
+        let t = self
+            .rt
+            .submit_on(self.segs[seg].stream, op)
+            .map_err(|e| e.error)?
+            .outputs()
+            .cloned()
+            .expect("one output");
+        self.last.push(t.clone());
+        Ok(t)
     }
 
     /// How many segments (per-stream graphs) the capture was cut into.
@@ -310,6 +388,7 @@ impl Graph {
                     .iter()
                     .map(|&i| (i, inputs[i].clone()))
                     .collect(),
+                commits: info.commits.clone(),
                 deps,
             };
             match self.rt.submit_on(info.stream, op) {
@@ -326,6 +405,7 @@ impl Graph {
             }
         }
         self.last = self.stream_sinks(&tokens);
+        self.tokens = tokens.clone();
         self.launches += 1;
         Ok(Launch {
             graph: self,

@@ -46,6 +46,8 @@ pub(crate) struct Segment {
     pub(crate) externals: Vec<Tensor>,
     /// The bound inputs (indices) this segment copies in at each launch.
     pub(crate) inputs: Vec<usize>,
+    /// The states (indices) whose initial values this segment copies in at capture.
+    pub(crate) state_inits: Vec<usize>,
 }
 
 /// A bound input of the graph.
@@ -53,6 +55,18 @@ pub(crate) struct BoundInput {
     pub(crate) key: usize,
     pub(crate) spec: TensorSpec,
     pub(crate) example: Tensor,
+}
+
+/// A state of the graph ([`Capture::state`]): a buffer each launch reads and, once
+/// [`Capture::update`]d, rewrites at its end.
+pub(crate) struct StateSlot {
+    pub(crate) key: usize,
+    pub(crate) spec: TensorSpec,
+    pub(crate) init: Tensor,
+    /// The stream of every op that reads it and of its update's producer.
+    pub(crate) stream: Option<StreamId>,
+    /// The placeholder key of its new value.
+    pub(crate) update: Option<usize>,
 }
 
 /// A graph's recording, handed to `Runtime::capture`'s closure: submit ops with
@@ -70,6 +84,8 @@ pub struct Capture<'r> {
     producer: HashMap<usize, usize>,
     pub(crate) inputs: Vec<BoundInput>,
     input_of: HashMap<usize, usize>,
+    pub(crate) states: Vec<StateSlot>,
+    state_of: HashMap<usize, usize>,
     pub(crate) segments: Vec<Segment>,
     open: HashMap<StreamId, usize>,
     /// The graph's outputs: placeholder key, spec, producing segment.
@@ -91,6 +107,8 @@ impl<'r> Capture<'r> {
             producer: HashMap::new(),
             inputs: Vec::new(),
             input_of: HashMap::new(),
+            states: Vec::new(),
+            state_of: HashMap::new(),
             segments: Vec::new(),
             open: HashMap::new(),
             outputs: Vec::new(),
@@ -137,13 +155,77 @@ impl<'r> Capture<'r> {
         Ok(t)
     }
 
+    /// Declares a **state**: a buffer the graph owns, starting as a copy of `init`
+    /// (copied at capture; `init` itself is never written), which every launch reads
+    /// and, once [`Capture::update`] names its new value, rewrites at the launch's end.
+    /// So launch `k` reads the value launch `k - 1` left (the first launch, the initial
+    /// value: the capture's warm-up run changes no state). Parameters, optimizer
+    /// moments and step counters of a captured training step are states. Every op that
+    /// reads a state, and the op producing its update, must run on one stream (else
+    /// an invalid-argument error at submit). Read it with
+    /// [`Graph::state`](super::Graph::state). Returns the placeholder to submit ops on.
+    pub fn state(&mut self, init: &Tensor) -> Result<Tensor> {
+        self.check_tensor("graph state", init)?;
+        let spec = TensorSpec::new(init.shape().clone(), init.dtype());
+        let t = self.placeholder(&spec, None);
+        self.state_of.insert(key(&t), self.states.len());
+        self.states.push(StateSlot {
+            key: key(&t),
+            spec,
+            init: init.clone(),
+            stream: None,
+            update: None,
+        });
+        Ok(t)
+    }
+
+    /// Makes `value` (an op output of this capture, of the state's shape and dtype, on
+    /// the stream of the state's readers) the new value of `state` after each launch:
+    /// it is copied into the state's buffer after every op of the launch on that stream
+    /// (on CUDA, a copy captured at the end of that stream's last segment). A state is
+    /// updated at most once.
+    pub fn update(&mut self, state: &Tensor, value: &Tensor) -> Result<()> {
+        let bad = |m: &str| Err(Error::invalid("graph state update", m.to_string()));
+        let Some(&i) = self.state_of.get(&key(state)) else {
+            return bad("the first argument is not a state of this capture");
+        };
+        let vk = key(value);
+        let seg = match self.producer.get(&vk) {
+            Some(&s) if !self.input_of.contains_key(&vk) && !self.state_of.contains_key(&vk) => s,
+            _ => return bad("the new value must be the output of an op submitted in this capture"),
+        };
+        let st = &mut self.states[i];
+        if st.update.is_some() {
+            return bad("this state already has an update");
+        }
+        if value.shape() != &st.spec.shape || value.dtype() != st.spec.dtype {
+            return Err(Error::invalid(
+                "graph state update",
+                format!(
+                    "the new value is {} {:?}, the state {} {:?}",
+                    value.shape(),
+                    value.dtype(),
+                    st.spec.shape,
+                    st.spec.dtype
+                ),
+            ));
+        }
+        let stream = self.segments[seg].stream;
+        if st.stream.is_some_and(|s| s != stream) {
+            return bad("the new value is produced on another stream than the state's readers");
+        }
+        st.stream = Some(stream);
+        st.update = Some(vk);
+        Ok(())
+    }
+
     /// Declares `t`, an output of an op of this capture, as an output of the graph:
     /// readable after each launch ([`Launch::output`](super::Launch::output)). Returns
     /// its index.
     pub fn output(&mut self, t: &Tensor) -> Result<usize> {
         let k = key(t);
         match self.producer.get(&k) {
-            Some(&seg) if !self.input_of.contains_key(&k) => {
+            Some(&seg) if !self.input_of.contains_key(&k) && !self.state_of.contains_key(&k) => {
                 let spec = TensorSpec::new(t.shape().clone(), t.dtype());
                 self.outputs.push((k, spec, seg));
                 Ok(self.outputs.len() - 1)
@@ -243,6 +325,23 @@ impl<'r> Capture<'r> {
             );
             return reject(Error::invalid(name, msg), op);
         }
+        // A state is read on one stream only (its update is copied in there).
+        let mut first_reads = Vec::new();
+        for t in op.inputs() {
+            if let Some(&i) = self.state_of.get(&key(t)) {
+                let st = &self.states[i];
+                if st.stream.is_some_and(|s| s != stream) {
+                    let msg = format!(
+                        "reads a graph state on {stream}, which is read or updated on {}",
+                        st.stream.expect("checked")
+                    );
+                    return reject(Error::invalid(name, msg), op);
+                }
+                if !self.producer.contains_key(&st.key) && !first_reads.contains(&i) {
+                    first_reads.push(i);
+                }
+            }
+        }
         // Where its inputs come from.
         let (declared, cross, unwritten, externals) = {
             let inputs = op.inputs();
@@ -260,6 +359,7 @@ impl<'r> Capture<'r> {
                     Some(_) => {}
                     None => match self.input_of.get(&k) {
                         Some(&i) => unwritten.push(i),
+                        None if self.state_of.contains_key(&k) => {}
                         None => externals.push((*t).clone()),
                     },
                 }
@@ -280,6 +380,7 @@ impl<'r> Capture<'r> {
                     deps: cross.clone(),
                     externals: Vec::new(),
                     inputs: Vec::new(),
+                    state_inits: Vec::new(),
                 });
                 let s = self.segments.len() - 1;
                 self.open.insert(stream, s);
@@ -297,6 +398,11 @@ impl<'r> Capture<'r> {
                 self.segments[seg].inputs.push(i);
                 self.producer.insert(self.inputs[i].key, seg);
             }
+        }
+        for i in first_reads {
+            self.states[i].stream = Some(stream);
+            self.segments[seg].state_inits.push(i);
+            self.producer.insert(self.states[i].key, seg);
         }
         for t in externals {
             if !self.segments[seg]
