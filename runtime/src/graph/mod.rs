@@ -102,6 +102,7 @@ mod segment;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use record::Capture;
+pub(crate) use record::{record_submit, Recording};
 use segment::{CaptureSegment, LaunchSegment, ReadSlot, Release, Shared};
 
 use crate::buffer::Element;
@@ -181,10 +182,11 @@ pub struct Graph {
 
 impl Graph {
     fn build(rt: &Runtime, c: Capture<'_>) -> Result<Graph> {
+        let c = c.finish()?;
         if c.segments.is_empty() {
             return Err(Error::invalid("graph", "the capture submitted no op"));
         }
-        let Capture {
+        let Recording {
             mut segments,
             inputs,
             states,
