@@ -51,7 +51,14 @@ backend_test!(
                 .upload(&rand_vec::<f32>(&mut g, N, -1.0, 1.0), [N])
                 .unwrap();
             let a = rt
-                .submit(adamw(cfg(), t, vec![pa], &[gr.clone()], vec![ma], vec![va]))
+                .submit(adamw(
+                    cfg(),
+                    t,
+                    vec![pa],
+                    std::slice::from_ref(&gr),
+                    vec![ma],
+                    vec![va],
+                ))
                 .unwrap()
                 .wait()
                 .unwrap();
@@ -69,10 +76,10 @@ backend_test!(
         // A bad step tensor is refused at submit.
         let two = rt.upload(&[1.0f32, 2.0], [2]).unwrap();
         let gr = rt.upload(&zeros, [N]).unwrap();
-        let e = rt
-            .submit(adamw(cfg(), 1, vec![pb], &[gr], vec![mb], vec![vb]).step_count(&two))
-            .err()
-            .expect("a two-element step count is refused");
+        let step = adamw(cfg(), 1, vec![pb], &[gr], vec![mb], vec![vb]).step_count(&two);
+        let Err(e) = rt.submit(step) else {
+            panic!("{label}: a two-element step count is accepted");
+        };
         assert!(
             matches!(e.error, Error::InvalidOp { .. }),
             "{label}: {}",

@@ -52,6 +52,21 @@
 //! into one (child-graph nodes with the segments' edges) would save the launches and
 //! events between segments: not done yet.
 //!
+//! # States: what a launch carries to the next
+//!
+//! A bound input is given anew to every launch; a **state** ([`Capture::state`]) is a
+//! buffer the graph owns, initialized at capture from a tensor, read by every launch
+//! and rewritten at its end with the value [`Capture::update`] names (on CUDA a device
+//! copy captured at the end of the state's stream's last segment; on the CPU the new
+//! buffer takes its place). Launch `k` reads what launch `k - 1` left; the capture's
+//! warm-up run changes no state. [`Graph::state`] copies one out. All the readers of a
+//! state and the producer of its update are on one stream, so the copy follows every
+//! read of the launch. A captured training step keeps its parameters, optimizer moments
+//! and step counter as states (`train/src/pipeline/graph.rs`).
+//!
+//! Code written against `&Runtime` (layers, models, optimizers) is captured unchanged
+//! through [`Capture::runtime`]: a runtime handle whose submissions are recorded.
+//!
 //! # Capture safety, checked
 //!
 //! A submission that would be unsafe in a graph fails with [`Error::NotCapturable`]
@@ -62,7 +77,12 @@
 //!   host synchronization, an algorithm search);
 //! - while capturing, an allocation beyond the op's planned outputs (per-call scratch
 //!   memory), a host synchronization or event query (CUDA invalidates the capture), a
-//!   read-back to the host (a finisher).
+//!   read-back to the host (a finisher; a download through [`Capture::runtime`]).
+//!
+//! Ops that need scratch memory while their kernels run take it from the stream's
+//! persistent scratch ([`StreamCx::scratch`](crate::cuda::StreamCx::scratch)) or a
+//! per-stream workspace made on first use: the warm-up run makes it, the capture reuses
+//! it, and it outlives every graph of the stream.
 //!
 //! # Ownership across launches
 //!
@@ -96,13 +116,15 @@
 //! everywhere); what the CPU cannot check (allocations, host synchronization) is checked
 //! on CUDA while capturing.
 
+mod capture;
 mod record;
 mod segment;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use record::Capture;
-pub(crate) use record::{record_submit, Recording};
+pub(crate) use capture::record_submit;
+pub use capture::Capture;
+pub(crate) use record::Recording;
 use segment::{CaptureSegment, LaunchSegment, ReadSlot, Release, Shared};
 
 use crate::buffer::Element;
