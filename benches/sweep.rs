@@ -1,18 +1,27 @@
 //! The sweep benchmark: samples/s of the whole sweep (8 heterogeneous MLP training
 //! pipelines at once on one runtime, `rtx_train::pipeline::sweep`) with 1, 2, 4 and 8
-//! compute streams. The PyTorch side is `benches/torch_sweep.py` (same models, batch
-//! and steps).
+//! compute streams, each eagerly and with every pipeline's step as a graph
+//! (`PipelineConfig::graph`: one training step captured, then launched per step); and
+//! one small model's step alone, eager against graph. The PyTorch side is
+//! `benches/torch_sweep.py` (same models, batch and steps).
 //!
 //! ```text
-//! cargo bench --bench sweep [-- STREAMS ...]      default: 1 2 4 8
+//! cargo bench --bench sweep [-- [STREAMS ...] [--eager|--graphs] [--no-step]]
+//!     default: streams 1 2 4 8, eager and graph rows, then the step rows
 //! ```
 //!
-//! One JSON line per stream count: `{"case": "sweep_rtx_streams4", "samples_per_s": ..,
-//! "wall_s": .., "steps": .., "batch": ..}`. On CUDA it runs the full sweep (256-d, batch
-//! 512, 200 steps, bf16 compute with f32 masters, AdamW/SGD fused steps); each batch is
-//! uploaded on the copy stream double-buffered (PyTorch's forms keep the data on the
-//! GPU). Each run follows a 10-step warm-up on the same runtime (kernel loads, library
-//! handles, caches). On the CPU backend it runs the scaled-down CPU sweep, as `rtx` does.
+//! One JSON line per stream count and form: `{"case": "sweep_rtx_streams4"` (eager) or
+//! `"sweep_rtx_graphs_streams4"` (graphs), `"samples_per_s": .., "wall_s": .., "steps":
+//! .., "batch": ..}`; the graph rows' time includes each pipeline's capture at its first
+//! step. Then the step of the sweep's smallest model on one stream:
+//! `{"case": "sweep_step_eager" | "sweep_step_graph", "us_per_step": .., "model": ..}`,
+//! timed after its first step (the capture, for the graph), over `STEP_STEPS` steps;
+//! `"sweep_step_speedup"` is eager time / graph time (issue 13's target: >= 2 on the
+//! H200). On CUDA it runs the full sweep (256-d, batch 512, 200 steps, bf16 compute with
+//! f32 masters, AdamW/SGD fused steps); each batch is uploaded on the copy stream
+//! double-buffered (PyTorch's forms keep the data on the GPU). Each run follows a 10-step
+//! warm-up on the same runtime (kernel loads, library handles, caches), of the same
+//! form. On the CPU backend it runs the scaled-down CPU sweep, as `rtx` does.
 
 use std::time::Instant;
 
@@ -20,42 +29,115 @@ use rtx::train::pipeline::run_concurrently;
 use rtx::train::pipeline::sweep::SweepConfig;
 use rtx::{BackendKind, Runtime};
 
+/// Steps of the one-model step bench.
+const STEP_STEPS: u64 = 400;
+
+fn config(rt: &Runtime, graphs: bool) -> SweepConfig {
+    let cfg = if rt.backend() == BackendKind::Cuda {
+        SweepConfig::full()
+    } else {
+        SweepConfig::cpu()
+    };
+    SweepConfig { graphs, ..cfg }
+}
+
+fn sweep(n: usize, graphs: bool) {
+    let rt = Runtime::builder().streams(n).build().expect("runtime");
+    let cfg = config(&rt, graphs);
+    let streams = rt.compute_streams(rt.device());
+    let warm = SweepConfig {
+        steps: 10,
+        ..cfg.clone()
+    };
+    let (_, mut ps) = warm.build(&rt, &streams, 1, 8).expect("warm-up sweep");
+    run_concurrently(&mut ps, &|_, _| {}).expect("warm-up");
+    drop(ps);
+    let (_, mut ps) = cfg.build(&rt, &streams, 1, 32).expect("sweep");
+    let start = Instant::now();
+    run_concurrently(&mut ps, &|_, _| {}).expect("sweep");
+    let wall = start.elapsed().as_secs_f64();
+    let samples: u64 = ps.iter().map(|p| p.steps_done() * cfg.batch as u64).sum();
+    let form = if graphs { "graphs_" } else { "" };
+    println!(
+        "{{\"case\": \"sweep_rtx_{form}streams{n}\", \"backend\": \"{:?}\", \"samples_per_s\": {:.1}, \"wall_s\": {wall:.4}, \"steps\": {}, \"batch\": {}}}",
+        rt.backend(),
+        samples as f64 / wall,
+        cfg.steps,
+        cfg.batch
+    );
+}
+
+/// Seconds per step of the sweep's smallest model alone on one stream (after its
+/// first step).
+fn step(graphs: bool) -> (f64, String) {
+    let rt = Runtime::builder().streams(1).build().expect("runtime");
+    let base = config(&rt, graphs);
+    let cfg = SweepConfig {
+        steps: STEP_STEPS + 1,
+        ..base
+    };
+    let m = cfg
+        .models()
+        .into_iter()
+        .min_by_key(|m| m.width * m.depth)
+        .expect("a model");
+    let task = cfg.task().generate(cfg.batch * 8, cfg.batch);
+    let s = rt.compute_streams(rt.device());
+    let s0 = s[0];
+    let settle = || rt.mark(s0).expect("mark").wait().expect("marker");
+    // Warm-up: a short pipeline of the same form on the same runtime.
+    let warm = SweepConfig {
+        steps: 10,
+        ..cfg.clone()
+    };
+    let mut w = warm
+        .pipeline(&rt, &m, s.clone(), &task.train, 1)
+        .expect("warm-up");
+    run_concurrently(std::slice::from_mut(&mut w), &|_, _| {}).expect("warm-up");
+    drop(w);
+    let mut p = cfg.pipeline(&rt, &m, s, &task.train, 2).expect("pipeline");
+    p.step().expect("first step");
+    settle();
+    let start = Instant::now();
+    while !p.is_done() {
+        p.step().expect("step");
+    }
+    p.finish().expect("finish");
+    settle();
+    (start.elapsed().as_secs_f64() / STEP_STEPS as f64, m.name)
+}
+
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let counts = if args.is_empty() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let has = |f: &str| args.iter().any(|a| a == f);
+    let counts: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let counts = if counts.is_empty() {
         vec![1, 2, 4, 8]
     } else {
-        args
+        counts
     };
-    for n in counts {
-        let rt = Runtime::builder().streams(n).build().expect("runtime");
-        let cfg = if rt.backend() == BackendKind::Cuda {
-            SweepConfig::full()
-        } else {
-            SweepConfig::cpu()
-        };
-        let streams = rt.compute_streams(rt.device());
-        let warm = SweepConfig {
-            steps: 10,
-            ..cfg.clone()
-        };
-        let (_, mut ps) = warm.build(&rt, &streams, 1, 8).expect("warm-up sweep");
-        run_concurrently(&mut ps, &|_, _| {}).expect("warm-up");
-        drop(ps);
-        let (_, mut ps) = cfg.build(&rt, &streams, 1, 32).expect("sweep");
-        let start = Instant::now();
-        run_concurrently(&mut ps, &|_, _| {}).expect("sweep");
-        let wall = start.elapsed().as_secs_f64();
-        let samples: u64 = ps.iter().map(|p| p.steps_done() * cfg.batch as u64).sum();
+    let forms: Vec<bool> = match (has("--eager"), has("--graphs")) {
+        (true, false) => vec![false],
+        (false, true) => vec![true],
+        _ => vec![false, true],
+    };
+    for &n in &counts {
+        for &g in &forms {
+            sweep(n, g);
+        }
+    }
+    if !has("--no-step") {
+        let (eager, model) = step(false);
+        let (graph, _) = step(true);
+        for (case, t) in [("sweep_step_eager", eager), ("sweep_step_graph", graph)] {
+            println!(
+                "{{\"case\": \"{case}\", \"us_per_step\": {:.2}, \"model\": \"{model}\", \"steps\": {STEP_STEPS}}}",
+                t * 1e6
+            );
+        }
         println!(
-            "{{\"case\": \"sweep_rtx_streams{n}\", \"backend\": \"{:?}\", \"samples_per_s\": {:.1}, \"wall_s\": {wall:.4}, \"steps\": {}, \"batch\": {}}}",
-            rt.backend(),
-            samples as f64 / wall,
-            cfg.steps,
-            cfg.batch
+            "{{\"case\": \"sweep_step_speedup\", \"ratio\": {:.3}, \"model\": \"{model}\"}}",
+            eager / graph
         );
     }
 }

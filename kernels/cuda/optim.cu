@@ -12,7 +12,7 @@
 //                  int nesterov, copy_kind; };             // 40 bytes, by value
 //   extern "C" __global__ void adamw_{p}_{g}(const P* p_in, P* p_out, const G* g,
 //       const P* m_in, P* m_out, const P* v_in, P* v_out, void* copy, size_t n, Hyper h,
-//       const float* norm, const float* scaler)
+//       const float* norm, const float* scaler, const float* tstep)
 //   extern "C" __global__ void sgd_{p}_{g}(... the same; m = the momentum buffer, v unused
 //       (null); m null when h.momentum == 0)
 //   *_in may equal *_out (in place, donated); no other overlap. copy (null when
@@ -22,7 +22,9 @@
 //   (clipping by the global norm of the unscaled gradients, as torch's
 //   clip_grad_norm_). When scaler[3] != 0 (an overflow was found) the step is a no-op:
 //   the outputs get the inputs (and copy the parameter). AdamW's step for the bias
-//   corrections is t - scaler[2] (skipped steps do not count).
+//   corrections is t - scaler[2] (skipped steps do not count), where t is tstep[0] when
+//   tstep is not null (a step counter on the device, e.g. advanced inside a CUDA graph),
+//   else h.t.
 //   AdamW (Loshchilov & Hutter, decoupled weight decay, as torch.optim.AdamW):
 //     p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 //     p -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps), bc_k = 1 - b_k^t.
@@ -34,7 +36,7 @@
 //   struct MtTensor { u64 p_in, p_out, g, m_in, m_out, v_in, v_out, copy, n; };  // 72 B
 //   struct MtTable { MtTensor t[48]; u64 tile_end[48]; int count, pad_; };     // 3848 B
 //   extern "C" __global__ void adamw_mt_{p}_{g}(MtTable tab, Hyper h, const float* norm,
-//       const float* scaler)   (and sgd_mt_{p}_{g}); tab by value: tensors t[0..count],
+//       const float* scaler, const float* tstep)   (and sgd_mt_{p}_{g}); tab by value: tensors t[0..count],
 //   each with the one-tensor kernel's pointers (addresses; null as there) and n;
 //   tile_end[k] = sum over tensors 0..=k of ceil(n / 4096) (tiles of RTX_MT_TILE = 4096
 //   elements). Block b takes tiles b, b + grid, ...; any grid, best a block per tile.
@@ -258,8 +260,10 @@ __device__ __forceinline__ bool step_vec_ok(const P* p_in, const P* p_out, const
 // then the n % 4 tail element by element.
 template <class R, typename P, typename G>
 __device__ __forceinline__ void step(const P* p_in, P* p_out, const G* g, const P* m_in, P* m_out,
-                                     const P* v_in, P* v_out, void* copy, size_t n, const Hyper& h,
-                                     const float* norm, const float* scaler) {
+                                     const P* v_in, P* v_out, void* copy, size_t n, const Hyper& h_in,
+                                     const float* norm, const float* scaler, const float* tstep) {
+    Hyper h = h_in;
+    if (tstep) h.t = tstep[0];
     bool skip;
     float skipped;
     const float mult = grad_mult(h, norm, scaler, skip, skipped);
@@ -293,8 +297,10 @@ struct MtTable {
 };
 
 template <class R, typename P, typename G>
-__device__ __forceinline__ void step_mt(const MtTable& tab, const Hyper& h, const float* norm,
-                                        const float* scaler) {
+__device__ __forceinline__ void step_mt(const MtTable& tab, const Hyper& h_in, const float* norm,
+                                        const float* scaler, const float* tstep) {
+    Hyper h = h_in;
+    if (tstep) h.t = tstep[0];
     bool skip;
     float skipped;
     const float mult = grad_mult(h, norm, scaler, skip, skipped);
@@ -383,8 +389,9 @@ extern "C" __global__ void scaler_end(float* s, float growth_interval) {
 #define RTX_STEP(rule, R, pn, P, gn, G)                                                        \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK) rule##_##pn##_##gn(                 \
         const P* p_in, P* p_out, const G* g, const P* m_in, P* m_out, const P* v_in, P* v_out, \
-        void* copy, size_t n, Hyper h, const float* norm, const float* scaler) {               \
-        step<R, P, G>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy, n, h, norm, scaler);      \
+        void* copy, size_t n, Hyper h, const float* norm, const float* scaler,                 \
+        const float* tstep) {                                                                  \
+        step<R, P, G>(p_in, p_out, g, m_in, m_out, v_in, v_out, copy, n, h, norm, scaler, tstep); \
     }
 
 #define RTX_STEP_G(rule, R, pn, P)                                                             \
@@ -397,8 +404,9 @@ extern "C" __global__ void scaler_end(float* s, float growth_interval) {
 
 #define RTX_STEP_MT(rule, R, pn, P, gn, G)                                                     \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
-        rule##_mt_##pn##_##gn(MtTable tab, Hyper h, const float* norm, const float* scaler) {  \
-        step_mt<R, P, G>(tab, h, norm, scaler);                                                 \
+        rule##_mt_##pn##_##gn(MtTable tab, Hyper h, const float* norm, const float* scaler,    \
+                              const float* tstep) {                                            \
+        step_mt<R, P, G>(tab, h, norm, scaler, tstep);                                          \
     }
 
 #define RTX_STEP_MT_G(rule, R, pn, P)                                                          \

@@ -6,7 +6,9 @@
 //! once) and `ln_bwd_final_*` (the partials summed in block order). Otherwise it is three:
 //! dx, the partial sums over chunks of rows (`ln_bwd_part_*`, rereading dy and x), and
 //! their sum in chunk order. Both are deterministic: every sum's order depends only on
-//! the shape and the device's SM count.
+//! the shape and the device's SM count. The partials live in the stream's persistent
+//! scratch (`StreamCx::scratch`), so the backward allocates only its outputs and can be
+//! captured into a graph.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
@@ -150,10 +152,9 @@ fn backward_t<T: Element>(
     let scratch = chunks
         .checked_mul(d)
         .ok_or_else(|| Error::invalid(BWD, "parameter-gradient scratch overflows"))?;
-    // Freed stream-ordered when dropped at the end of this function, after the launches
-    // that use it.
-    let mut part_g = scx.alloc::<f32>(scratch)?;
-    let mut part_b = scx.alloc::<f32>(scratch)?;
+    // The stream's persistent scratch (its uses on this stream are ordered).
+    let part_g = scx.scratch::<f32>("ln_bwd.part_g", scratch)?;
+    let part_b = scx.scratch::<f32>("ln_bwd.part_b", scratch)?;
     if fused {
         let f = kernels::function(scx, MODULE, 4, T::DTYPE, || name("fused"))?;
         let mut lb = scx.stream().launch_builder(&f);
@@ -163,8 +164,8 @@ fn backward_t<T: Element>(
             .arg(rstd)
             .arg(g)
             .arg(&mut dx)
-            .arg(&mut part_g)
-            .arg(&mut part_b)
+            .arg(&part_g)
+            .arg(&part_b)
             .arg(&rows)
             .arg(&d);
         // SAFETY: `ln_bwd_fused_{dt}(const T* dy, const T* x, const float* mean, const
@@ -203,13 +204,14 @@ fn backward_t<T: Element>(
             .arg(x)
             .arg(mean)
             .arg(rstd)
-            .arg(&mut part_g)
-            .arg(&mut part_b);
+            .arg(&part_g)
+            .arg(&part_b);
         lb.arg(&rows).arg(&d).arg(&rpc);
         // SAFETY: `ln_bwd_part_{dt}(const T* dy, const T* x, const float* mean, const
         // float* rstd, float* part_g, float* part_b, size_t rows, size_t d, size_t rpc)`
         // with grid (ceil(d / 256), chunks), chunks = ceil(rows / rpc) <= 65535: every
-        // part_*[c * d + j], c < chunks, j < d, is written (scratch = chunks * d).
+        // part_*[c * d + j], c < chunks, j < d, is written (part_g and part_b are two
+        // distinct scratch buffers of at least scratch = chunks * d f32 each).
         unsafe { lb.launch(cfg) }.map_err(|e| launch_error(BWD, e))?;
     }
     {

@@ -7,8 +7,8 @@
 //! then `scaler_end`. (The one-tensor kernels `adamw_*` / `sgd_*` stay in optim.cu with
 //! the same arithmetic.) Pointers are passed as raw addresses so that
 //! an absent operand is a null pointer; every buffer they point to outlives the op's
-//! kernels (inputs are held by the op, outputs are returned, and the one scratch
-//! buffer of `grad_norm` is freed stream-ordered after them).
+//! kernels (inputs are held by the op, outputs are returned, and the scratch of
+//! `grad_norm` is the stream's persistent one, `StreamCx::scratch`).
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
@@ -109,6 +109,10 @@ pub(super) fn step(scx: &mut StreamCx, a: &Args, mut o: Operands<'_>) -> Result<
     let ptrs = Ptrs {
         norm: norm_addr,
         scaler: scaler_addr,
+        tstep: match o.tstep {
+            Some(b) => f32_addr(scx, b)?,
+            None => 0,
+        },
     };
     // The tensors of one gradient dtype, RTX_MT_MAX per launch.
     let mut gds: Vec<DType> = a.gd.clone();
@@ -145,6 +149,7 @@ pub(super) fn step(scx: &mut StreamCx, a: &Args, mut o: Operands<'_>) -> Result<
 struct Ptrs {
     norm: u64,
     scaler: u64,
+    tstep: u64,
 }
 
 type Stepped = (Buffer, Option<Buffer>, Option<Buffer>, Option<Buffer>);
@@ -281,9 +286,13 @@ fn launch_multi<P: Element, G: Element>(
     let blocks = u32::try_from(tiles).unwrap_or(u32::MAX);
     let cfg = config(blocks.clamp(1, kernels::launch::ELEMENTWISE_MAX_GRID), 0);
     let mut lb = scx.stream().launch_builder(&f);
-    lb.arg(&tab).arg(&a.h).arg(&ptrs.norm).arg(&ptrs.scaler);
+    lb.arg(&tab)
+        .arg(&a.h)
+        .arg(&ptrs.norm)
+        .arg(&ptrs.scaler)
+        .arg(&ptrs.tstep);
     // SAFETY: `{rule}_mt_{p}_{g}(MtTable tab, Hyper h, const float* norm, const float*
-    // scaler)` with P, G the dtypes of every tensor's buffers: each entry's non-null
+    // scaler, const float* tstep)` (tstep null, or the op's one-element f32 input) with P, G the dtypes of every tensor's buffers: each entry's non-null
     // pointers address n elements (prepared by `prepare_step`: *_in a distinct input or
     // the output itself, which the kernel allows; m null only for SGD without momentum, v
     // null for SGD; copy null exactly when h.copy_kind == 0, else n elements of f16 (1)
@@ -304,8 +313,8 @@ pub(super) fn grad_norm(scx: &mut StreamCx, parts: &[(&Buffer, DType)]) -> Resul
         })
         .collect();
     let total: usize = blocks.iter().sum();
-    let partials = scx.alloc::<f32>(total)?;
-    let base = device_addr(&partials, scx);
+    // The stream's persistent scratch, so that the norm can be captured into a graph.
+    let base = scx.scratch::<f32>("grad_norm.partials", total)?;
     let mut at = 0usize;
     for ((b, d), &nb) in parts.iter().zip(&blocks) {
         let n = b.len();
@@ -318,8 +327,8 @@ pub(super) fn grad_norm(scx: &mut StreamCx, parts: &[(&Buffer, DType)]) -> Resul
             let mut lb = scx.stream().launch_builder(&f);
             lb.arg(x).arg(&n).arg(&dst);
             // SAFETY: sumsq_{dt}(const T* x, size_t n, float* partials): `x` holds n
-            // elements of T; `dst` has room for the grid's `nb` partials (inside
-            // `partials`, which holds the sum of all grids).
+            // elements of T; `dst` has room for the grid's `nb` partials (inside the
+            // scratch at `base`, which holds at least the sum of all grids).
             unsafe { lb.launch(config(nb as u32, 0)) }.map_err(|e| launch_error(name, e))
         })?;
         at += nb;
@@ -328,7 +337,7 @@ pub(super) fn grad_norm(scx: &mut StreamCx, parts: &[(&Buffer, DType)]) -> Resul
     let f = kernels::function(scx, MODULE, 0x400, DType::F32, || "sumsq_finish".into())?;
     {
         let mut lb = scx.stream().launch_builder(&f);
-        lb.arg(&partials).arg(&total).arg(&mut y);
+        lb.arg(&base).arg(&total).arg(&mut y);
         // SAFETY: sumsq_finish(const float* partials, size_t count, float* out): all
         // `total` partials were written by the launches above (stream order); `y` holds 1.
         unsafe { lb.launch(config(1, 0)) }.map_err(|e| launch_error(name, e))?;

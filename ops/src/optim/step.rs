@@ -24,6 +24,7 @@ pub struct Step {
     pub(super) scaler: Option<Tensor>,
     pub(super) growth_interval: u32,
     pub(super) copy: Option<DType>,
+    pub(super) step_count: Option<Tensor>,
 }
 
 /// Where a [`Step`]'s outputs are in its `Vec<Tensor>`: `tensors` parameters, then
@@ -106,6 +107,7 @@ impl Step {
             scaler: None,
             growth_interval: 2000,
             copy: None,
+            step_count: None,
         }
     }
     /// Clips the gradients by their global norm: `norm` is a one-element f32 tensor
@@ -122,6 +124,16 @@ impl Step {
     pub fn loss_scaling(mut self, state: Tensor, growth_interval: u32) -> Self {
         self.scaler = Some(state);
         self.growth_interval = growth_interval;
+        self
+    }
+    /// AdamW's step number (for the bias corrections) read on the device from `t`, a
+    /// one-element f32 tensor holding `1, 2, ...` (an exact integer up to 2^24; the
+    /// step's own `t` is then unused), instead of the host scalar given to
+    /// [`super::adamw`]. So a step captured into a graph stays correct on every launch
+    /// when the counter is a graph state advanced by an op of the graph
+    /// (`rtx_runtime::Capture::state`). SGD reads no step number and ignores it.
+    pub fn step_count(mut self, t: &Tensor) -> Self {
+        self.step_count = Some(t.clone());
         self
     }
     /// Also writes each updated parameter rounded to `dtype` (f16 or bf16).
@@ -213,6 +225,7 @@ impl Op for Step {
         v.extend(&self.v);
         v.extend(self.norm.as_ref());
         v.extend(self.scaler.as_ref());
+        v.extend(self.step_count.as_ref());
         v
     }
     fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
@@ -292,6 +305,7 @@ impl Op for Step {
         for (what, t, len) in [
             ("norm", &self.norm, 1),
             ("loss-scaling state", &self.scaler, 4),
+            ("step count", &self.step_count, 1),
         ] {
             if let Some(t) = t {
                 if t.dtype() != DType::F32 {
@@ -362,7 +376,9 @@ impl Op for Step {
             .map(|g| cx.input(g))
             .collect::<Result<Vec<_>>>()?;
         let norm = self.norm.as_ref().map(|t| cx.input(t)).transpose()?;
+        let tstep = self.step_count.as_ref().map(|t| cx.input(t)).transpose()?;
         let operands = Operands {
+            tstep: tstep.as_deref(),
             params: zip(dp, ip),
             m: zip(dm, im),
             v: zip(dv, iv),
@@ -425,6 +441,8 @@ pub(super) struct Operands<'a> {
     pub(super) grads: Vec<&'a Buffer>,
     pub(super) norm: Option<&'a Buffer>,
     pub(super) scaler: Option<(Option<Buffer>, Option<&'a Buffer>)>,
+    /// AdamW's step number on the device ([`Step::step_count`]).
+    pub(super) tstep: Option<&'a Buffer>,
 }
 
 /// The step's scalars.
@@ -454,6 +472,11 @@ fn owned<T: Element>(op: Operand<'_>) -> Result<Buffer> {
 
 fn run_cpu(a: &Args, mut o: Operands<'_>) -> Result<Vec<Buffer>> {
     let name = a.name;
+    // The step number read from the device tensor, as the kernel does.
+    let mut h = a.h;
+    if let Some(t) = o.tstep {
+        h.t = t.cpu::<f32>()?[0];
+    }
     // The loss-scaling state, with this step's overflow flag.
     let mut scaler = match o.scaler.take() {
         Some(s) => {
@@ -488,7 +511,7 @@ fn run_cpu(a: &Args, mut o: Operands<'_>) -> Result<Vec<Buffer>> {
         let mb = o.m.get_mut(i).map(|m| m.parts());
         let vb = o.v.get_mut(i).map(|v| v.parts());
         let (p, m, v, c) = float_dispatch!(a.pd, name, |P| float_dispatch!(a.gd[i], name, |G| {
-            step_one::<P, G>(a, &controls, pb, g, mb, vb)
+            step_one::<P, G>(a, &h, &controls, pb, g, mb, vb)
         }))?;
         ps.push(p);
         ms.extend(m);
@@ -514,6 +537,7 @@ type Stepped = (Buffer, Option<Buffer>, Option<Buffer>, Option<Buffer>);
 
 fn step_one<P: Float + Element, G: Float + Element>(
     a: &Args,
+    h: &Hyper,
     c: &Controls,
     p: Operand<'_>,
     g: &Buffer,
@@ -527,7 +551,7 @@ fn step_one<P: Float + Element, G: Float + Element>(
     let mut copy = a.copy.map(|_| vec![0f32; len]);
     cpu::step::<P, G>(
         a.rule,
-        &a.h,
+        h,
         c,
         p.cpu_mut::<P>()?,
         g.cpu::<G>()?,

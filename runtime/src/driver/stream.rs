@@ -27,6 +27,9 @@ pub struct StreamCx {
     pub(crate) counters: StdArc<Counters>,
     functions: HashMap<(String, String), CudaFunction>,
     ext: HashMap<TypeId, Box<dyn Any>>,
+    /// Persistent scratch buffers ([`StreamCx::scratch`]) by (key, bytes rounded up to
+    /// a power of two).
+    scratch: HashMap<(&'static str, usize), CudaSlice<u8>>,
     /// The actor's hook for [`StreamCx::before_blocking`].
     before_blocking: Option<BeforeBlocking>,
 }
@@ -47,6 +50,7 @@ impl StreamCx {
             counters,
             functions: HashMap::new(),
             ext: HashMap::new(),
+            scratch: HashMap::new(),
             before_blocking: None,
         }
     }
@@ -127,6 +131,43 @@ impl StreamCx {
             self.counters.add(Phase::Alloc, t.elapsed());
         }
         r
+    }
+
+    /// The device address of a **persistent scratch buffer** of at least `n` elements
+    /// of `T` for this stream, under `key` (one name per use: two buffers an op needs
+    /// at once take two keys): the memory an op needs only while its kernels run
+    /// (partial sums, counters), without an allocation per call, so that the op can be
+    /// captured into a graph. Buffers are kept by size class (bytes rounded up to a
+    /// power of two) and never freed before the stream: a captured graph may use one
+    /// on every launch. The memory is uninitialized and shared by every op on this
+    /// stream that uses `key` — stream order keeps their uses apart; the op must not
+    /// expect its contents to survive to its next call.
+    ///
+    /// Outside capture a missing buffer is allocated ([`StreamCx::alloc`]'s errors).
+    /// While the actor captures an op into a graph, only an existing buffer is handed
+    /// out (the graph's eager warm-up run of the same op made it); a missing one is
+    /// [`Error::NotCapturable`] (allocation). Zero elements are
+    /// [`Error::InvalidAllocation`].
+    pub fn scratch<T: DeviceRepr + 'static>(&mut self, key: &'static str, n: usize) -> Result<u64> {
+        let bytes = n
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|&b| b > 0)
+            .and_then(usize::checked_next_power_of_two)
+            .ok_or_else(|| Error::InvalidAllocation {
+                message: format!("scratch {key:?} of {n} elements is empty or too large"),
+            })?;
+        if !self.scratch.contains_key(&(key, bytes)) {
+            if super::capture::active() {
+                return Err(super::capture::refuse(
+                    crate::error::CaptureHazard::Allocation,
+                ));
+            }
+            let buf = self.alloc::<u8>(bytes)?;
+            self.scratch.insert((key, bytes), buf);
+        }
+        let buf = &self.scratch[&(key, bytes)];
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(buf, &self.stream);
+        Ok(ptr)
     }
 
     /// A kernel function, loading its module once per device from the CUBIN `cubin`

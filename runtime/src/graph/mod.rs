@@ -52,6 +52,21 @@
 //! into one (child-graph nodes with the segments' edges) would save the launches and
 //! events between segments: not done yet.
 //!
+//! # States: what a launch carries to the next
+//!
+//! A bound input is given anew to every launch; a **state** ([`Capture::state`]) is a
+//! buffer the graph owns, initialized at capture from a tensor, read by every launch
+//! and rewritten at its end with the value [`Capture::update`] names (on CUDA a device
+//! copy captured at the end of the state's stream's last segment; on the CPU the new
+//! buffer takes its place). Launch `k` reads what launch `k - 1` left; the capture's
+//! warm-up run changes no state. [`Graph::state`] copies one out. All the readers of a
+//! state and the producer of its update are on one stream, so the copy follows every
+//! read of the launch. A captured training step keeps its parameters, optimizer moments
+//! and step counter as states (`train/src/pipeline/graph.rs`).
+//!
+//! Code written against `&Runtime` (layers, models, optimizers) is captured unchanged
+//! through [`Capture::runtime`]: a runtime handle whose submissions are recorded.
+//!
 //! # Capture safety, checked
 //!
 //! A submission that would be unsafe in a graph fails with [`Error::NotCapturable`]
@@ -62,7 +77,12 @@
 //!   host synchronization, an algorithm search);
 //! - while capturing, an allocation beyond the op's planned outputs (per-call scratch
 //!   memory), a host synchronization or event query (CUDA invalidates the capture), a
-//!   read-back to the host (a finisher).
+//!   read-back to the host (a finisher; a download through [`Capture::runtime`]).
+//!
+//! Ops that need scratch memory while their kernels run take it from the stream's
+//! persistent scratch ([`StreamCx::scratch`](crate::cuda::StreamCx::scratch)) or a
+//! per-stream workspace made on first use: the warm-up run makes it, the capture reuses
+//! it, and it outlives every graph of the stream.
 //!
 //! # Ownership across launches
 //!
@@ -96,12 +116,15 @@
 //! everywhere); what the CPU cannot check (allocations, host synchronization) is checked
 //! on CUDA while capturing.
 
+mod capture;
 mod record;
 mod segment;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use record::Capture;
+pub(crate) use capture::record_submit;
+pub use capture::Capture;
+pub(crate) use record::Recording;
 use segment::{CaptureSegment, LaunchSegment, ReadSlot, Release, Shared};
 
 use crate::buffer::Element;
@@ -152,6 +175,9 @@ impl Runtime {
 
 struct SegInfo {
     stream: StreamId,
+    /// The states this segment copies out at the end of each launch (their last
+    /// segment on their stream).
+    commits: Vec<usize>,
     deps: Vec<usize>,
     inputs: Vec<usize>,
     first_on_stream: bool,
@@ -169,32 +195,70 @@ pub struct Graph {
     /// What the next launch (or the release) waits for: each stream's last segment of
     /// the last launch, and the copies of outputs made since.
     last: Vec<Tensor>,
+    /// Each segment's token of the last launch (or of the capture).
+    tokens: Vec<Tensor>,
+    /// Each state's key, spec and the segment whose token follows its newest value.
+    states: Vec<(usize, TensorSpec, usize)>,
     launches: u64,
 }
 
 impl Graph {
     fn build(rt: &Runtime, c: Capture<'_>) -> Result<Graph> {
+        let c = c.finish()?;
         if c.segments.is_empty() {
             return Err(Error::invalid("graph", "the capture submitted no op"));
         }
-        let Capture {
-            segments,
+        let Recording {
+            mut segments,
             inputs,
+            states,
             placeholders,
             outputs,
             ..
         } = c;
+        // Each state is committed by (and initialized at the latest in) the last
+        // segment of its stream.
+        let mut commits: Vec<Vec<usize>> = vec![Vec::new(); segments.len()];
+        let mut state_info = Vec::new();
+        for (i, st) in states.iter().enumerate() {
+            let Some(stream) = st.stream else {
+                return Err(Error::invalid(
+                    "graph state",
+                    "a state that no op of the capture reads or updates",
+                ));
+            };
+            let last = (0..segments.len())
+                .rev()
+                .find(|&s| segments[s].stream == stream)
+                .expect("a segment on the state's stream");
+            if !segments.iter().any(|s| s.state_inits.contains(&i)) {
+                segments[last].state_inits.push(i);
+            }
+            if st.update.is_some() {
+                commits[last].push(i);
+            }
+            state_info.push((st.key, st.spec.clone(), last));
+        }
         let mut ops = Vec::new();
         let mut plans = Vec::new();
         for s in segments {
             ops.push(Mutex::new(s.ops));
-            plans.push((s.stream, s.deps, s.externals, s.inputs));
+            let inits: Vec<(usize, Tensor)> = s
+                .state_inits
+                .iter()
+                .map(|&i| (states[i].key, states[i].init.clone()))
+                .collect();
+            plans.push((s.stream, s.deps, s.externals, s.inputs, inits));
         }
         let shared = Arc::new(Shared {
             id: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
             slots: Mutex::new(Default::default()),
             ops,
             inputs: inputs.iter().map(|b| (b.key, b.spec.clone())).collect(),
+            commits: states
+                .iter()
+                .map(|st| (st.key, st.update.unwrap_or(st.key)))
+                .collect(),
             _placeholders: placeholders,
         });
         let mut graph = Graph {
@@ -203,11 +267,13 @@ impl Graph {
             segs: Vec::new(),
             outputs,
             last: Vec::new(),
+            tokens: Vec::new(),
+            states: state_info,
             launches: 0,
         };
         let mut subs = Vec::new();
         let mut tokens: Vec<Tensor> = Vec::new();
-        for (seg, (stream, deps, externals, seg_inputs)) in plans.into_iter().enumerate() {
+        for (seg, (stream, deps, externals, seg_inputs, inits)) in plans.into_iter().enumerate() {
             let first_on_stream = !graph.segs.iter().any(|s| s.stream == stream);
             let op = CaptureSegment {
                 shared: shared.clone(),
@@ -217,10 +283,13 @@ impl Graph {
                     .iter()
                     .map(|&i| (i, inputs[i].example.clone()))
                     .collect(),
+                inits,
+                commits: commits[seg].clone(),
                 deps: deps.iter().map(|&d| tokens[d].clone()).collect(),
             };
             graph.segs.push(SegInfo {
                 stream,
+                commits: commits[seg].clone(),
                 deps,
                 inputs: seg_inputs,
                 first_on_stream,
@@ -230,6 +299,7 @@ impl Graph {
             subs.push(sub);
         }
         graph.last = graph.stream_sinks(&tokens);
+        graph.tokens = tokens;
         wait_all(subs)?;
         Ok(graph)
     }
@@ -254,6 +324,38 @@ impl Graph {
     /// The outputs' shapes and dtypes, in declaration order.
     pub fn outputs(&self) -> Vec<TensorSpec> {
         self.outputs.iter().map(|(_, s, _)| s.clone()).collect()
+    }
+
+    /// The states' shapes and dtypes, in declaration order ([`Capture::state`]).
+    pub fn states(&self) -> Vec<TensorSpec> {
+        self.states.iter().map(|(_, s, _)| s.clone()).collect()
+    }
+
+    /// State `i`'s value after the last launch (before any, its initial value), as a
+    /// fresh tensor the caller owns (a copy made on the device after that launch;
+    /// later launches do not touch it). The next launch waits for the copy.
+    pub fn state(&mut self, i: usize) -> Result<Tensor> {
+        let (key, spec, seg) = self.states.get(i).cloned().ok_or_else(|| {
+            Error::invalid(
+                "graph state",
+                format!("state {i} of a graph with {}", self.states.len()),
+            )
+        })?;
+        let op = ReadSlot {
+            shared: self.shared.clone(),
+            key,
+            spec,
+            token: self.tokens[seg].clone(),
+        };
+        let t = self
+            .rt
+            .submit_on(self.segs[seg].stream, op)
+            .map_err(|e| e.error)?
+            .outputs()
+            .cloned()
+            .expect("one output");
+        self.last.push(t.clone());
+        Ok(t)
     }
 
     /// How many segments (per-stream graphs) the capture was cut into.
@@ -310,6 +412,7 @@ impl Graph {
                     .iter()
                     .map(|&i| (i, inputs[i].clone()))
                     .collect(),
+                commits: info.commits.clone(),
                 deps,
             };
             match self.rt.submit_on(info.stream, op) {
@@ -326,6 +429,7 @@ impl Graph {
             }
         }
         self.last = self.stream_sinks(&tokens);
+        self.tokens = tokens.clone();
         self.launches += 1;
         Ok(Launch {
             graph: self,

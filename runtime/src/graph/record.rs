@@ -1,4 +1,4 @@
-//! Recording a capture: [`Capture`], the builder `Runtime::capture` lends its closure.
+//! Recording a capture: what [`Capture`](super::Capture) and its runtime handles record.
 //!
 //! Nothing runs while the closure records. Each submission is validated (`plan`, and
 //! the op's declared [`capture_hazard`](crate::Op::capture_hazard)) and placed on a
@@ -46,6 +46,8 @@ pub(crate) struct Segment {
     pub(crate) externals: Vec<Tensor>,
     /// The bound inputs (indices) this segment copies in at each launch.
     pub(crate) inputs: Vec<usize>,
+    /// The states (indices) whose initial values this segment copies in at capture.
+    pub(crate) state_inits: Vec<usize>,
 }
 
 /// A bound input of the graph.
@@ -55,13 +57,23 @@ pub(crate) struct BoundInput {
     pub(crate) example: Tensor,
 }
 
-/// A graph's recording, handed to `Runtime::capture`'s closure: submit ops with
-/// [`Capture::submit`], declare inputs with [`Capture::input`] and outputs with
-/// [`Capture::output`]. See `runtime/src/graph/mod.rs` for the whole picture.
-pub struct Capture<'r> {
-    pub(crate) rt: &'r Runtime,
+/// A state of the graph ([`Capture::state`]): a buffer each launch reads and, once
+/// [`Capture::update`]d, rewrites at its end.
+pub(crate) struct StateSlot {
+    pub(crate) key: usize,
+    pub(crate) spec: TensorSpec,
+    pub(crate) init: Tensor,
+    /// The stream of every op that reads it and of its update's producer.
+    pub(crate) stream: Option<StreamId>,
+    /// The placeholder key of its new value.
+    pub(crate) update: Option<usize>,
+}
+
+/// What a capture records (behind [`Capture`] and its [`Capture::runtime`] handles).
+pub(crate) struct Recording {
+    pub(crate) rt: Runtime,
     pub(crate) device: Device,
-    streams: Vec<StreamId>,
+    pub(crate) streams: Vec<StreamId>,
     next: usize,
     /// Every placeholder (kept alive so that their addresses stay unique keys).
     pub(crate) placeholders: Vec<Tensor>,
@@ -70,6 +82,8 @@ pub struct Capture<'r> {
     producer: HashMap<usize, usize>,
     pub(crate) inputs: Vec<BoundInput>,
     input_of: HashMap<usize, usize>,
+    pub(crate) states: Vec<StateSlot>,
+    state_of: HashMap<usize, usize>,
     pub(crate) segments: Vec<Segment>,
     open: HashMap<StreamId, usize>,
     /// The graph's outputs: placeholder key, spec, producing segment.
@@ -80,10 +94,14 @@ fn key(t: &Tensor) -> usize {
     Arc::as_ptr(t.storage()) as usize
 }
 
-impl<'r> Capture<'r> {
-    pub(crate) fn new(rt: &'r Runtime, device: Device) -> Self {
-        Capture {
-            rt,
+impl Recording {
+    pub(crate) fn new(rt: &Runtime, device: Device) -> Self {
+        Recording {
+            rt: Runtime {
+                inner: rt.inner.clone(),
+                pin: None,
+                recording: None,
+            },
             device,
             streams: rt.compute_streams(device),
             next: 0,
@@ -91,15 +109,12 @@ impl<'r> Capture<'r> {
             producer: HashMap::new(),
             inputs: Vec::new(),
             input_of: HashMap::new(),
+            states: Vec::new(),
+            state_of: HashMap::new(),
             segments: Vec::new(),
             open: HashMap::new(),
             outputs: Vec::new(),
         }
-    }
-
-    /// The compute streams ops can be placed on (for [`Capture::submit_on`]).
-    pub fn streams(&self) -> &[StreamId] {
-        &self.streams
     }
 
     fn placeholder(&mut self, spec: &TensorSpec, producer: Option<StreamId>) -> Tensor {
@@ -124,7 +139,7 @@ impl<'r> Capture<'r> {
     /// every [`Graph::launch`](super::Graph::launch) (copied into the graph's own
     /// buffer, ordered by events). `example` gives its shape and dtype and the contents
     /// the capture's warm-up run computes with. Returns the placeholder to submit ops on.
-    pub fn input(&mut self, example: &Tensor) -> Result<Tensor> {
+    pub(crate) fn input(&mut self, example: &Tensor) -> Result<Tensor> {
         self.check_tensor("graph input", example)?;
         let spec = TensorSpec::new(example.shape().clone(), example.dtype());
         let t = self.placeholder(&spec, None);
@@ -137,13 +152,77 @@ impl<'r> Capture<'r> {
         Ok(t)
     }
 
+    /// Declares a **state**: a buffer the graph owns, starting as a copy of `init`
+    /// (copied at capture; `init` itself is never written), which every launch reads
+    /// and, once [`Capture::update`] names its new value, rewrites at the launch's end.
+    /// So launch `k` reads the value launch `k - 1` left (the first launch, the initial
+    /// value: the capture's warm-up run changes no state). Parameters, optimizer
+    /// moments and step counters of a captured training step are states. Every op that
+    /// reads a state, and the op producing its update, must run on one stream (else
+    /// an invalid-argument error at submit). Read it with
+    /// [`Graph::state`](super::Graph::state). Returns the placeholder to submit ops on.
+    pub(crate) fn state(&mut self, init: &Tensor) -> Result<Tensor> {
+        self.check_tensor("graph state", init)?;
+        let spec = TensorSpec::new(init.shape().clone(), init.dtype());
+        let t = self.placeholder(&spec, None);
+        self.state_of.insert(key(&t), self.states.len());
+        self.states.push(StateSlot {
+            key: key(&t),
+            spec,
+            init: init.clone(),
+            stream: None,
+            update: None,
+        });
+        Ok(t)
+    }
+
+    /// Makes `value` (an op output of this capture, of the state's shape and dtype, on
+    /// the stream of the state's readers) the new value of `state` after each launch:
+    /// it is copied into the state's buffer after every op of the launch on that stream
+    /// (on CUDA, a copy captured at the end of that stream's last segment). A state is
+    /// updated at most once.
+    pub(crate) fn update(&mut self, state: &Tensor, value: &Tensor) -> Result<()> {
+        let bad = |m: &str| Err(Error::invalid("graph state update", m.to_string()));
+        let Some(&i) = self.state_of.get(&key(state)) else {
+            return bad("the first argument is not a state of this capture");
+        };
+        let vk = key(value);
+        let seg = match self.producer.get(&vk) {
+            Some(&s) if !self.input_of.contains_key(&vk) && !self.state_of.contains_key(&vk) => s,
+            _ => return bad("the new value must be the output of an op submitted in this capture"),
+        };
+        let st = &mut self.states[i];
+        if st.update.is_some() {
+            return bad("this state already has an update");
+        }
+        if value.shape() != &st.spec.shape || value.dtype() != st.spec.dtype {
+            return Err(Error::invalid(
+                "graph state update",
+                format!(
+                    "the new value is {} {:?}, the state {} {:?}",
+                    value.shape(),
+                    value.dtype(),
+                    st.spec.shape,
+                    st.spec.dtype
+                ),
+            ));
+        }
+        let stream = self.segments[seg].stream;
+        if st.stream.is_some_and(|s| s != stream) {
+            return bad("the new value is produced on another stream than the state's readers");
+        }
+        st.stream = Some(stream);
+        st.update = Some(vk);
+        Ok(())
+    }
+
     /// Declares `t`, an output of an op of this capture, as an output of the graph:
     /// readable after each launch ([`Launch::output`](super::Launch::output)). Returns
     /// its index.
-    pub fn output(&mut self, t: &Tensor) -> Result<usize> {
+    pub(crate) fn output(&mut self, t: &Tensor) -> Result<usize> {
         let k = key(t);
         match self.producer.get(&k) {
-            Some(&seg) if !self.input_of.contains_key(&k) => {
+            Some(&seg) if !self.input_of.contains_key(&k) && !self.state_of.contains_key(&k) => {
                 let spec = TensorSpec::new(t.shape().clone(), t.dtype());
                 self.outputs.push((k, spec, seg));
                 Ok(self.outputs.len() - 1)
@@ -158,7 +237,7 @@ impl<'r> Capture<'r> {
     /// Records an op, on the stream of its first input produced in this capture (else
     /// the next compute stream in turn). Validation is that of `Runtime::submit`, plus
     /// the op's capture hazard ([`Error::NotCapturable`]); a rejected op comes back.
-    pub fn submit<O: Op>(&mut self, op: O) -> Result<O::Output, SubmitError<O>> {
+    pub(crate) fn submit<O: Op>(&mut self, op: O) -> Result<(O::Output, StreamId), SubmitError<O>> {
         let inherited = op
             .inputs()
             .iter()
@@ -192,11 +271,11 @@ impl<'r> Capture<'r> {
     }
 
     /// Records an op on `stream` (one of [`Capture::streams`]).
-    pub fn submit_on<O: Op>(
+    pub(crate) fn submit_on<O: Op>(
         &mut self,
         stream: StreamId,
         op: O,
-    ) -> Result<O::Output, SubmitError<O>> {
+    ) -> Result<(O::Output, StreamId), SubmitError<O>> {
         let name = op.name();
         let reject = |error: Error, op: O| Err(SubmitError { error, op });
         if !self.streams.contains(&stream) {
@@ -243,6 +322,23 @@ impl<'r> Capture<'r> {
             );
             return reject(Error::invalid(name, msg), op);
         }
+        // A state is read on one stream only (its update is copied in there).
+        let mut first_reads = Vec::new();
+        for t in op.inputs() {
+            if let Some(&i) = self.state_of.get(&key(t)) {
+                let st = &self.states[i];
+                if st.stream.is_some_and(|s| s != stream) {
+                    let msg = format!(
+                        "reads a graph state on {stream}, which is read or updated on {}",
+                        st.stream.expect("checked")
+                    );
+                    return reject(Error::invalid(name, msg), op);
+                }
+                if !self.producer.contains_key(&st.key) && !first_reads.contains(&i) {
+                    first_reads.push(i);
+                }
+            }
+        }
         // Where its inputs come from.
         let (declared, cross, unwritten, externals) = {
             let inputs = op.inputs();
@@ -260,6 +356,7 @@ impl<'r> Capture<'r> {
                     Some(_) => {}
                     None => match self.input_of.get(&k) {
                         Some(&i) => unwritten.push(i),
+                        None if self.state_of.contains_key(&k) => {}
                         None => externals.push((*t).clone()),
                     },
                 }
@@ -280,6 +377,7 @@ impl<'r> Capture<'r> {
                     deps: cross.clone(),
                     externals: Vec::new(),
                     inputs: Vec::new(),
+                    state_inits: Vec::new(),
                 });
                 let s = self.segments.len() - 1;
                 self.open.insert(stream, s);
@@ -297,6 +395,11 @@ impl<'r> Capture<'r> {
                 self.segments[seg].inputs.push(i);
                 self.producer.insert(self.inputs[i].key, seg);
             }
+        }
+        for i in first_reads {
+            self.states[i].stream = Some(stream);
+            self.segments[seg].state_inits.push(i);
+            self.producer.insert(self.states[i].key, seg);
         }
         for t in externals {
             if !self.segments[seg]
@@ -323,6 +426,6 @@ impl<'r> Capture<'r> {
             outs,
             declared,
         });
-        Ok(O::Output::from_tensors(tensors))
+        Ok((O::Output::from_tensors(tensors), stream))
     }
 }

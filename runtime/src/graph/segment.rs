@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) ops: Vec<Mutex<Vec<Recorded>>>,
     /// Each bound input's placeholder key and spec.
     pub(crate) inputs: Vec<(usize, TensorSpec)>,
+    /// Each state's key and the key of its new value (its own key when never updated).
+    pub(crate) commits: Vec<(usize, usize)>,
     /// The placeholders (their addresses are the slots' keys: kept alive, unique).
     pub(crate) _placeholders: Vec<Tensor>,
 }
@@ -177,7 +179,43 @@ pub(crate) struct CaptureSegment {
     /// Eager tensors the segment's ops read, and the bound inputs' examples.
     pub(crate) externals: Vec<Tensor>,
     pub(crate) examples: Vec<(usize, Tensor)>,
+    /// The states this segment initializes: (key, initial value).
+    pub(crate) inits: Vec<(usize, Tensor)>,
+    /// The states (indices) it commits at the end of each launch.
+    pub(crate) commits: Vec<usize>,
     pub(crate) deps: Vec<Tensor>,
+}
+
+/// Copies the committed states' new values into their buffers (`local`, CPU: the new
+/// value's immutable buffer becomes the state's; CUDA: a device copy, captured or not).
+fn commit(
+    cx: &mut ExecCx<'_>,
+    shared: &Shared,
+    states: &[usize],
+    local: &mut Slots,
+) -> Result<Vec<usize>> {
+    let mut done = Vec::with_capacity(states.len());
+    for &i in states {
+        let (key, new) = shared.commits[i];
+        let value = local
+            .get(&new)
+            .cloned()
+            .ok_or_else(|| Error::invalid("graph state", "a state's new value was not computed"))?;
+        match cx.backend() {
+            BackendCx::Cpu => {
+                local.insert(key, value);
+            }
+            BackendCx::Cuda(scx) => {
+                let dst = local
+                    .get(&key)
+                    .cloned()
+                    .ok_or_else(|| Error::invalid("graph state", "a state has no buffer"))?;
+                copy_into(&dst, &value, scx)?;
+            }
+        }
+        done.push(key);
+    }
+    Ok(done)
 }
 
 impl Op for CaptureSegment {
@@ -187,7 +225,13 @@ impl Op for CaptureSegment {
     }
     fn inputs(&self) -> Vec<&Tensor> {
         let ex = self.examples.iter().map(|(_, t)| t);
-        self.externals.iter().chain(ex).chain(&self.deps).collect()
+        let init = self.inits.iter().map(|(_, t)| t);
+        self.externals
+            .iter()
+            .chain(ex)
+            .chain(init)
+            .chain(&self.deps)
+            .collect()
     }
     fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
         token_plan()
@@ -210,6 +254,27 @@ impl Op for CaptureSegment {
             };
             local.insert(key, slot);
             mine.push(key);
+        }
+        // The states' buffers, copies of their initial values (the graph's own: a
+        // launch's commit rewrites them).
+        for (key, init) in &self.inits {
+            let src = cx.input(init)?;
+            let slot = match (cx.backend(), &*src.0) {
+                (BackendCx::Cpu, Buffer::Cpu(d)) => Arc::new(Buffer::Cpu(d.clone())),
+                (BackendCx::Cuda(scx), _) => {
+                    let dst = alloc_like(scx, src.dtype(), src.len())?;
+                    copy_into(&dst, &src, scx)?;
+                    Arc::new(dst)
+                }
+                _ => {
+                    return Err(Error::invalid(
+                        "graph state",
+                        "a state is not in this device's memory",
+                    ))
+                }
+            };
+            local.insert(*key, slot);
+            mine.push(*key);
         }
         let mut ops = lock(&self.shared.ops[self.seg]);
         // Warm-up: run every op eagerly once. Modules load, library handles, plans and
@@ -252,7 +317,11 @@ impl CaptureSegment {
         };
         begin_capture(cuda_of(cx))?;
         let mut unused: Vec<Box<dyn Any>> = Vec::new();
-        let captured = capture_ops(cx, ops, local, &mut unused, &side);
+        // The ops, then the states' commits (device copies, captured as copy nodes).
+        let captured = capture_ops(cx, ops, local, &mut unused, &side).and_then(|last| {
+            commit(cx, &self.shared, &self.commits, local)?;
+            Ok(last)
+        });
         let graph = match captured {
             Ok(last) => end_capture(cuda_of(cx), last),
             Err(e) => {
@@ -354,6 +423,8 @@ pub(crate) struct LaunchSegment {
     pub(crate) seg: usize,
     /// (bound input index, the tensor this launch reads for it).
     pub(crate) inputs: Vec<(usize, Tensor)>,
+    /// The states (indices) it commits after its ops (on CUDA, inside its graph).
+    pub(crate) commits: Vec<usize>,
     pub(crate) deps: Vec<Tensor>,
 }
 
@@ -390,6 +461,7 @@ impl Op for LaunchSegment {
                 }
             }
             drop(ops);
+            mine.extend(commit(cx, &self.shared, &self.commits, &mut local)?);
             let mut slots = lock(&self.shared.slots);
             for k in mine {
                 if let Some(b) = local.remove(&k) {

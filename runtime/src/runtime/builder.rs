@@ -251,6 +251,7 @@ impl Assembled {
     ) -> Runtime {
         let rt = Runtime {
             pin: None,
+            recording: None,
             inner: Arc::new(Inner {
                 id: next_runtime_id(),
                 backend: self.backend,

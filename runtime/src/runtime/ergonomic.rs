@@ -40,7 +40,11 @@ mod registry {
         v.iter()
             .find(|(i, _)| *i == id)
             .and_then(|(_, w)| w.upgrade())
-            .map(|inner| Runtime { inner, pin: None })
+            .map(|inner| Runtime {
+                inner,
+                pin: None,
+                recording: None,
+            })
     }
 }
 

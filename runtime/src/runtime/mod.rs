@@ -77,6 +77,9 @@ pub struct Runtime {
     /// The stream every unpinned submission through this handle goes to
     /// ([`Runtime::on`]); `None`: placed by the policy.
     pub(crate) pin: Option<StreamId>,
+    /// Set on the handles of a capture ([`Capture::runtime`](crate::Capture::runtime)):
+    /// submissions are recorded into it instead of sent.
+    pub(crate) recording: Option<Arc<crate::sync::Mutex<Option<crate::graph::Recording>>>>,
 }
 
 /// What a runtime runs on.
@@ -205,6 +208,7 @@ impl Runtime {
         Runtime {
             inner: self.inner.clone(),
             pin: Some(stream),
+            recording: self.recording.clone(),
         }
     }
 
@@ -234,6 +238,9 @@ impl Runtime {
         pin: Option<StreamId>,
         op: O,
     ) -> Result<Submission<O::Output>, SubmitError<O>> {
+        if let Some(rec) = &self.recording {
+            return crate::graph::record_submit(rec, pin, op);
+        }
         let mut t = self.inner.counters.clock();
         let (env, sub, stream) = self.prepare(pin, op)?;
         let sent = match self.send_job(stream, env) {
@@ -291,6 +298,13 @@ impl Runtime {
         stream: StreamId,
         op: O,
     ) -> Result<Submission<T>> {
+        if self.recording.is_some() {
+            // A value for the host (a download) cannot be part of a graph.
+            return Err(Error::NotCapturable {
+                op: op.name().to_string(),
+                hazard: crate::error::CaptureHazard::Readback,
+            });
+        }
         let (env, sub, stream) = self.prepare(Some(stream), op).map_err(|e| e.error)?;
         drop(sub);
         let completion = env

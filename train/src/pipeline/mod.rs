@@ -31,6 +31,7 @@
 //! step on the whole batch within float rounding (the `pipeline` tests check it).
 
 mod data;
+mod graph;
 mod model;
 mod optim;
 mod run;
@@ -46,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use rtx_ops::elementwise::add_;
 use rtx_ops::{argmax_dim, cast, cross_entropy, eq, mean, mul_scalar_};
-use rtx_runtime::{DType, Error, Marker, Result, Runtime, StreamId, Submission, Tensor};
+use rtx_runtime::{DType, Error, Graph, Marker, Result, Runtime, StreamId, Submission, Tensor};
 
 /// Loss downloads a pipeline lets run ahead before its host thread waits for the oldest.
 pub const MAX_PENDING_LOSSES: usize = 4;
@@ -63,6 +64,9 @@ pub struct PipelineConfig {
     /// The compute streams: one, or `K` for data parallel (the batch must divide by
     /// `K`).
     pub streams: Vec<StreamId>,
+    /// Run the steps as a graph: capture one whole step at the first step, then
+    /// launch it every step (`train/src/pipeline/graph.rs`). One stream only.
+    pub graph: bool,
 }
 
 /// One training job. See the [module docs](self).
@@ -81,6 +85,10 @@ pub struct Pipeline {
     params: usize,
     started: Option<Instant>,
     took: Option<Duration>,
+    /// The captured step ([`PipelineConfig::graph`]).
+    graph: Option<Graph>,
+    /// The optimizer's step count when the graph was captured.
+    graph_t0: u64,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -122,6 +130,15 @@ impl Pipeline {
                 format!("{s} is not a compute stream of the runtime's default device"),
             ));
         }
+        if cfg.graph && k != 1 {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "{}: a pipeline run as a graph takes one stream, not {k}",
+                    cfg.name
+                ),
+            ));
+        }
         if !data.batch().is_multiple_of(k) {
             return Err(Error::invalid(
                 what,
@@ -148,6 +165,8 @@ impl Pipeline {
             params,
             started: None,
             took: None,
+            graph: None,
+            graph_t0: 0,
         })
     }
 
@@ -211,6 +230,21 @@ impl Pipeline {
             self.next = Some(self.upload(self.step + 1)?);
         }
         let streams = self.cfg.streams.clone();
+        let k = self.step;
+        let read = (k + 1).is_multiple_of(self.cfg.loss_every) || k + 1 >= self.cfg.steps;
+        if self.cfg.graph {
+            let (x, y) = &batch[0];
+            if self.graph.is_none() {
+                self.graph = Some(self.capture_step(x, y)?);
+            }
+            let loss = self.launch_step(x, y, read)?;
+            self.step += 1;
+            if let Some(loss) = loss {
+                let mark = self.rt.mark(streams[0])?;
+                self.unread.push_back((k, loss, mark));
+            }
+            return self.collect(false);
+        }
         let r0 = self.rt.on(streams[0]);
         let loss = if streams.len() == 1 {
             let (x, y) = &batch[0];
@@ -219,9 +253,8 @@ impl Pipeline {
             self.data_parallel(&batch, &streams)?
         };
         self.opt.step(&r0, &mut self.model.params())?;
-        let k = self.step;
         self.step += 1;
-        if self.step.is_multiple_of(self.cfg.loss_every) || self.is_done() {
+        if read {
             let mark = self.rt.mark(streams[0])?;
             self.unread.push_back((k, loss, mark));
         }
@@ -298,6 +331,7 @@ impl Pipeline {
     /// Waits for every outstanding loss and stops the clock.
     pub fn finish(&mut self) -> Result<()> {
         self.collect(true)?;
+        self.sync_from_graph()?;
         if let (Some(t), None) = (self.started, self.took) {
             self.took = Some(t.elapsed());
         }

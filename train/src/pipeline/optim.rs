@@ -48,6 +48,9 @@ pub struct Optimizer {
     states: Vec<Vec<Tensor>>,
     /// The f32 masters, for a low-precision model.
     master: Option<Vec<Tensor>>,
+    /// AdamW's step number on the device, when the step is captured into a graph
+    /// (`Step::step_count`): then the host count `t` is not what the kernel reads.
+    device_step: Option<Tensor>,
 }
 
 impl Optimizer {
@@ -79,7 +82,29 @@ impl Optimizer {
             t: 0,
             states,
             master,
+            device_step: None,
         })
+    }
+
+    /// The tensors the optimizer carries from step to step (the states, then the f32
+    /// masters), in a fixed order: a captured step makes each a graph state.
+    pub(crate) fn carried_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v: Vec<&mut Tensor> = self.states.iter_mut().flatten().collect();
+        if let Some(m) = self.master.as_mut() {
+            v.extend(m.iter_mut());
+        }
+        v
+    }
+
+    /// Makes the steps read AdamW's step number from `t` (a one-element f32 tensor on
+    /// the device), or from the host count again with `None`.
+    pub(crate) fn set_device_step(&mut self, t: Option<Tensor>) {
+        self.device_step = t;
+    }
+
+    /// Sets the count of steps taken (after steps run by a graph).
+    pub(crate) fn set_steps(&mut self, t: u64) {
+        self.t = t;
     }
 
     /// The configuration.
@@ -107,12 +132,17 @@ impl Optimizer {
         let t = self.t + 1;
         let mut states = std::mem::take(&mut self.states).into_iter();
         let cfg = self.cfg;
+        let device_step = self.device_step.clone();
         let build = move |p: Vec<Tensor>, s: &mut std::vec::IntoIter<Vec<Tensor>>| match cfg {
             OptimizerConfig::Sgd(c) => sgd(c, p, &grads, s.next().unwrap_or_default()),
             OptimizerConfig::AdamW(c) => {
                 let m = s.next().unwrap_or_default();
                 let v = s.next().unwrap_or_default();
-                adamw(c, t, p, &grads, m, v)
+                let step = adamw(c, t, p, &grads, m, v);
+                match &device_step {
+                    Some(d) => step.step_count(d),
+                    None => step,
+                }
             }
         };
         let result = match self.master.take() {

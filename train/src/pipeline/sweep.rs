@@ -47,6 +47,8 @@ pub struct SweepConfig {
     pub dtype: DType,
     /// The task's seed.
     pub seed: u64,
+    /// Run each model's steps as a graph ([`PipelineConfig::graph`]).
+    pub graphs: bool,
 }
 
 impl SweepConfig {
@@ -62,6 +64,7 @@ impl SweepConfig {
             loss_every: 10,
             dtype: DType::BF16,
             seed: 2026,
+            graphs: false,
         }
     }
     /// The CPU run, scaled to finish in well under two minutes on two cores: 64-d
@@ -189,6 +192,7 @@ impl SweepConfig {
             steps: self.steps,
             loss_every: self.loss_every,
             streams,
+            graph: self.graphs,
         };
         Pipeline::new(rt, cfg, Box::new(model), m.opt, Box::new(data))
     }
