@@ -28,6 +28,24 @@ fn zeros<T: Element>(rt: &Runtime, shape: &[usize]) -> Tensor {
 /// The f64 AdamW reference, one step on one tensor.
 #[allow(clippy::too_many_arguments)]
 fn adamw_ref(c: &AdamW, t: f64, mult: f64, p: &mut [f64], g: &[f64], m: &mut [f64], v: &mut [f64]) {
+    adamw_ref_mag(c, t, mult, p, g, m, v, None);
+}
+
+/// As [`adamw_ref`], also advancing `mag` = (the magnitudes of p's terms, of m's terms):
+/// the scale of f32's rounding error in p and m, which does not shrink where the terms
+/// cancel (a p or an m that passes near 0: one element alone, as shape [1], gives a
+/// relative error by the norm of that element's own size).
+#[allow(clippy::too_many_arguments)]
+fn adamw_ref_mag(
+    c: &AdamW,
+    t: f64,
+    mult: f64,
+    p: &mut [f64],
+    g: &[f64],
+    m: &mut [f64],
+    v: &mut [f64],
+    mut mag: Option<(&mut [f64], &mut [f64])>,
+) {
     let (lr, b1, b2, eps, wd) = (
         c.lr as f64,
         c.beta1 as f64,
@@ -42,19 +60,43 @@ fn adamw_ref(c: &AdamW, t: f64, mult: f64, p: &mut [f64], g: &[f64], m: &mut [f6
         v[i] = b2 * v[i] + (1.0 - b2) * g * g;
         let mhat = m[i] / (1.0 - b1.powf(t));
         let vhat = v[i] / (1.0 - b2.powf(t));
-        p[i] -= lr * mhat / (vhat.sqrt() + eps);
+        let step = lr * mhat / (vhat.sqrt() + eps);
+        p[i] -= step;
+        if let Some((pm, mm)) = mag.as_mut() {
+            pm[i] = pm[i] * (1.0 - lr * wd) + step.abs();
+            mm[i] = b1 * mm[i] + (1.0 - b1) * g.abs();
+        }
     }
 }
 
 /// The f64 SGD reference (torch.optim.SGD, dampening 0), one step on one tensor.
-fn sgd_ref(c: &Sgd, p: &mut [f64], g: &[f64], buf: &mut [f64]) {
+/// `mag` as in [`adamw_ref_mag`]: the magnitudes of p's and buf's terms.
+fn sgd_ref(c: &Sgd, p: &mut [f64], g: &[f64], buf: &mut [f64], mag: (&mut [f64], &mut [f64])) {
     let (lr, mu, wd) = (c.lr as f64, c.momentum as f64, c.weight_decay as f64);
+    let (pm, bm) = mag;
     for i in 0..p.len() {
+        let ga = g[i].abs() + wd * pm[i];
         let g = g[i] + wd * p[i];
         buf[i] = mu * buf[i] + g;
-        let d = if c.nesterov { g + mu * buf[i] } else { buf[i] };
+        bm[i] = mu * bm[i] + ga;
+        let (d, da) = if c.nesterov {
+            (g + mu * buf[i], ga + mu * bm[i])
+        } else {
+            (buf[i], bm[i])
+        };
         p[i] -= lr * d;
+        pm[i] += lr * da;
     }
+}
+
+/// Asserts the f32 `got` within `tol(F32)` of `want` by the norm relative to `scale`.
+fn check_scaled(rt: &Runtime, got: &Tensor, want: &[f64], scale: &[f64], what: &str, seed: u64) {
+    let e = rel_err_scaled(&download::<f32>(rt, got), want, scale);
+    assert!(
+        e <= tol(DType::F32),
+        "{what}: relative error {e:e} > {:e} (seed {seed})",
+        tol(DType::F32)
+    );
 }
 
 fn cfg_adamw() -> AdamW {
@@ -82,6 +124,11 @@ fn adamw_steps<G: Element>(rt: &Runtime, label: &str) {
     }
     let mut m64: Vec<Vec<f64>> = p64.iter().map(|p| vec![0.0; p.len()]).collect();
     let mut v64 = m64.clone();
+    let mut pmag: Vec<Vec<f64>> = p64
+        .iter()
+        .map(|p| p.iter().map(|x| x.abs()).collect())
+        .collect();
+    let mut mmag = m64.clone();
     for t in 1..=4u64 {
         let grads: Vec<Vec<G>> = SHAPES
             .iter()
@@ -94,7 +141,7 @@ fn adamw_steps<G: Element>(rt: &Runtime, label: &str) {
             .collect();
         let out = submit(rt, optim::adamw(cfg, t, params, &gt, ms, vs));
         for k in 0..SHAPES.len() {
-            adamw_ref(
+            adamw_ref_mag(
                 &cfg,
                 t as f64,
                 1.0,
@@ -102,6 +149,7 @@ fn adamw_steps<G: Element>(rt: &Runtime, label: &str) {
                 &f64s(&grads[k]),
                 &mut m64[k],
                 &mut v64[k],
+                Some((&mut pmag[k], &mut mmag[k])),
             );
         }
         let mut states = out.states.into_iter();
@@ -109,8 +157,15 @@ fn adamw_steps<G: Element>(rt: &Runtime, label: &str) {
     }
     for k in 0..SHAPES.len() {
         let what = format!("{label} adamw grads {} {:?}", G::DTYPE, SHAPES[k]);
-        check::<f32>(&download::<f32>(rt, &params[k]), &p64[k], &what, seed);
-        check::<f32>(&download::<f32>(rt, &ms[k]), &m64[k], &what, seed);
+        check_scaled(
+            rt,
+            &params[k],
+            &p64[k],
+            &pmag[k],
+            &format!("{what} p"),
+            seed,
+        );
+        check_scaled(rt, &ms[k], &m64[k], &mmag[k], &format!("{what} m"), seed);
         check::<f32>(&download::<f32>(rt, &vs[k]), &v64[k], &what, seed);
     }
 }
@@ -134,6 +189,11 @@ fn sgd_steps(rt: &Runtime, label: &str, cfg: Sgd) {
         }
     }
     let mut b64: Vec<Vec<f64>> = p64.iter().map(|p| vec![0.0; p.len()]).collect();
+    let mut pmag: Vec<Vec<f64>> = p64
+        .iter()
+        .map(|p| p.iter().map(|x| x.abs()).collect())
+        .collect();
+    let mut bmag = b64.clone();
     for _ in 0..3 {
         let grads: Vec<Vec<f32>> = SHAPES
             .iter()
@@ -146,7 +206,13 @@ fn sgd_steps(rt: &Runtime, label: &str, cfg: Sgd) {
             .collect();
         let out = submit(rt, optim::sgd(cfg, params, &gt, bufs));
         for k in 0..SHAPES.len() {
-            sgd_ref(&cfg, &mut p64[k], &f64s(&grads[k]), &mut b64[k]);
+            sgd_ref(
+                &cfg,
+                &mut p64[k],
+                &f64s(&grads[k]),
+                &mut b64[k],
+                (&mut pmag[k], &mut bmag[k]),
+            );
         }
         params = out.params;
         bufs = out.states.into_iter().next().unwrap_or_default();
@@ -157,9 +223,23 @@ fn sgd_steps(rt: &Runtime, label: &str, cfg: Sgd) {
     }
     for k in 0..SHAPES.len() {
         let what = format!("{label} sgd {cfg:?} {:?}", SHAPES[k]);
-        check::<f32>(&download::<f32>(rt, &params[k]), &p64[k], &what, seed);
+        check_scaled(
+            rt,
+            &params[k],
+            &p64[k],
+            &pmag[k],
+            &format!("{what} p"),
+            seed,
+        );
         if cfg.momentum != 0.0 {
-            check::<f32>(&download::<f32>(rt, &bufs[k]), &b64[k], &what, seed);
+            check_scaled(
+                rt,
+                &bufs[k],
+                &b64[k],
+                &bmag[k],
+                &format!("{what} buf"),
+                seed,
+            );
         }
     }
 }
