@@ -41,6 +41,11 @@ struct Cli {
     /// The main job: no progress bars.
     #[arg(long)]
     quiet: bool,
+    /// The main job: each pipeline's whole step captured once into a graph and launched
+    /// every step (a CUDA graph per stream segment on the GPU; on the CPU the recorded
+    /// ops are replayed).
+    #[arg(long)]
+    graphs: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -95,6 +100,7 @@ fn main() -> ExitCode {
             steps: cli.steps,
             out: cli.out,
             quiet: cli.quiet,
+            graphs: cli.graphs,
         }),
     };
     match r {

@@ -95,6 +95,27 @@ fn no_subcommand_runs_the_main_job_the_sweep() {
 }
 
 #[test]
+fn the_main_job_runs_with_graphs() {
+    let dir = std::env::temp_dir().join(format!("rtx-cli-graphs-{}", std::process::id()));
+    let out = rtx(&[
+        "--backend",
+        "cpu",
+        "--steps",
+        "4",
+        "--quiet",
+        "--graphs",
+        "--out",
+        dir.to_str().expect("utf-8 temp dir"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("captured once into a graph"), "{stdout}");
+    assert_eq!(stdout.matches("mlp-").count(), 8, "8 models: {stdout}");
+    assert!(stdout.contains("whole sweep:"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn info_runs_on_the_cpu_backend() {
     let out = rtx(&["--backend", "cpu", "info"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));

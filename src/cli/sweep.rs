@@ -23,6 +23,8 @@ pub struct Args {
     pub out: PathBuf,
     /// No progress bars (still the table and the timeline).
     pub quiet: bool,
+    /// Each pipeline's step as a captured graph ([`SweepConfig::graphs`]).
+    pub graphs: bool,
 }
 
 /// Runs the sweep and prints its table; writes the timeline files.
@@ -50,6 +52,10 @@ pub fn run(args: Args) -> rtx::Result<()> {
     };
     if args.steps > 0 {
         cfg.steps = args.steps;
+    }
+    cfg.graphs = args.graphs;
+    if args.graphs {
+        println!("each pipeline's step is captured once into a graph and launched every step");
     }
     print!("{}", rt.info());
     if cuda {
