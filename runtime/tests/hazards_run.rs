@@ -460,6 +460,16 @@ fn a_donated_buffer_dropped_by_a_failing_op_is_freed_after_its_work_on_cuda() {
             .unwrap()
             .wait()
             .unwrap();
+        // `wait` returns at completion; the producer's actor drops its envelope (and its
+        // handle on y) just after: donation needs the last handle.
+        let t0 = std::time::Instant::now();
+        while !y.is_unique() {
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "round {round}: y never became unique"
+            );
+            std::thread::yield_now();
+        }
         let sub = rt.submit_on(s[1], DonateReadDropFail(y)).unwrap();
         let e = within(20, "the op", move || sub.wait()).unwrap_err();
         match &e {

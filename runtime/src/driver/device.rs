@@ -119,10 +119,15 @@ fn probe_context(ctx: &CudaContext) -> std::result::Result<(), DriverError> {
 /// runtime uses the device any more. Called with [`LIVE`] locked, so that no runtime
 /// opens the device while it is reset.
 fn healthy_context(ordinal: usize, live: usize) -> Result<StdArc<CudaContext>> {
-    let ctx = CudaContext::new(ordinal).map_err(|e| Error::cuda("cuCtxCreate", e))?;
-    let e = match probe_context(&ctx) {
-        Ok(()) => return Ok(ctx),
-        Err(e) if !is_sticky(&e) => return Err(Error::cuda("cuStreamCreate", e)),
+    // A poisoned context already fails its retain or first binding (as on the H200):
+    // that is the probe's answer too.
+    let e = match CudaContext::new(ordinal) {
+        Ok(ctx) => match probe_context(&ctx) {
+            Ok(()) => return Ok(ctx),
+            Err(e) if !is_sticky(&e) => return Err(Error::cuda("cuStreamCreate", e)),
+            Err(e) => e,
+        },
+        Err(e) if !is_sticky(&e) => return Err(Error::cuda("cuCtxCreate", e)),
         Err(e) => e,
     };
     let device = Device::Cuda(ordinal);
@@ -136,8 +141,7 @@ fn healthy_context(ordinal: usize, live: usize) -> Result<StdArc<CudaContext>> {
         });
     }
     tracing::warn!(device = ordinal, cause = %e, "resetting the poisoned primary context");
-    let dev = ctx.cu_device();
-    drop(ctx);
+    let dev = result::device::get(ordinal as i32).map_err(|e| Error::cuda("cuDeviceGet", e))?;
     // SAFETY: no runtime of this process holds state on the device (`live` is 0 and
     // `LIVE` is locked, so none opens it meanwhile); whatever else still refers to the
     // old context (a cached spare pool) checks that its handle is alive before use.

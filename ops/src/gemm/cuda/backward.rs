@@ -334,6 +334,27 @@ pub(crate) struct BackwardArgs<'a, T> {
 /// The gradients `(dx, dw, db)` on CUDA.
 pub(crate) type CudaGrads<T> = (CudaSlice<T>, CudaSlice<T>, Option<CudaSlice<T>>);
 
+/// A `CudaSlice` view of a stream's scratch memory: never frees it (leaked on drop).
+struct ScratchView<T>(Option<CudaSlice<T>>);
+
+impl<T> ScratchView<T> {
+    fn get(&self) -> &CudaSlice<T> {
+        self.0.as_ref().expect("a view until dropped")
+    }
+    fn get_mut(&mut self) -> &mut CudaSlice<T> {
+        self.0.as_mut().expect("a view until dropped")
+    }
+}
+
+impl<T> Drop for ScratchView<T> {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            // The memory is the stream's scratch, not this view's to free.
+            let _ = s.leak();
+        }
+    }
+}
+
 /// `linear_backward` on CUDA (see the module docs for the path each step takes).
 pub(crate) fn linear_backward<T: Element>(
     scx: &mut StreamCx,
@@ -343,16 +364,27 @@ where
     CudaBlas: Gemm<T>,
 {
     let (rows, inp, out) = (p.rows, p.inp, p.out);
-    // dz = dy ⊙ act'(pre): a temporary, freed stream-ordered after the GEMMs read it.
+    // dz = dy ⊙ act'(pre): a temporary in the stream's persistent scratch (no allocation
+    // per call, so the backward can be captured into a graph); its uses on this stream
+    // are ordered after the GEMMs below read it.
     let dz_owned = match (p.act, p.pre) {
         (Activation::None, _) | (_, None) => None,
         (act, Some(pre)) => {
-            let mut dz = alloc_out::<T>(scx, rows * out)?;
-            act_grad(scx, &mut dz, Some(p.dy), pre, act)?;
+            let n = rows.checked_mul(out).ok_or_else(|| {
+                rtx_runtime::Error::invalid("linear_backward", "rows * out overflows")
+            })?;
+            let addr = scx.scratch::<T>("linear_backward.dz", n)?;
+            // SAFETY: `addr` is this stream's scratch of at least `n` elements of T
+            // (`StreamCx::scratch`), alive as long as the stream, used only by ops on this
+            // stream (ordered); the view never frees it (`ScratchView` leaks it).
+            let mut dz = ScratchView(Some(unsafe {
+                scx.stream().upgrade_device_ptr::<T>(addr, n)
+            }));
+            act_grad(scx, dz.get_mut(), Some(p.dy), pre, act)?;
             Some(dz)
         }
     };
-    let dz = dz_owned.as_ref().unwrap_or(p.dy);
+    let dz = dz_owned.as_ref().map_or(p.dy, ScratchView::get);
 
     // dx = dz · w ([rows, out] · [out, in]), with the input's activation derivative.
     let dx_dims = GemmDims {
