@@ -105,6 +105,7 @@ fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
     }
     dag::warm_up(&backend);
     let free0 = device_free(&backend);
+    let lmem0 = local_memory(&backend);
     let threads0 = dag::threads();
     let rss0 = dag::rss_kib();
 
@@ -167,6 +168,7 @@ fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
     let threads1 = dag::settle_threads(threads0);
     let rss1 = dag::rss_kib();
     let free1 = device_free(&backend);
+    let lmem1 = local_memory(&backend);
     // The DAGs' own data (made before the baseline) lives until after the readings.
     drop(dags);
 
@@ -232,12 +234,26 @@ fn stress(label: &str, backend: Backend, ops: usize, tol: f64) {
             pinned,
             mib(f0 - f1)
         );
+        // The driver's local-memory (stack) reservation: it grows to the largest stack a
+        // launched kernel needed (cuBLAS / cuDNN kernels that spill) and is kept for the
+        // context's life, a driver cache like the loaded modules, not memory of rtx's.
+        let (l0, l1) = (lmem0.unwrap_or(0), lmem1.unwrap_or(0));
+        let grown = (l1 - l0).max(0);
+        let breakdown = format!(
+            "{breakdown}; the driver's local-memory reservation {} -> {} MiB (stack {} -> {} \
+             bytes per thread), {} MiB of the rest",
+            mib(l0),
+            mib(l1),
+            lmem_stack(l0),
+            lmem_stack(l1),
+            mib(f0 - f1 - grown)
+        );
         eprintln!("stress {label}: {breakdown}");
         assert!(
-            f0 - f1 < 64 << 20,
-            "{label}: device memory back at baseline (pools trimmed, caches freed): \
-             {} MiB still in use; {breakdown}",
-            mib(f0 - f1)
+            f0 - f1 - grown < 64 << 20,
+            "{label}: device memory back at baseline (pools trimmed, caches freed, the \
+             driver's local-memory reservation accounted for): {} MiB still in use; {breakdown}",
+            mib(f0 - f1 - grown)
         );
     }
 }
@@ -251,6 +267,42 @@ fn device_free(backend: &Backend) -> Option<i64> {
         }
         _ => None,
     }
+}
+
+/// Threads the local-memory reservation is made for: SMs x resident threads per SM.
+fn lmem_threads() -> i64 {
+    use cudarc::driver::sys::CUdevice_attribute as A;
+    let Ok(ctx) = cudarc::driver::CudaContext::new(0) else {
+        return 0;
+    };
+    let sms = ctx
+        .attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .unwrap_or(0);
+    let per = ctx
+        .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+        .unwrap_or(0);
+    sms as i64 * per as i64
+}
+
+/// The per-thread stack of a reservation of `bytes`.
+fn lmem_stack(bytes: i64) -> i64 {
+    bytes / lmem_threads().max(1)
+}
+
+/// The device memory the driver reserves for local memory (CUDA only): the context's
+/// stack size per thread (`cuCtxGetLimit`, which grows when a kernel needs more) times
+/// the threads that can be resident.
+fn local_memory(backend: &Backend) -> Option<i64> {
+    use cudarc::driver::sys;
+    let Backend::Cuda(_) = backend else {
+        return None;
+    };
+    let ctx = cudarc::driver::CudaContext::new(0).ok()?;
+    ctx.bind_to_thread().ok()?;
+    let mut stack: usize = 0;
+    // SAFETY: `stack` is a valid out-pointer; the context is current on this thread.
+    let r = unsafe { sys::cuCtxGetLimit(&mut stack, sys::CUlimit::CU_LIMIT_STACK_SIZE) };
+    (r == sys::CUresult::CUDA_SUCCESS).then(|| stack as i64 * lmem_threads())
 }
 
 /// The driver's module loading mode (`cuModuleGetLoadingMode`), as a word.
