@@ -101,11 +101,14 @@ pub enum Error {
     /// The device hit a sticky error earlier; every later op on it fails with this.
     ///
     /// A sticky error (an illegal address, a trap, ...) stays in the device's CUDA
-    /// context for the rest of the process. Drop the poisoned runtime (and every other
-    /// runtime on that device): the next runtime built on the device resets the context
-    /// and works. Tensors of the poisoned runtime that are still alive then refer to
-    /// freed memory: they can only be dropped. Building a runtime while another one on
-    /// the device is still alive fails with this error.
+    /// context. Once the poisoned runtime (and every other runtime on that device) is
+    /// dropped, the next runtime built on the device resets the primary context; where
+    /// the driver keeps the error for the rest of the process anyway (NVIDIA documents
+    /// that for these errors the process must be relaunched; a trap does so on the
+    /// H200), that build fails at once with this error, and a new process can use the
+    /// device. Tensors of the poisoned runtime still alive after a reset refer to freed
+    /// memory: they can only be dropped. Building a runtime while another one on the
+    /// device is still alive fails with this error.
     #[error("device {device} is poisoned by an earlier error: {cause}")]
     DevicePoisoned { device: Device, cause: String },
     /// An op panicked while executing; the actor caught it and lives on.

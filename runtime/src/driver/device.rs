@@ -148,11 +148,19 @@ fn healthy_context(ordinal: usize, live: usize) -> Result<StdArc<CudaContext>> {
     let reset = unsafe { sys::cuDevicePrimaryCtxReset_v2(dev) }.result();
     // (A reset can fail where our release was the last and the context went with it;
     // the probe of the new context decides.)
-    let ctx = CudaContext::new(ordinal).map_err(|e| Error::cuda("cuCtxCreate", e))?;
-    probe_context(&ctx).map_err(|e| Error::DevicePoisoned {
+    // For some sticky errors the driver keeps the process's use of the device broken
+    // even so (NVIDIA: "to continue using CUDA, the process must be terminated and
+    // relaunched"): then this is the typed error, at once.
+    let still = |e: DriverError| Error::DevicePoisoned {
         device,
-        cause: format!("{e} (still, after resetting the primary context: {reset:?})"),
-    })?;
+        cause: format!(
+            "{e}, left by an earlier runtime, still after resetting the primary context \
+             ({reset:?}): the driver keeps it for the rest of this process; a new process \
+             can use the device"
+        ),
+    };
+    let ctx = CudaContext::new(ordinal).map_err(still)?;
+    probe_context(&ctx).map_err(still)?;
     tracing::info!(
         device = ordinal,
         "the primary context was reset and works again"
