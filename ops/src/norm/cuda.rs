@@ -139,7 +139,7 @@ fn backward_t<T: Element>(
     // H200 it won at bf16 8192 x 4096 (bwd 0.0953 ms against 0.0992) and lost at 8192 x
     // 768 (0.0355 against 0.0312), so it is taken for rows of at least FUSED_MIN_BYTES.
     let fused = aligned
-        && d % v == 0
+        && d.is_multiple_of(v)
         && d / v <= BLOCK as usize * LN_NV
         && d <= FUSED_MAX_D
         && d * std::mem::size_of::<T>() >= FUSED_MIN_BYTES;
