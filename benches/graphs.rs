@@ -1,5 +1,5 @@
 //! The graph forms of the tiny-op chain and of the 8-chain workload (`Runtime::capture`,
-//! `runtime/src/graph/mod.rs`): the same work as `suite_chain` (harness.rs) and
+//! `runtime/src/runtime/graph/mod.rs`): the same work as `suite_chain` (harness.rs) and
 //! `suite_streams` (streams.rs), captured once and launched again and again. The
 //! capture (warm-up and instantiation) is not timed; each sample is one launch with a
 //! fresh bound input, up to the host having every result.

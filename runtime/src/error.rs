@@ -153,7 +153,7 @@ pub enum Error {
     NotCapturable { op: String, hazard: CaptureHazard },
 }
 
-/// What makes an op unsafe to capture into a graph (see `runtime/src/graph/mod.rs`).
+/// What makes an op unsafe to capture into a graph (see `runtime/src/runtime/graph/mod.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CaptureHazard {
     /// It allocates device memory inside the captured body beyond its planned outputs

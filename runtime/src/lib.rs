@@ -63,7 +63,6 @@ mod driver;
 mod dtype;
 mod error;
 mod gate;
-mod graph;
 mod io;
 mod job;
 #[cfg(all(test, loom))]
@@ -88,9 +87,9 @@ pub use completion::{block_on, Submission};
 pub use device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
 pub use dtype::DType;
 pub use error::{CaptureHazard, CublasStatus, CudaCode, CudnnStatus, Error, Result, SubmitError};
-pub use graph::{Capture, Graph, Launch};
 pub use marker::Marker;
 pub use op::{BackendCx, BufferRef, Cost, ExecCx, Op, Outputs, Plan, PlanCx, TensorSpec};
+pub use runtime::graph::{Capture, Graph, Launch};
 pub use runtime::{Backend, BackendKind, Builder, Runtime, RuntimeInfo, Shutdown, Values};
 pub use settings::Settings;
 pub use shape::Shape;

@@ -190,7 +190,7 @@ pub struct ExecCx<'a> {
     /// The storages the op declared in `inputs` (by address): only those may be read,
     /// since only those were waited for.
     pub(crate) declared: Declared,
-    /// Inside a graph (`runtime/src/graph/`): the graph's own buffers, by the address of
+    /// Inside a graph (`runtime/src/runtime/graph/`): the graph's own buffers, by the address of
     /// the placeholder storage they stand for. Inputs found here are read from them.
     pub(crate) slots: Option<&'a std::collections::HashMap<usize, crate::sync::Arc<Buffer>>>,
     /// Whether the op took an input's memory ([`ExecCx::donate`]): if it then fails, the

@@ -1,4 +1,4 @@
-//! Loom model of a graph's launches (`runtime/src/graph/`): the graph's buffers are
+//! Loom model of a graph's launches (`runtime/src/runtime/graph/`): the graph's buffers are
 //! shared by its segments on two stream actors and rewritten by every launch, so a
 //! launch must not begin before the previous one (and the copies of its outputs) are
 //! done. The model captures a two-stream graph (`y = x + 1` on stream 0, `z = y + 10`

@@ -1,5 +1,5 @@
 //! CUDA graphs on a stream actor: capture, instantiation, launch, and the per-stream
-//! table of instantiated graphs (what `runtime/src/graph/` builds on).
+//! table of instantiated graphs (what `runtime/src/runtime/graph/` builds on).
 //!
 //! A capture runs entirely on the actor's thread, inside one op (`graph/segment.rs`):
 //! [`begin_capture`] puts the actor's stream in capture mode with

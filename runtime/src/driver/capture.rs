@@ -1,4 +1,4 @@
-//! The thread-local capture mode of a stream actor (graphs: `runtime/src/graph/`).
+//! The thread-local capture mode of a stream actor (graphs: `runtime/src/runtime/graph/`).
 //!
 //! While an actor captures an op into a CUDA graph, the op's kernels are recorded, not
 //! run, and every replay of the graph runs them on the same memory. So the op may not

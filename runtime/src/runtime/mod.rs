@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 
 mod builder;
 mod ergonomic;
+pub(crate) mod graph;
 
 pub(crate) use builder::BackendState;
 pub use builder::{Backend, BackendKind, Builder};
@@ -79,7 +80,7 @@ pub struct Runtime {
     pub(crate) pin: Option<StreamId>,
     /// Set on the handles of a capture ([`Capture::runtime`](crate::Capture::runtime)):
     /// submissions are recorded into it instead of sent.
-    pub(crate) recording: Option<Arc<crate::sync::Mutex<Option<crate::graph::Recording>>>>,
+    pub(crate) recording: Option<Arc<crate::sync::Mutex<Option<graph::Recording>>>>,
 }
 
 /// What a runtime runs on.
@@ -239,7 +240,7 @@ impl Runtime {
         op: O,
     ) -> Result<Submission<O::Output>, SubmitError<O>> {
         if let Some(rec) = &self.recording {
-            return crate::graph::record_submit(rec, pin, op);
+            return graph::record_submit(rec, pin, op);
         }
         let mut t = self.inner.counters.clock();
         let (env, sub, stream) = self.prepare(pin, op)?;

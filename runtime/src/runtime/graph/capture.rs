@@ -13,7 +13,7 @@ use crate::tensor::Tensor;
 /// A graph's recording, handed to `Runtime::capture`'s closure: submit ops with
 /// [`Capture::submit`] (or through [`Capture::runtime`], for code written against
 /// `&Runtime`), declare inputs with [`Capture::input`], states with [`Capture::state`]
-/// and outputs with [`Capture::output`]. See `runtime/src/graph/mod.rs` for the whole
+/// and outputs with [`Capture::output`]. See `runtime/src/runtime/graph/mod.rs` for the whole
 /// picture.
 pub struct Capture<'r> {
     pub(crate) rec: Arc<Mutex<Option<Recording>>>,

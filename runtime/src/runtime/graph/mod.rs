@@ -163,7 +163,7 @@ fn wait_all(subs: Vec<Submission<Tensor>>) -> Result<()> {
 
 impl Runtime {
     /// Records the submissions `f` makes into a [`Graph`] on the default device, warms
-    /// it up and captures it (see `runtime/src/graph/mod.rs`); returns once the capture
+    /// it up and captures it (see `runtime/src/runtime/graph/mod.rs`); returns once the capture
     /// has finished on every stream. A capture-unsafe op fails it with
     /// [`Error::NotCapturable`], leaving the runtime as it was.
     pub fn capture(&self, f: impl FnOnce(&mut Capture<'_>) -> Result<()>) -> Result<Graph> {
