@@ -22,7 +22,7 @@ use std::sync::Arc as StdArc;
 
 use cudarc::driver::{sys, CudaStream};
 
-use crate::driver::StreamCx;
+use crate::driver::{alloc, StreamCx};
 use crate::error::{CaptureHazard, Error, Result};
 
 fn check(call: &str, r: sys::CUresult) -> Result<()> {
@@ -110,14 +110,20 @@ pub(crate) fn begin_capture(scx: &StreamCx) -> Result<()> {
     scx.context()
         .bind_to_thread()
         .map_err(|e| Error::cuda("cuCtxSetCurrent", e))?;
+    // Other threads' frees on this stream wait for the capture's end from here on.
+    alloc::capture_begins(scx.stream());
     // SAFETY: the stream is this actor's live stream; capture is ended (or aborted) by
     // the same actor before it runs anything else (`graph/segment.rs`).
-    check("cuStreamBeginCapture", unsafe {
+    let r = check("cuStreamBeginCapture", unsafe {
         sys::cuStreamBeginCapture_v2(
             scx.stream().cu_stream(),
             sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
         )
-    })
+    });
+    if r.is_err() {
+        alloc::capture_ends(scx.stream());
+    }
+    r
 }
 
 /// Ends the capture of `scx`'s stream and instantiates what was captured. A capture
@@ -127,6 +133,7 @@ pub(crate) fn end_capture(scx: &StreamCx, op: &str) -> Result<CudaGraph> {
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: the stream is capturing (`begin_capture`); `graph` is a valid out-pointer.
     let r = unsafe { sys::cuStreamEndCapture(scx.stream().cu_stream(), &mut graph) };
+    alloc::capture_ends(scx.stream());
     if r != sys::CUresult::CUDA_SUCCESS || graph.is_null() {
         if !graph.is_null() {
             // SAFETY: a graph returned by the end of a capture, not used elsewhere.
@@ -163,6 +170,7 @@ pub(crate) fn abort_capture(scx: &StreamCx) {
             let _ = sys::cuGraphDestroy(graph);
         }
     }
+    alloc::capture_ends(scx.stream());
 }
 
 /// A failed driver call during a capture: a call CUDA refuses inside a capture (a

@@ -42,6 +42,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex as StdMutex;
+use std::sync::RwLock;
 use std::sync::{Arc as StdArc, Weak};
 
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DeviceRepr};
@@ -297,12 +298,69 @@ fn recycle<T: 'static>(mem: &StreamMem, s: CudaSlice<T>) {
 /// Drops `s`, which frees it stream-ordered on its stream; while this thread captures a
 /// graph, only after the capture has ended (`capture::defer`: the capturing stream
 /// would record the free into the graph, and refuses it for memory the graph did not
-/// allocate).
+/// allocate). While another thread captures `s`'s stream (a tensor dropped on the
+/// user's thread, say), the free is parked until that capture ends
+/// ([`capture_ends`]): `cuMemFreeAsync` on a capturing stream from outside the
+/// capture would invalidate it.
 fn free<T: 'static>(s: CudaSlice<T>) {
     if super::capture::active() {
         super::capture::defer(Box::new(s));
-    } else {
-        drop(s);
+        return;
+    }
+    // Held across the free: the stream cannot begin a capture before the free is
+    // enqueued (`capture_begins` takes the lock for writing).
+    let capturing = CAPTURING.read().unwrap_or_else(|p| p.into_inner());
+    if !capturing.is_empty() && capturing.contains(&key(s.stream())) {
+        let stream = s.stream().clone();
+        let ptr = s.leak();
+        PARKED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((ptr, stream));
+        return;
+    }
+    drop(s);
+    drop(capturing);
+}
+
+/// The streams (`CUstream` handles) being captured into a graph now, process-wide.
+static CAPTURING: RwLock<Vec<usize>> = RwLock::new(Vec::new());
+/// Frees that came for a capturing stream from another thread: each block and its
+/// stream, freed there once its capture has ended.
+static PARKED: StdMutex<Vec<(sys::CUdeviceptr, StdArc<CudaStream>)>> = StdMutex::new(Vec::new());
+
+/// Called by the actor of `stream` before it begins a capture: frees of that stream's
+/// memory from other threads are parked from now on (and any in progress have been
+/// enqueued).
+pub(crate) fn capture_begins(stream: &CudaStream) {
+    CAPTURING
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(key(stream));
+}
+
+/// Called by the actor of `stream` after its capture has ended (or was aborted): the
+/// frees parked meanwhile are enqueued on it.
+pub(crate) fn capture_ends(stream: &CudaStream) {
+    let on = key(stream);
+    {
+        let mut c = CAPTURING.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = c.iter().position(|&k| k == on) {
+            c.swap_remove(i);
+        }
+    }
+    let mine: Vec<_> = {
+        let mut parked = PARKED.lock().unwrap_or_else(|p| p.into_inner());
+        let (mine, rest) = std::mem::take(&mut *parked)
+            .into_iter()
+            .partition(|(_, s)| key(s) == on);
+        *parked = rest;
+        mine
+    };
+    for (ptr, s) in mine {
+        // SAFETY: `ptr` is the block a dropped slice of `s` owned (leaked into the list,
+        // owned by nothing else); `s` is live (held) and no longer capturing.
+        let _ = unsafe { cudarc::driver::result::free_async(ptr, s.cu_stream()) };
     }
 }
 

@@ -4,7 +4,7 @@
 //! run, and every replay of the graph runs them on the same memory. So the op may not
 //! allocate: its outputs were allocated before the capture (by the eager warm-up run,
 //! and are owned by the graph), and [`StreamCx::alloc`](super::StreamCx::alloc) hands
-//! out exactly those, in order, with their planned types and lengths. Any other
+//! out exactly those, each to a request of its planned type and length (in any order). Any other
 //! allocation on the capturing thread — one more `StreamCx::alloc`, or
 //! [`alloc_uninit`](super::alloc_uninit) for a workspace — fails with
 //! [`Error::NotCapturable`] ([`CaptureHazard::Allocation`]) naming the op.
@@ -70,25 +70,36 @@ pub(crate) fn refuse(hazard: CaptureHazard) -> Error {
     }
 }
 
-/// In capture mode, the next pre-allocated output if it is a slice of `n` elements of
-/// `T` (else the allocation hazard, the queue left as it was); `None` outside capture.
+/// In capture mode, a pre-allocated output that is a slice of `n` elements of `T`: the
+/// first such in the queue (else the allocation hazard, the queue left as it was);
+/// `None` outside capture.
+///
+/// The first match rather than the queue's front: an op may allocate its outputs in
+/// another order than it returns them (`linear_backward` makes dx, then the bias
+/// gradient, then dw, and returns `(dx, dw, db)`). Two planned outputs of one type and
+/// length are interchangeable: the capture binds each *returned* buffer to its output.
 pub(crate) fn take<T: 'static>(n: usize) -> Option<Result<CudaSlice<T>>> {
+    take_first(|s: &CudaSlice<T>| s.len() == n)
+}
+
+/// The first queued item of type `S` that `fits` (removed), the hazard if none does;
+/// `None` outside capture.
+fn take_first<S: 'static>(fits: impl Fn(&S) -> bool) -> Option<Result<S>> {
     CAPTURE.with(|c| {
         let mut c = c.borrow_mut();
         let a = c.as_mut()?;
-        let fits = a
+        let at = a
             .queue
-            .front()
-            .and_then(|b| b.downcast_ref::<CudaSlice<T>>())
-            .is_some_and(|s| s.len() == n);
-        if !fits {
+            .iter()
+            .position(|b| b.downcast_ref::<S>().is_some_and(&fits));
+        let Some(at) = at else {
             return Some(Err(Error::NotCapturable {
                 op: a.op.to_string(),
                 hazard: CaptureHazard::Allocation,
             }));
-        }
-        let b = a.queue.pop_front().expect("checked above");
-        Some(Ok(*b.downcast::<CudaSlice<T>>().expect("checked above")))
+        };
+        let b = a.queue.remove(at).expect("found above");
+        Some(Ok(*b.downcast::<S>().expect("checked above")))
     })
 }
 
@@ -112,5 +123,29 @@ mod tests {
             .collect();
         assert_eq!(got, [1, 2]);
         assert!(take_deferred().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn outputs_go_to_the_first_request_of_their_type_and_length() {
+        assert!(take_first(|_: &Vec<f32>| true).is_none(), "not capturing");
+        // Planned as (dx: 6 f32, dw: 12 f32, db: 3 f32); requested dx, db, dw.
+        let queue: VecDeque<Box<dyn Any>> = [vec![1.0f32; 6], vec![2.0; 12], vec![3.0; 3]]
+            .into_iter()
+            .map(|v| Box::new(v) as Box<dyn Any>)
+            .collect();
+        enter("op", queue);
+        let len = |n| move |v: &Vec<f32>| v.len() == n;
+        assert_eq!(take_first(len(6)).unwrap().unwrap()[0], 1.0);
+        assert_eq!(take_first(len(3)).unwrap().unwrap()[0], 3.0);
+        // A length or a type nothing planned is refused, and takes nothing.
+        let e = take_first(len(5)).unwrap().unwrap_err();
+        assert!(
+            matches!(&e, Error::NotCapturable { op, hazard: CaptureHazard::Allocation } if op == "op"),
+            "{e:?}"
+        );
+        assert!(take_first(|_: &Vec<f64>| true).unwrap().is_err());
+        assert_eq!(take_first(len(12)).unwrap().unwrap()[0], 2.0);
+        assert!(take_first(len(12)).unwrap().is_err(), "each output once");
+        assert!(leave().is_empty());
     }
 }

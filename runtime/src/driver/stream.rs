@@ -116,8 +116,8 @@ impl StreamCx {
     /// and available bytes. Zero elements are [`Error::InvalidAllocation`].
     ///
     /// While the actor captures the op into a graph, this hands out the op's outputs,
-    /// allocated before the capture, in order; any other allocation is
-    /// [`Error::NotCapturable`] (see `runtime/src/driver/capture.rs`).
+    /// allocated before the capture, each to a request of its type and length; any
+    /// other allocation is [`Error::NotCapturable`] (see `runtime/src/driver/capture.rs`).
     pub fn alloc<T: DeviceRepr + 'static>(&self, n: usize) -> Result<CudaSlice<T>> {
         if let Some(r) = super::capture::take::<T>(n) {
             return r;

@@ -44,7 +44,7 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Element, Result, Shape};
 
-use super::device::{alignment, dptr, dptr_mut};
+use super::device::{alignment, dptr_mut};
 use super::lt::{FusedKind, Fusion, LtPlan, PlanKey, Ptrs};
 use super::{GemmArgs, GemmState, PLAN_HITS, PLAN_MISSES};
 use crate::gemm::shape::GemmDims;
@@ -164,47 +164,36 @@ enum Extra<'a, T> {
 }
 
 /// Runs `g` with a training epilogue into a new output. `Ok(None)`, with nothing
-/// enqueued, when cuBLASLt has no plan for it (the caller runs the unfused path).
+/// enqueued and nothing allocated, when cuBLASLt has no plan for it (the caller runs
+/// the unfused path).
+///
+/// The plan is looked up before the output is allocated: inside a graph capture an
+/// allocation dropped for the unfused path would have taken the output buffer the
+/// unfused GEMM needs (`runtime/src/driver/capture.rs`). The key assumes the fresh
+/// output 256-byte aligned, as the caching allocator's whole blocks are (checked).
 fn gemm_fused<T: Element>(
     scx: &mut StreamCx,
     g: &GemmArgs<'_, T>,
     extra: Extra<'_, T>,
 ) -> Result<Option<CudaSlice<T>>> {
     let dims = g.dims;
-    let mut d = alloc_out::<T>(scx, dims.batch * dims.m * dims.n)?;
-    let st = scx.ext::<GemmState>(GemmState::new)?;
-    let GemmState {
-        stream,
-        lt,
-        workspace,
-        plans,
-        reclaim,
-        ..
-    } = st;
-    let stream: &cudarc::driver::CudaStream = stream;
-    let ws_len = workspace.len() * 4;
     let (kind, what) = match &extra {
         Extra::GeluAux(_) => (FusedKind::GeluAux, "GELU_AUX_BIAS"),
         Extra::DGelu(_) => (FusedKind::DGelu, "DGELU"),
         Extra::BgradB(_) => (FusedKind::BgradB, "BGRADB"),
     };
-    let (mut aux_w, mut aux_r, mut db) = (None, None, None);
-    match extra {
-        Extra::GeluAux(p) => aux_w = Some(p),
-        Extra::DGelu(p) => aux_r = Some(p),
-        Extra::BgradB(p) => db = Some(p),
-    }
-    let gw = aux_w.map(|p| dptr_mut(p, stream));
-    let gr = aux_r.map(|p| dptr(p, stream));
-    let gdb = db.map(|p| dptr_mut(p, stream));
-    let aux = gw.as_ref().or(gr.as_ref()).map(|(p, _)| *p);
-    let (a, _ga) = dptr(g.a, stream);
-    let (b, _gb) = dptr(g.b, stream);
-    let gbias = g.bias.map(|s| dptr(s, stream));
+    let a = device_addr(g.a, scx);
+    let b = device_addr(g.b, scx);
+    let aux = match &extra {
+        Extra::GeluAux(p) => Some(device_addr(p, scx)),
+        Extra::DGelu(p) => Some(device_addr(p, scx)),
+        Extra::BgradB(_) => None,
+    };
     // The bias pointer: the bias input (GELU_AUX_BIAS) or the gradient output (BGRADB).
-    let bias = gbias.as_ref().or(gdb.as_ref()).map(|(p, _)| *p);
-    let (ws, _gws) = dptr_mut(workspace, stream);
-    let (dp, _gd) = dptr_mut(&mut d, stream);
+    let bias = match &extra {
+        Extra::BgradB(p) => Some(device_addr(p, scx)),
+        _ => g.bias.map(|s| device_addr(s, scx)),
+    };
     let key = PlanKey {
         dtype: T::DTYPE,
         m: dims.m,
@@ -218,39 +207,64 @@ fn gemm_fused<T: Element>(
         bias: g.bias.is_some(),
         act: g.act,
         tf32: g.tf32 && T::DTYPE == DType::F32,
-        align: [
-            alignment(a),
-            alignment(b),
-            alignment(dp),
-            bias.map_or(256, alignment),
-        ],
+        align: [alignment(a), alignment(b), 256, bias.map_or(256, alignment)],
         fused: Some(Fusion {
             kind,
             aux_ld: if aux.is_some() { dims.n } else { 0 },
             aux_align: aux.map_or(256, alignment),
         }),
     };
-    let (plan, hit) = plans
-        .get_or_try_insert(key, || {
-            // A descriptor this cuBLASLt rejects (an attribute it does not know) is
-            // "no plan" too: the unfused path computes the same result.
-            Ok::<_, std::convert::Infallible>(
-                LtPlan::with_aux(lt, &key, bias, aux, ws_len).unwrap_or_else(|e| {
-                    tracing::debug!(error = %e, "linear: training epilogue descriptor rejected");
-                    None
-                }),
-            )
-        })
-        .unwrap_or_else(|never| match never {});
-    if hit {
-        PLAN_HITS.fetch_add(1, Ordering::Relaxed);
-    } else {
-        PLAN_MISSES.fetch_add(1, Ordering::Relaxed);
+    {
+        let st = scx.ext::<GemmState>(GemmState::new)?;
+        let ws_len = st.workspace.len() * 4;
+        let lt = &st.lt;
+        let (plan, hit) = st
+            .plans
+            .get_or_try_insert(key, || {
+                // A descriptor this cuBLASLt rejects (an attribute it does not know) is
+                // "no plan" too: the unfused path computes the same result.
+                Ok::<_, std::convert::Infallible>(
+                    LtPlan::with_aux(lt, &key, bias, aux, ws_len).unwrap_or_else(|e| {
+                        tracing::debug!(error = %e, "linear: training epilogue descriptor rejected");
+                        None
+                    }),
+                )
+            })
+            .unwrap_or_else(|never| match never {});
+        if hit {
+            PLAN_HITS.fetch_add(1, Ordering::Relaxed);
+        } else {
+            PLAN_MISSES.fetch_add(1, Ordering::Relaxed);
+        }
+        if plan.is_none() {
+            count_fallback(what, "cuBLASLt returned no algorithm");
+            return Ok(None);
+        }
     }
-    let Some(plan) = plan else {
-        count_fallback(what, "cuBLASLt returned no algorithm");
-        return Ok(None);
-    };
+    let len = dims.batch * dims.m * dims.n;
+    let d = alloc_out::<T>(scx, len)?;
+    let dp = device_addr(&d, scx);
+    if alignment(dp) < 256 {
+        return Err(rtx_runtime::Error::invalid(
+            "linear",
+            "a fresh GEMM output is not 256-byte aligned, which its cuBLASLt plan assumes",
+        ));
+    }
+    let GemmState {
+        stream,
+        lt,
+        workspace,
+        plans,
+        reclaim,
+        ..
+    } = scx.ext::<GemmState>(GemmState::new)?;
+    let stream: &cudarc::driver::CudaStream = stream;
+    let ws_len = workspace.len() * 4;
+    let (ws, _gws) = dptr_mut(workspace, stream);
+    let plan = plans
+        .peek(&key)
+        .and_then(Option::as_ref)
+        .expect("looked up above, nothing inserted since");
     let ptrs = Ptrs {
         a,
         b,
@@ -261,11 +275,13 @@ fn gemm_fused<T: Element>(
     // SAFETY: `a`, `b` (and the bias input) are the op's inputs, validated at submit
     // for the plan's shapes (`batch·m·k`, `batch·k·n`, `n`); `d` is fresh, `batch·m·n`
     // elements; the aux matrix is the `m × n` pre-activation (ld `n`), fresh for
-    // GELU_AUX or an input for DGELU; the BGRADB output is fresh with one element per
-    // row of our output (`m`); fresh buffers overlap nothing. All outlive the work
-    // (op keep-alive, or returned as outputs); the workspace is this stream's own.
+    // GELU_AUX (written) or an input for DGELU (read), borrowed through `extra` for
+    // this call; the BGRADB output is fresh with one element per row of our output
+    // (`m`), borrowed mutably through `extra`; fresh buffers overlap nothing. All
+    // outlive the work (op keep-alive, or returned as outputs); the workspace is this
+    // stream's own.
     reclaim.retry(|| unsafe { plan.launch_aux(lt, &ptrs, aux, stream.cu_stream() as _) })?;
-    drop((_gd, _gws, _ga, _gb, gbias, gw, gr, gdb));
+    drop((_gws, extra));
     Ok(Some(d))
 }
 
