@@ -41,20 +41,22 @@ fn config(rt: &Runtime, graphs: bool) -> SweepConfig {
     SweepConfig { graphs, ..cfg }
 }
 
-fn sweep(n: usize, graphs: bool) {
-    let rt = Runtime::builder().streams(n).build().expect("runtime");
+/// One sweep row; an error (a step that could not be captured, say) is returned for
+/// the caller to print as the row's failure, and the other rows still run.
+fn sweep(n: usize, graphs: bool) -> rtx::Result<()> {
+    let rt = Runtime::builder().streams(n).build()?;
     let cfg = config(&rt, graphs);
     let streams = rt.compute_streams(rt.device());
     let warm = SweepConfig {
         steps: 10,
         ..cfg.clone()
     };
-    let (_, mut ps) = warm.build(&rt, &streams, 1, 8).expect("warm-up sweep");
-    run_concurrently(&mut ps, &|_, _| {}).expect("warm-up");
+    let (_, mut ps) = warm.build(&rt, &streams, 1, 8)?;
+    run_concurrently(&mut ps, &|_, _| {})?;
     drop(ps);
-    let (_, mut ps) = cfg.build(&rt, &streams, 1, 32).expect("sweep");
+    let (_, mut ps) = cfg.build(&rt, &streams, 1, 32)?;
     let start = Instant::now();
-    run_concurrently(&mut ps, &|_, _| {}).expect("sweep");
+    run_concurrently(&mut ps, &|_, _| {})?;
     let wall = start.elapsed().as_secs_f64();
     let samples: u64 = ps.iter().map(|p| p.steps_done() * cfg.batch as u64).sum();
     let form = if graphs { "graphs_" } else { "" };
@@ -65,12 +67,23 @@ fn sweep(n: usize, graphs: bool) {
         cfg.steps,
         cfg.batch
     );
+    Ok(())
+}
+
+/// The row of a case that failed: its error, in the JSON line.
+fn failed(case: &str, e: &rtx::Error) {
+    let msg = e
+        .to_string()
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n");
+    println!("{{\"case\": \"{case}\", \"error\": \"{msg}\"}}");
 }
 
 /// Seconds per step of the sweep's smallest model alone on one stream (after its
 /// first step).
-fn step(graphs: bool) -> (f64, String) {
-    let rt = Runtime::builder().streams(1).build().expect("runtime");
+fn step(graphs: bool) -> rtx::Result<(f64, String)> {
+    let rt = Runtime::builder().streams(1).build()?;
     let base = config(&rt, graphs);
     let cfg = SweepConfig {
         steps: STEP_STEPS + 1,
@@ -80,31 +93,29 @@ fn step(graphs: bool) -> (f64, String) {
         .models()
         .into_iter()
         .min_by_key(|m| m.width * m.depth)
-        .expect("a model");
+        .ok_or_else(|| rtx::Error::invalid("sweep", "no models"))?;
     let task = cfg.task().generate(cfg.batch * 8, cfg.batch);
     let s = rt.compute_streams(rt.device());
     let s0 = s[0];
-    let settle = || rt.mark(s0).expect("mark").wait().expect("marker");
+    let settle = || rt.mark(s0).and_then(|m| m.wait());
     // Warm-up: a short pipeline of the same form on the same runtime.
     let warm = SweepConfig {
         steps: 10,
         ..cfg.clone()
     };
-    let mut w = warm
-        .pipeline(&rt, &m, s.clone(), &task.train, 1)
-        .expect("warm-up");
-    run_concurrently(std::slice::from_mut(&mut w), &|_, _| {}).expect("warm-up");
+    let mut w = warm.pipeline(&rt, &m, s.clone(), &task.train, 1)?;
+    run_concurrently(std::slice::from_mut(&mut w), &|_, _| {})?;
     drop(w);
-    let mut p = cfg.pipeline(&rt, &m, s, &task.train, 2).expect("pipeline");
-    p.step().expect("first step");
-    settle();
+    let mut p = cfg.pipeline(&rt, &m, s, &task.train, 2)?;
+    p.step()?;
+    settle()?;
     let start = Instant::now();
     while !p.is_done() {
-        p.step().expect("step");
+        p.step()?;
     }
-    p.finish().expect("finish");
-    settle();
-    (start.elapsed().as_secs_f64() / STEP_STEPS as f64, m.name)
+    p.finish()?;
+    settle()?;
+    Ok((start.elapsed().as_secs_f64() / STEP_STEPS as f64, m.name))
 }
 
 fn main() {
@@ -123,21 +134,31 @@ fn main() {
     };
     for &n in &counts {
         for &g in &forms {
-            sweep(n, g);
+            if let Err(e) = sweep(n, g) {
+                let form = if g { "graphs_" } else { "" };
+                failed(&format!("sweep_rtx_{form}streams{n}"), &e);
+            }
         }
     }
     if !has("--no-step") {
-        let (eager, model) = step(false);
-        let (graph, _) = step(true);
-        for (case, t) in [("sweep_step_eager", eager), ("sweep_step_graph", graph)] {
+        let mut times = Vec::new();
+        for (case, g) in [("sweep_step_eager", false), ("sweep_step_graph", true)] {
+            match step(g) {
+                Ok((t, model)) => {
+                    println!(
+                        "{{\"case\": \"{case}\", \"us_per_step\": {:.2}, \"model\": \"{model}\", \"steps\": {STEP_STEPS}}}",
+                        t * 1e6
+                    );
+                    times.push((t, model));
+                }
+                Err(e) => failed(case, &e),
+            }
+        }
+        if let [(eager, model), (graph, _)] = &times[..] {
             println!(
-                "{{\"case\": \"{case}\", \"us_per_step\": {:.2}, \"model\": \"{model}\", \"steps\": {STEP_STEPS}}}",
-                t * 1e6
+                "{{\"case\": \"sweep_step_speedup\", \"ratio\": {:.3}, \"model\": \"{model}\"}}",
+                eager / graph
             );
         }
-        println!(
-            "{{\"case\": \"sweep_step_speedup\", \"ratio\": {:.3}, \"model\": \"{model}\"}}",
-            eager / graph
-        );
     }
 }

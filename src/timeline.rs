@@ -115,21 +115,65 @@ impl Timeline {
         t
     }
 
-    /// The spans that start in `[from_us, to_us)`, on the same tracks, shifted so that
-    /// `from_us` is 0 (a window of a long run, for a picture that stays readable).
+    /// The spans that overlap `[from_us, to_us)`, on the same tracks, clipped to it and
+    /// shifted so that `from_us` is 0 (a window of a long run, for a picture that stays
+    /// readable).
     pub fn window(&self, from_us: f64, to_us: f64) -> Timeline {
         Timeline {
             tracks: self.tracks.clone(),
             spans: self
                 .spans
                 .iter()
-                .filter(|s| s.start_us >= from_us && s.start_us < to_us)
-                .map(|s| Span {
-                    start_us: s.start_us - from_us,
-                    ..s.clone()
+                .filter(|s| s.start_us < to_us && s.start_us + s.dur_us > from_us)
+                .map(|s| {
+                    let start = s.start_us.max(from_us);
+                    let end = (s.start_us + s.dur_us).min(to_us);
+                    Span {
+                        start_us: start - from_us,
+                        dur_us: end - start,
+                        ..s.clone()
+                    }
                 })
                 .collect(),
         }
+    }
+
+    /// The start of the window of `len_us` within `[lo_us, hi_us]` where the tracks
+    /// are busiest (the most track-time under spans), among 200 evenly spaced
+    /// candidates; `lo_us` when the range is shorter than the window. A span longer
+    /// than the window (a first call that loaded modules and chose library plans, say:
+    /// its events enclose the host's work as well) is not steady state: windows it
+    /// overlaps are taken only if every candidate overlaps one.
+    pub fn busiest_window(&self, len_us: f64, lo_us: f64, hi_us: f64) -> f64 {
+        if hi_us - lo_us <= len_us || len_us <= 0.0 {
+            return lo_us;
+        }
+        let n = 200;
+        let step = (hi_us - lo_us - len_us) / f64::from(n);
+        let score = |from: f64| {
+            let to = from + len_us;
+            let (mut busy, mut long) = (0.0, false);
+            for s in &self.spans {
+                let (a, b) = (s.start_us.max(from), (s.start_us + s.dur_us).min(to));
+                if b > a {
+                    if s.dur_us > len_us {
+                        long = true;
+                    } else {
+                        busy += b - a;
+                    }
+                }
+            }
+            (!long, busy)
+        };
+        let mut best = (lo_us, (false, -1.0));
+        for k in 0..=n {
+            let from = lo_us + step * f64::from(k);
+            let sc = score(from);
+            if sc.0 > best.1 .0 || (sc.0 == best.1 .0 && sc.1 > best.1 .1) {
+                best = (from, sc);
+            }
+        }
+        best.0
     }
 
     /// The end of the last span, in microseconds.
@@ -356,6 +400,34 @@ mod tests {
             dur_us: 1.0,
         });
         t
+    }
+
+    #[test]
+    fn a_window_clips_overlapping_spans_and_the_busiest_skips_long_ones() {
+        let mut t = Timeline::new();
+        let (a, b) = (t.track("a"), t.track("b"));
+        let span = |track, start_us, dur_us| Span {
+            track,
+            name: "op".into(),
+            detail: String::new(),
+            start_us,
+            dur_us,
+        };
+        // A long first call on `a` (0-500), then short ops on both tracks from 500 on,
+        // densest at 700-800.
+        t.push(span(a, 0.0, 500.0));
+        for k in 0..10 {
+            t.push(span(a, 500.0 + 50.0 * f64::from(k), 10.0));
+        }
+        t.push(span(a, 700.0, 100.0));
+        t.push(span(b, 700.0, 100.0));
+        let w = t.window(450.0, 550.0);
+        let got: Vec<(f64, f64)> = w.spans().iter().map(|s| (s.start_us, s.dur_us)).collect();
+        assert_eq!(got, [(0.0, 50.0), (50.0, 10.0)], "clipped and shifted");
+        let from = t.busiest_window(100.0, 0.0, 1000.0);
+        assert!((690.0..=710.0).contains(&from), "{from}");
+        assert_eq!(t.window(from, from + 100.0).max_concurrency(), 2);
+        assert_eq!(t.busiest_window(2000.0, 0.0, 1000.0), 0.0, "range shorter");
     }
 
     #[test]

@@ -103,7 +103,29 @@ pub fn run(args: Args) -> rtx::Result<()> {
         })
         .collect();
     let start = Instant::now();
+    // The steady state begins once every pipeline has read back a loss (its first steps,
+    // with the module loads and library plans they caused, are done). Kept then: the
+    // time, the steps submitted by then (an upper bound on those done) and the steps
+    // whose losses were read back (a lower bound), for the rate without the warm-up.
+    let n = pipelines.len();
+    let warm = std::sync::Mutex::new((vec![None::<(u64, u64)>; n], None::<(Instant, u64, u64)>));
     let show = |i: usize, p: &Progress| {
+        {
+            let mut w = warm.lock().unwrap_or_else(|e| e.into_inner());
+            let (seen, at) = &mut *w;
+            if at.is_none() {
+                if let Some((done, _)) = p.loss {
+                    seen[i] = Some((p.step, done));
+                }
+                if seen.iter().all(Option::is_some) {
+                    let (sub, done) = seen
+                        .iter()
+                        .flatten()
+                        .fold((0, 0), |(a, b), (s, d)| (a + s, b + d));
+                    *at = Some((Instant::now(), sub, done));
+                }
+            }
+        }
         let b = &bars[i];
         b.set_position(p.step);
         let loss = p
@@ -149,6 +171,20 @@ pub fn run(args: Args) -> rtx::Result<()> {
         all.len(),
         task.teacher_accuracy * 100.0
     );
+    let (_, at) = warm.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some((t, submitted, done)) = at {
+        let rest = (start + wall).saturating_duration_since(t).as_secs_f64();
+        let total: u64 = pipelines.iter().map(|p| p.steps_done()).sum();
+        let rate = |before: u64| (total.saturating_sub(before) * cfg.batch as u64) as f64 / rest;
+        if rest > 0.0 && total > submitted {
+            println!(
+                "steady state, after every pipeline's first loss read-back ({:.2} s in): {:.0}-{:.0} samples/s over the last {rest:.2} s (the steps done by then lie between those read back and those submitted)",
+                t.duration_since(start).as_secs_f64(),
+                rate(submitted),
+                rate(done),
+            );
+        }
+    }
     drop(pipelines);
     write_timeline(&rt, &args.out, wall)
 }
@@ -164,10 +200,12 @@ fn write_timeline(rt: &Runtime, out: &Path, wall: Duration) -> rtx::Result<()> {
     let json = out.join("rtx-timeline.json");
     let svg = out.join("rtx-timeline.svg");
     std::fs::write(&json, timeline.to_chrome_trace()).map_err(io)?;
-    // The picture: a window early in the run (every pipeline still going), 0.5% of it,
-    // so that single ops stay visible.
+    // The picture: 0.5% of the run, so that single ops stay visible, where the streams
+    // are busiest between 10% and 90% of it (past the warm-up's long first calls).
     let end = timeline.end_us();
-    let (from, to) = (end * 0.1, end * 0.105);
+    let len = end * 0.005;
+    let from = timeline.busiest_window(len, end * 0.1, end * 0.9);
+    let to = from + len;
     let window = timeline.window(from, to);
     std::fs::write(&svg, window.to_svg(1200)).map_err(io)?;
     println!(
