@@ -1,6 +1,7 @@
-//! Loom models of the protocols in `storage.rs`, `completion.rs`, `mailbox.rs` and `gate.rs`, driven
-//! directly (no actors), so each model is small and checks one protocol precisely. The
-//! end-to-end models are in `runtime/tests/loom_runtime.rs`.
+//! Loom models of the protocols in `storage.rs`, `completion.rs`, `mailbox.rs`, `gate.rs`
+//! and `driver/parking.rs`, driven directly (no actors), so each model is small and
+//! checks one protocol precisely. The end-to-end models are in
+//! `runtime/tests/loom_runtime.rs`.
 //!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p rtx-runtime --lib loom`
@@ -401,5 +402,37 @@ fn gate_close_does_not_wait_for_a_sender_blocked_on_a_full_mailbox() {
         }
         assert_eq!(got[0], 1);
         assert_eq!(got.len(), 1 + accepted as usize);
+    });
+}
+
+/// `driver/parking.rs`: a free from another thread never lands on a stream while it is
+/// being captured, and a parked free is done exactly once, after the capture. The
+/// "stream" is a flag the actor sets after announcing its capture and clears before
+/// ending the announcement, as the capture itself begins and ends between them.
+#[test]
+fn parking_free_never_lands_in_a_capture() {
+    use crate::driver::parking::Parking;
+    use crate::sync::AtomicBool;
+    use crate::sync::AtomicUsize;
+    use crate::sync::Ordering::SeqCst;
+    loom::model(|| {
+        let parking = Arc::new(Parking::<u32>::new());
+        let capturing = Arc::new(AtomicBool::new(false));
+        let freed = Arc::new(AtomicUsize::new(0));
+        let (p, c, f) = (parking.clone(), capturing.clone(), freed.clone());
+        let freer = thread::spawn(move || {
+            p.free_or_park(7, 1, |_| {
+                assert!(!c.load(SeqCst), "a free landed inside the capture");
+                f.fetch_add(1, SeqCst);
+            });
+        });
+        parking.begin(7);
+        capturing.store(true, SeqCst);
+        // ... the capture ...
+        capturing.store(false, SeqCst);
+        let parked = parking.end(7);
+        freed.fetch_add(parked.len(), SeqCst);
+        freer.join().unwrap();
+        assert_eq!(freed.load(SeqCst), 1, "freed once, not lost");
     });
 }

@@ -7,14 +7,14 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
-pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 #[cfg(loom)]
 pub(crate) use loom::thread;
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 #[cfg(not(loom))]
 pub(crate) use std::thread;
 

@@ -38,15 +38,17 @@
 //! [`CACHE_MAX_BLOCK`] are never cached). When an allocation runs out of memory, every
 //! cache is emptied and every pool trimmed before the retry.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::LazyLock;
 use std::sync::Mutex as StdMutex;
-use std::sync::RwLock;
 use std::sync::{Arc as StdArc, Weak};
 
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DeviceRepr};
 
+use super::parking::Parking;
 use super::pool::{MemPool, StreamPool};
 use crate::error::{Error, Result};
 use crate::stats::Counters;
@@ -116,7 +118,7 @@ impl Home {
         self.0.is_none()
     }
     /// Takes back the memory of a dropped buffer (see [`recycle`]).
-    pub(crate) fn recycle<T: 'static>(&self, s: CudaSlice<T>) {
+    pub(crate) fn recycle<T: Send + 'static>(&self, s: CudaSlice<T>) {
         match self.0.as_ref().and_then(Weak::upgrade) {
             Some(mem) => recycle(&mem, s),
             None => free(s),
@@ -263,7 +265,7 @@ fn free_cached(mem: &StreamMem, stream: &CudaStream) {
 
 /// Takes back the memory of a dropped tensor buffer: into `mem`'s cache when the slice
 /// is of `mem`'s stream and the cache has room, else freed stream-ordered as usual.
-fn recycle<T: 'static>(mem: &StreamMem, s: CudaSlice<T>) {
+fn recycle<T: Send + 'static>(mem: &StreamMem, s: CudaSlice<T>) {
     if key(s.stream()) != mem.stream {
         free(s);
         return;
@@ -302,66 +304,30 @@ fn recycle<T: 'static>(mem: &StreamMem, s: CudaSlice<T>) {
 /// user's thread, say), the free is parked until that capture ends
 /// ([`capture_ends`]): `cuMemFreeAsync` on a capturing stream from outside the
 /// capture would invalidate it.
-fn free<T: 'static>(s: CudaSlice<T>) {
+fn free<T: Send + 'static>(s: CudaSlice<T>) {
     if super::capture::active() {
         super::capture::defer(Box::new(s));
         return;
     }
-    // Held across the free: the stream cannot begin a capture before the free is
-    // enqueued (`capture_begins` takes the lock for writing).
-    let capturing = CAPTURING.read().unwrap_or_else(|p| p.into_inner());
-    if !capturing.is_empty() && capturing.contains(&key(s.stream())) {
-        let stream = s.stream().clone();
-        let ptr = s.leak();
-        PARKED
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((ptr, stream));
-        return;
-    }
-    drop(s);
-    drop(capturing);
+    let on = key(s.stream());
+    CAPTURE_FREES.free_or_park(on, Box::new(s), drop);
 }
 
-/// The streams (`CUstream` handles) being captured into a graph now, process-wide.
-static CAPTURING: RwLock<Vec<usize>> = RwLock::new(Vec::new());
-/// Frees that came for a capturing stream from another thread: each block and its
-/// stream, freed there once its capture has ended.
-static PARKED: StdMutex<Vec<(sys::CUdeviceptr, StdArc<CudaStream>)>> = StdMutex::new(Vec::new());
+/// The frees held back while their stream is captured (`parking.rs`): each a slice of
+/// that stream, dropped (freed stream-ordered) once the capture has ended.
+static CAPTURE_FREES: LazyLock<Parking<Box<dyn Any + Send>>> = LazyLock::new(Parking::new);
 
 /// Called by the actor of `stream` before it begins a capture: frees of that stream's
 /// memory from other threads are parked from now on (and any in progress have been
 /// enqueued).
 pub(crate) fn capture_begins(stream: &CudaStream) {
-    CAPTURING
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(key(stream));
+    CAPTURE_FREES.begin(key(stream));
 }
 
 /// Called by the actor of `stream` after its capture has ended (or was aborted): the
 /// frees parked meanwhile are enqueued on it.
 pub(crate) fn capture_ends(stream: &CudaStream) {
-    let on = key(stream);
-    {
-        let mut c = CAPTURING.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = c.iter().position(|&k| k == on) {
-            c.swap_remove(i);
-        }
-    }
-    let mine: Vec<_> = {
-        let mut parked = PARKED.lock().unwrap_or_else(|p| p.into_inner());
-        let (mine, rest) = std::mem::take(&mut *parked)
-            .into_iter()
-            .partition(|(_, s)| key(s) == on);
-        *parked = rest;
-        mine
-    };
-    for (ptr, s) in mine {
-        // SAFETY: `ptr` is the block a dropped slice of `s` owned (leaked into the list,
-        // owned by nothing else); `s` is live (held) and no longer capturing.
-        let _ = unsafe { cudarc::driver::result::free_async(ptr, s.cu_stream()) };
-    }
+    drop(CAPTURE_FREES.end(key(stream)));
 }
 
 /// The same allocation as a slice of `stream`: its drop (or [`Home::recycle`]) frees it

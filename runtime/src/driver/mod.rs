@@ -12,12 +12,14 @@
 //! - `stream.rs`: [`StreamCx`], what a CUDA op sees of its stream;
 //! - `teardown.rs`: the process-wide serialization of driver teardown;
 //! - `capture.rs`: the thread-local capture mode (no allocation inside a graph capture);
-//! - `reclaim.rs`: out of memory inside a library: empty the caches, retry once.
+//! - `reclaim.rs`: out of memory inside a library: empty the caches, retry once;
+//! - `parking.rs`: frees from other threads held back while their stream is captured.
 
 pub(crate) mod alloc;
 pub(crate) mod capture;
 mod device;
 pub(crate) mod event;
+pub(crate) mod parking;
 pub(crate) mod pinned;
 mod pool;
 pub(crate) mod reclaim;
