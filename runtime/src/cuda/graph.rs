@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc as StdArc;
 
-use cudarc::driver::{sys, CudaStream};
+use cudarc::driver::{sys, CudaStream, PushKernelArg};
 
 use crate::driver::{alloc, StreamCx};
 use crate::error::{CaptureHazard, Error, Result};
@@ -224,4 +224,87 @@ pub(crate) unsafe fn copy_dtod(
     check("cuMemcpyDtoDAsync", unsafe {
         sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.cu_stream())
     })
+}
+
+/// Most copies per launch of `copy_many` (`RTX_COPY_MAX` in `kernels/cuda/graph_copy.cu`).
+const COPY_MAX: usize = 32;
+
+/// `copy_many`'s table, passed by value (as the kernel declares it).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CopyTable {
+    src: [u64; COPY_MAX],
+    dst: [u64; COPY_MAX],
+    bytes: [u64; COPY_MAX],
+}
+
+// SAFETY: plain old data laid out as the kernel's `struct CopyTable` (three arrays of
+// 32 `unsigned long long`, no padding), passed by value as a kernel parameter.
+unsafe impl cudarc::driver::DeviceRepr for CopyTable {}
+
+/// The `copy_many` kernel of this stream's device (loaded once per device; call it
+/// before a capture begins, so that no module loads inside one).
+pub(crate) fn copy_kernel(scx: &mut StreamCx) -> Result<cudarc::driver::CudaFunction> {
+    scx.function("graph_copy", "copy_many", |arch| {
+        let a = rtx_kernels::Arch::new(arch.0.max(0) as u32, arch.1.max(0) as u32);
+        rtx_kernels::KernelCache::global()
+            .cubin("graph_copy", a, &rtx_kernels::Options::default())
+            .map_err(|e| Error::KernelCompile {
+                kernel: "graph_copy".into(),
+                arch: a.to_string(),
+                status: None,
+                log: e.to_string(),
+            })
+    })
+}
+
+/// Device-to-device copies `(dst, src, bytes)`, stream-ordered on `scx`'s stream, in
+/// launches of `copy_many` (32 copies each; a graph captures each as one kernel node,
+/// not one memcpy node per copy). Empty copies are skipped.
+///
+/// # Safety
+///
+/// As [`copy_dtod`] for each copy; no destination overlaps another copy's source or
+/// destination.
+pub(crate) unsafe fn copy_many(
+    scx: &mut StreamCx,
+    copies: &[(sys::CUdeviceptr, sys::CUdeviceptr, usize)],
+) -> Result<()> {
+    let copies: Vec<_> = copies.iter().filter(|c| c.2 > 0).collect();
+    if copies.is_empty() {
+        return Ok(());
+    }
+    let f = copy_kernel(scx)?;
+    let sms = scx.sm_count().max(1);
+    for chunk in copies.chunks(COPY_MAX) {
+        let mut t = CopyTable {
+            src: [0; COPY_MAX],
+            dst: [0; COPY_MAX],
+            bytes: [0; COPY_MAX],
+        };
+        for (i, c) in chunk.iter().enumerate() {
+            t.dst[i] = c.0;
+            t.src[i] = c.1;
+            t.bytes[i] = c.2 as u64;
+        }
+        let most = chunk.iter().map(|c| c.2).max().unwrap_or(0);
+        // Two 16-byte vectors per thread per step over 256 threads; at most 4 blocks
+        // per SM for one copy (a large state shares the device with the others).
+        let blocks = most.div_ceil(256 * 32).clamp(1, 4 * sms as usize) as u32;
+        let n = chunk.len() as u32;
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (blocks, n, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let stream = scx.stream().clone();
+        let mut lb = stream.launch_builder(&f);
+        lb.arg(&t).arg(&n);
+        // SAFETY: the arguments match `copy_many(CopyTable t, unsigned n)`; the table's
+        // first `n` entries are the caller's copies (live device memory of this
+        // context, at least `bytes` long, not overlapping: the caller's contract), the
+        // rest zero and unread.
+        unsafe { lb.launch(cfg) }.map_err(|e| Error::cuda("cuLaunchKernel(copy_many)", e))?;
+    }
+    Ok(())
 }

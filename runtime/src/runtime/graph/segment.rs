@@ -17,7 +17,8 @@ use super::record::Recorded;
 use crate::actor::panic_message;
 use crate::buffer::{Buffer, CudaData};
 use crate::cuda::graph::{
-    abort_capture, begin_capture, copy_dtod, end_capture, map_capture_error, GraphTable,
+    abort_capture, begin_capture, copy_dtod, copy_kernel, copy_many, end_capture,
+    map_capture_error, GraphTable,
 };
 use crate::driver::{capture, StreamCx};
 use crate::dtype::DType;
@@ -187,7 +188,9 @@ pub(crate) struct CaptureSegment {
 }
 
 /// Copies the committed states' new values into their buffers (`local`, CPU: the new
-/// value's immutable buffer becomes the state's; CUDA: a device copy, captured or not).
+/// value's immutable buffer becomes the state's; CUDA: device copies, captured or not,
+/// batched into `copy_many` launches: one kernel node per 32 states, not a memcpy node
+/// each).
 fn commit(
     cx: &mut ExecCx<'_>,
     shared: &Shared,
@@ -195,6 +198,7 @@ fn commit(
     local: &mut Slots,
 ) -> Result<Vec<usize>> {
     let mut done = Vec::with_capacity(states.len());
+    let mut pairs = Vec::new();
     for &i in states {
         let (key, new) = shared.commits[i];
         let value = local
@@ -205,17 +209,37 @@ fn commit(
             BackendCx::Cpu => {
                 local.insert(key, value);
             }
-            BackendCx::Cuda(scx) => {
+            BackendCx::Cuda(_) => {
                 let dst = local
                     .get(&key)
                     .cloned()
                     .ok_or_else(|| Error::invalid("graph state", "a state has no buffer"))?;
-                copy_into(&dst, &value, scx)?;
+                pairs.push((dst, value));
             }
         }
         done.push(key);
     }
+    if let BackendCx::Cuda(scx) = cx.backend() {
+        copy_pairs(scx, &pairs)?;
+    }
     Ok(done)
+}
+
+/// Copies each `src` into its `dst` (same dtype and length: the callers' specs), in
+/// batched launches (`copy_many`).
+fn copy_pairs(scx: &mut StreamCx, pairs: &[(Arc<Buffer>, Arc<Buffer>)]) -> Result<()> {
+    let mut raw_pairs = Vec::with_capacity(pairs.len());
+    for (dst, src) in pairs {
+        let (d, bytes) = raw(dst, scx)?;
+        let (s, _) = raw(src, scx)?;
+        raw_pairs.push((d, s, bytes));
+    }
+    // SAFETY: every pair is two live device buffers of `bytes` bytes; each `dst` is the
+    // graph's own buffer (a state's or a bound input's), distinct from every other
+    // `dst` and from every `src` (a state's new value and a bound input's tensor are
+    // other buffers), which only this graph's ops touch, ordered by the segments'
+    // tokens; each `src` is kept alive by the op holding it until its completion.
+    unsafe { copy_many(scx, &raw_pairs) }
 }
 
 impl Op for CaptureSegment {
@@ -315,6 +339,11 @@ impl CaptureSegment {
             BackendCx::Cuda(scx) => GraphTable::side_stream(scx)?,
             BackendCx::Cpu => unreachable!("checked above"),
         };
+        // The batched copy kernel (the commits) is loaded before the capture begins.
+        match cx.backend() {
+            BackendCx::Cuda(scx) => drop(copy_kernel(scx)?),
+            BackendCx::Cpu => unreachable!("checked above"),
+        }
         begin_capture(cuda_of(cx))?;
         let mut unused: Vec<Box<dyn Any>> = Vec::new();
         // The ops, then the states' commits (device copies, captured as copy nodes).
@@ -477,16 +506,14 @@ impl Op for LaunchSegment {
                     let dst = slots.get(&key).cloned().ok_or_else(|| {
                         Error::invalid("graph launch", "a bound input has no buffer")
                     })?;
-                    copies.push((dst, cx.input(t)?));
+                    copies.push((dst, cx.input(t)?.0));
                 }
             }
             let (id, seg) = (self.shared.id, self.seg);
             let BackendCx::Cuda(scx) = cx.backend() else {
                 unreachable!("checked above")
             };
-            for (dst, src) in &copies {
-                copy_into(dst, src, scx)?;
-            }
+            copy_pairs(scx, &copies)?;
             let stream = scx.stream().clone();
             let table = GraphTable::of(scx)?;
             let graph = table.graphs.get(&(id, seg)).ok_or_else(|| {
