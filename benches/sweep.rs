@@ -6,14 +6,19 @@
 //! `benches/torch_sweep.py` (same models, batch and steps).
 //!
 //! ```text
-//! cargo bench --bench sweep [-- [STREAMS ...] [--eager|--graphs] [--no-step]]
-//!     default: streams 1 2 4 8, eager and graph rows, then the step rows
+//! cargo bench --bench sweep [-- [STREAMS ...] [--eager|--graphs] [--upload|--resident] [--no-step]]
+//!     default: streams 1 2 4 8, eager and graph rows, batches uploaded and resident,
+//!     then the step rows
 //! ```
 //!
 //! One JSON line per stream count and form: `{"case": "sweep_rtx_streams4"` (eager) or
 //! `"sweep_rtx_graphs_streams4"` (graphs), `"samples_per_s": .., "wall_s": .., "steps":
 //! .., "batch": ..}`; the graph rows' time includes each pipeline's capture at its first
-//! step. Then the step of the sweep's smallest model on one stream:
+//! step. The `_resident_` rows (`sweep_rtx_resident_streams4`,
+//! `sweep_rtx_graphs_resident_streams4`) keep each batch on the device after its first
+//! upload (`PipelineConfig::resident`: the 8-batch epoch is uploaded once, in the first
+//! 8 steps), as PyTorch's forms keep their data on the GPU; the other rows upload every
+//! batch. Then the step of the sweep's smallest model on one stream:
 //! `{"case": "sweep_step_eager" | "sweep_step_graph", "us_per_step": .., "model": ..}`,
 //! timed after its first step (the capture, for the graph), over `STEP_STEPS` steps;
 //! `"sweep_step_speedup"` is eager time / graph time (issue 13's target: >= 2 on the
@@ -32,20 +37,33 @@ use rtx::{BackendKind, Runtime};
 /// Steps of the one-model step bench.
 const STEP_STEPS: u64 = 400;
 
-fn config(rt: &Runtime, graphs: bool) -> SweepConfig {
+fn config(rt: &Runtime, graphs: bool, resident: bool) -> SweepConfig {
     let cfg = if rt.backend() == BackendKind::Cuda {
         SweepConfig::full()
     } else {
         SweepConfig::cpu()
     };
-    SweepConfig { graphs, ..cfg }
+    SweepConfig {
+        graphs,
+        resident,
+        ..cfg
+    }
+}
+
+/// A row's case name.
+fn case(n: usize, graphs: bool, resident: bool) -> String {
+    format!(
+        "sweep_rtx_{}{}streams{n}",
+        if graphs { "graphs_" } else { "" },
+        if resident { "resident_" } else { "" }
+    )
 }
 
 /// One sweep row; an error (a step that could not be captured, say) is returned for
 /// the caller to print as the row's failure, and the other rows still run.
-fn sweep(n: usize, graphs: bool) -> rtx::Result<()> {
+fn sweep(n: usize, graphs: bool, resident: bool) -> rtx::Result<()> {
     let rt = Runtime::builder().streams(n).build()?;
-    let cfg = config(&rt, graphs);
+    let cfg = config(&rt, graphs, resident);
     let streams = rt.compute_streams(rt.device());
     let warm = SweepConfig {
         steps: 10,
@@ -59,9 +77,9 @@ fn sweep(n: usize, graphs: bool) -> rtx::Result<()> {
     run_concurrently(&mut ps, &|_, _| {})?;
     let wall = start.elapsed().as_secs_f64();
     let samples: u64 = ps.iter().map(|p| p.steps_done() * cfg.batch as u64).sum();
-    let form = if graphs { "graphs_" } else { "" };
     println!(
-        "{{\"case\": \"sweep_rtx_{form}streams{n}\", \"backend\": \"{:?}\", \"samples_per_s\": {:.1}, \"wall_s\": {wall:.4}, \"steps\": {}, \"batch\": {}}}",
+        "{{\"case\": \"{}\", \"backend\": \"{:?}\", \"samples_per_s\": {:.1}, \"wall_s\": {wall:.4}, \"steps\": {}, \"batch\": {}}}",
+        case(n, graphs, resident),
         rt.backend(),
         samples as f64 / wall,
         cfg.steps,
@@ -84,7 +102,7 @@ fn failed(case: &str, e: &rtx::Error) {
 /// first step).
 fn step(graphs: bool) -> rtx::Result<(f64, String)> {
     let rt = Runtime::builder().streams(1).build()?;
-    let base = config(&rt, graphs);
+    let base = config(&rt, graphs, false);
     let cfg = SweepConfig {
         steps: STEP_STEPS + 1,
         ..base
@@ -132,11 +150,17 @@ fn main() {
         (false, true) => vec![true],
         _ => vec![false, true],
     };
-    for &n in &counts {
-        for &g in &forms {
-            if let Err(e) = sweep(n, g) {
-                let form = if g { "graphs_" } else { "" };
-                failed(&format!("sweep_rtx_{form}streams{n}"), &e);
+    let data: Vec<bool> = match (has("--upload"), has("--resident")) {
+        (true, false) => vec![false],
+        (false, true) => vec![true],
+        _ => vec![false, true],
+    };
+    for &r in &data {
+        for &n in &counts {
+            for &g in &forms {
+                if let Err(e) = sweep(n, g, r) {
+                    failed(&case(n, g, r), &e);
+                }
             }
         }
     }

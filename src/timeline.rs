@@ -163,14 +163,15 @@ impl Timeline {
                     }
                 }
             }
-            (!long, busy)
+            // Clear of long spans first, then the busiest.
+            (u8::from(!long), busy)
         };
-        let mut best = (lo_us, (false, -1.0));
+        let mut best = (lo_us, (0u8, -1.0));
         for k in 0..=n {
             let from = lo_us + step * f64::from(k);
-            let sc = score(from);
-            if sc.0 > best.1 .0 || (sc.0 == best.1 .0 && sc.1 > best.1 .1) {
-                best = (from, sc);
+            let (clear, busy) = score(from);
+            if clear > best.1 .0 || (clear == best.1 .0 && busy > best.1 .1) {
+                best = (from, (clear, busy));
             }
         }
         best.0

@@ -222,3 +222,29 @@ fn the_first_steps_agree_between_the_cpu_and_cuda() {
         }
     }
 }
+
+#[test]
+fn resident_batches_give_the_losses_of_uploaded_ones() {
+    // 20 steps over an epoch of 8 batches: from step 8 on the resident pipelines reuse
+    // the batches kept on the device, and must see the same data (bitwise equal losses),
+    // eagerly and as graphs.
+    for graphs in [false, true] {
+        let run = |resident: bool| {
+            let cfg = SweepConfig {
+                resident,
+                graphs,
+                ..small(20)
+            };
+            let rt = Runtime::cpu(2);
+            let streams = rt.compute_streams(rt.device());
+            let (_, mut ps) = cfg.build(&rt, &streams, 1, 8).expect("build");
+            run_concurrently(&mut ps, &|_, _| {}).expect("run");
+            assert!(
+                ps.iter().all(|p| p.losses().len() == 4),
+                "a loss every 5 steps"
+            );
+            ps.iter().map(losses).collect::<Vec<_>>()
+        };
+        assert_eq!(run(true), run(false), "graphs: {graphs}");
+    }
+}

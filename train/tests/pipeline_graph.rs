@@ -174,6 +174,7 @@ fn a_step_that_reads_back_is_the_typed_capture_error() {
             loss_every: 2,
             streams,
             graph,
+            resident: false,
         };
         let opt = OptimizerConfig::AdamW(AdamW::default());
         Pipeline::new(&rt, pc, Box::new(Peeking(mlp)), opt, Box::new(data))

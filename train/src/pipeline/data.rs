@@ -45,6 +45,13 @@ pub trait DataSource: Send {
     fn batch(&self) -> usize;
     /// Batch `k`: `batch * dim` features and `batch` labels.
     fn get(&self, k: u64) -> (&[f32], &[u32]);
+    /// `Some(p)` when batch `k + p` always equals batch `k` (an epoch of `p` batches),
+    /// which lets a pipeline keep the batches on the device after their first upload
+    /// ([`PipelineConfig::resident`](super::PipelineConfig::resident)). `None` (the
+    /// default): batches never repeat.
+    fn period(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Consecutive batches of a shared [`Dataset`], cycling (batch `k` starts at row
@@ -80,6 +87,9 @@ impl DataSource for Batches {
     }
     fn batch(&self) -> usize {
         self.batch
+    }
+    fn period(&self) -> Option<u64> {
+        Some(self.per_epoch as u64)
     }
     fn get(&self, k: u64) -> (&[f32], &[u32]) {
         let i = (k % self.per_epoch as u64) as usize * self.batch;

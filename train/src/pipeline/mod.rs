@@ -67,6 +67,11 @@ pub struct PipelineConfig {
     /// Run the steps as a graph: capture one whole step at the first step, then
     /// launch it every step (`train/src/pipeline/graph.rs`). One stream only.
     pub graph: bool,
+    /// Keep each batch on the device after its first upload, when the data source
+    /// repeats ([`DataSource::period`]): from the second epoch on no batch is uploaded
+    /// (the data stays on the GPU, as a dataset that fits in device memory is usually
+    /// kept). Costs the epoch's batches in device memory; without a period, no effect.
+    pub resident: bool,
 }
 
 /// One training job. See the [module docs](self).
@@ -78,6 +83,8 @@ pub struct Pipeline {
     data: Box<dyn DataSource>,
     step: u64,
     next: Option<Vec<(Tensor, Tensor)>>,
+    /// The uploaded batches by `k mod period` ([`PipelineConfig::resident`]).
+    kept: std::collections::HashMap<u64, Vec<(Tensor, Tensor)>>,
     /// Losses whose step the stream has not passed yet, with the marker behind it.
     unread: VecDeque<(u64, Tensor, Submission<Marker>)>,
     pending: VecDeque<(u64, Submission<Vec<f32>>)>,
@@ -159,6 +166,7 @@ impl Pipeline {
             data,
             step: 0,
             next: None,
+            kept: std::collections::HashMap::new(),
             unread: VecDeque::new(),
             pending: VecDeque::new(),
             losses: Vec::new(),
@@ -199,8 +207,24 @@ impl Pipeline {
         &mut *self.model
     }
 
-    /// Uploads batch `k` as one micro-batch per stream.
-    fn upload(&self, k: u64) -> Result<Vec<(Tensor, Tensor)>> {
+    /// Uploads batch `k` as one micro-batch per stream (or finds it on the device:
+    /// [`PipelineConfig::resident`]).
+    fn upload(&mut self, k: u64) -> Result<Vec<(Tensor, Tensor)>> {
+        let slot = match (self.cfg.resident, self.data.period()) {
+            (true, Some(p)) if p > 0 => Some(k % p),
+            _ => None,
+        };
+        if let Some(b) = slot.and_then(|s| self.kept.get(&s)) {
+            return Ok(b.clone());
+        }
+        let b = self.upload_new(k)?;
+        if let Some(s) = slot {
+            self.kept.insert(s, b.clone());
+        }
+        Ok(b)
+    }
+
+    fn upload_new(&self, k: u64) -> Result<Vec<(Tensor, Tensor)>> {
         let (x, y) = self.data.get(k);
         let n = self.cfg.streams.len();
         let (b, d) = (self.data.batch(), self.data.dim());

@@ -49,6 +49,9 @@ pub struct SweepConfig {
     pub seed: u64,
     /// Run each model's steps as a graph ([`PipelineConfig::graph`]).
     pub graphs: bool,
+    /// Keep the batches on the device after the first epoch
+    /// ([`PipelineConfig::resident`]).
+    pub resident: bool,
 }
 
 impl SweepConfig {
@@ -65,6 +68,7 @@ impl SweepConfig {
             dtype: DType::BF16,
             seed: 2026,
             graphs: false,
+            resident: false,
         }
     }
     /// The CPU run, scaled to finish in well under two minutes on two cores: 64-d
@@ -193,6 +197,7 @@ impl SweepConfig {
             loss_every: self.loss_every,
             streams,
             graph: self.graphs,
+            resident: self.resident,
         };
         Pipeline::new(rt, cfg, Box::new(model), m.opt, Box::new(data))
     }
