@@ -58,7 +58,11 @@
 //! buffer the graph owns, initialized at capture from a tensor, read by every launch
 //! and rewritten at its end with the value [`Capture::update`] names (on CUDA a device
 //! copy captured at the end of the state's stream's last segment; on the CPU the new
-//! buffer takes its place). Launch `k` reads what launch `k - 1` left; the capture's
+//! buffer takes its place). The copies of a segment's states, and those of its bound
+//! inputs at each launch, go in batched launches of one kernel
+//! (`kernels/cuda/graph_copy.cu`, 32 copies each): a training step's 25 states are one
+//! kernel node, not 25 memcpy nodes (on the H200 that took the sweep's smallest
+//! captured step from 103 to 78 µs). Launch `k` reads what launch `k - 1` left; the capture's
 //! warm-up run changes no state. [`Graph::state`] copies one out. All the readers of a
 //! state and the producer of its update are on one stream, so the copy follows every
 //! read of the launch. A captured training step keeps its parameters, optimizer moments
