@@ -229,6 +229,24 @@ pub(crate) fn observe(
     }
 }
 
+/// Calls the policy's `observe_device` (a sampled op's device time), containing a panic
+/// in user code.
+pub(crate) fn observe_device(
+    policy: &dyn Policy,
+    name: &str,
+    cost: crate::op::Cost,
+    stream: StreamId,
+    device: Duration,
+) {
+    if catch_unwind(AssertUnwindSafe(|| {
+        policy.observe_device(name, cost, stream, device)
+    }))
+    .is_err()
+    {
+        tracing::warn!(op = name, "the placement policy panicked in observe_device");
+    }
+}
+
 /// Runs an op's completion-time finisher, turning a panic into the op's error.
 pub(crate) fn run_finisher(
     name: &str,

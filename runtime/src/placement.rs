@@ -46,8 +46,15 @@ pub trait Policy: Send + Sync + 'static {
     fn place(&self, op: &OpInfo<'_>, streams: &[StreamLoad]) -> usize;
     /// Called after each successful op with the host time of its `run`: the computation on
     /// the CPU backend; on CUDA only the enqueue (allocation and launches), not device
-    /// time, so a model calibrated on it learns launch costs. Default: ignored.
+    /// time, so a model calibrated on it learns launch costs (device times come through
+    /// [`Policy::observe_device`]). Default: ignored.
     fn observe(&self, _name: &str, _cost: Cost, _stream: StreamId, _took: Duration) {}
+    /// On CUDA, after [`Policy::observe`] for a sample of the ops, their **device time**:
+    /// one op in [`Settings::device_timing`](crate::settings::Settings::device_timing)
+    /// per stream (every op while the timeline records) is timed by a pair of CUDA
+    /// events around its launches. A cost model should learn from these where they
+    /// come. Default: ignored.
+    fn observe_device(&self, _name: &str, _cost: Cost, _stream: StreamId, _device: Duration) {}
 }
 
 /// The default policy: the stream of the first input with a producer (no cross-stream

@@ -188,6 +188,13 @@ impl CostModel {
         self.total.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Forgets every op kind's fit (the total count stays): what it learnt no longer
+    /// describes the times to come (host enqueue times before the first device time,
+    /// [`EarliestFinish`](crate::EarliestFinish)).
+    pub fn reset(&self) {
+        self.fits.clear();
+    }
+
     /// How many times op `name` has been observed.
     pub fn observations(&self, name: &str) -> u64 {
         self.fits.get(name).map_or(0, |f| f.n)

@@ -20,6 +20,7 @@
 //!    op is then underestimated until it finishes, and its observation is ignored.)
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -45,7 +46,10 @@ const WAIT_PENALTY: Duration = Duration::from_micros(2);
 /// where in its producer's queue an input sits), so a dependent op may be placed on an
 /// idle stream and wait there for its producer.
 ///
-/// Every observed run time calibrates the cost model.
+/// Every observed run time calibrates the cost model: on CUDA the sampled ops' device
+/// times once they come ([`Policy::observe_device`], `Settings::device_timing`; the
+/// first one resets the model, [`CostModel::reset`]), the host's times before (only the
+/// enqueue there) and on the CPU backend (the computation).
 ///
 /// # Examples
 ///
@@ -73,6 +77,9 @@ pub struct EarliestFinish {
     model: Arc<CostModel>,
     wait_penalty: Duration,
     queues: Mutex<HashMap<StreamId, Queue>>,
+    /// Set by the first device time ([`Policy::observe_device`]): from then on only
+    /// device times calibrate the model.
+    device_times: AtomicBool,
 }
 
 impl Default for EarliestFinish {
@@ -93,6 +100,7 @@ impl EarliestFinish {
             model,
             wait_penalty: WAIT_PENALTY,
             queues: Mutex::new(HashMap::new()),
+            device_times: AtomicBool::new(false),
         }
     }
 
@@ -175,10 +183,23 @@ impl Policy for EarliestFinish {
     }
 
     fn observe(&self, name: &str, cost: Cost, stream: StreamId, took: Duration) {
-        self.model.observe(name, cost, took);
+        // Host times calibrate the model until device times come (CUDA: they are only
+        // the enqueue; on the CPU backend they are the computation and no device time
+        // ever comes).
+        if !self.device_times.load(Ordering::Relaxed) {
+            self.model.observe(name, cost, took);
+        }
         if let Some(q) = self.lock().get_mut(&stream) {
             q.pop(name);
         }
+    }
+
+    fn observe_device(&self, name: &str, cost: Cost, _stream: StreamId, device: Duration) {
+        // The first device time: what the host times taught (enqueue costs) goes.
+        if !self.device_times.swap(true, Ordering::Relaxed) {
+            self.model.reset();
+        }
+        self.model.observe(name, cost, device);
     }
 }
 

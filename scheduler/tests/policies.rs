@@ -171,6 +171,44 @@ fn earliest_finish_estimates_return_to_zero_after_observe() {
 }
 
 #[test]
+fn earliest_finish_calibrates_from_device_times_once_they_come() {
+    let p = EarliestFinish::new();
+    let l = loads(1);
+    let s = l[0].id;
+    let cost = Cost {
+        bytes: 1e6,
+        flops: 0.0,
+    };
+    // Host times calibrate until a device time comes (the CPU backend sends no other).
+    for _ in 0..3 {
+        p.place(&op("g", 1e6, &[]), &l);
+        p.observe("g", cost, s, Duration::from_micros(5));
+    }
+    assert_eq!(p.model().observations("g"), 3);
+    p.observe_device("g", cost, s, Duration::from_micros(400));
+    assert_eq!(
+        p.model().observations("g"),
+        1,
+        "the host's fit is forgotten"
+    );
+    // From now on only device times calibrate; the host's still empty the queues.
+    for _ in 0..5 {
+        p.place(&op("g", 1e6, &[]), &l);
+        p.observe("g", cost, s, Duration::from_micros(5));
+    }
+    assert_eq!(p.model().observations("g"), 1);
+    assert_eq!(p.queued(s), Duration::ZERO);
+    for _ in 0..40 {
+        p.observe_device("g", cost, s, Duration::from_micros(400));
+    }
+    let predicted = p.model().predict("g", cost);
+    assert!(
+        (predicted.as_secs_f64() / 400e-6 - 1.0).abs() < 0.05,
+        "the device time is learnt: {predicted:?}"
+    );
+}
+
+#[test]
 fn earliest_finish_queues_calibrated_predictions() {
     let model = Arc::new(CostModel::new());
     for _ in 0..20 {

@@ -33,6 +33,8 @@ struct Outbox {
     pending: Vec<Watch>,
     open: Option<OpenBurst<Arc<PooledEvent>>>,
     counters: StdArc<Counters>,
+    /// Ops run since the last one timed on the device (`Settings::device_timing`).
+    since_sample: u32,
 }
 
 impl Outbox {
@@ -141,6 +143,7 @@ pub(crate) fn cuda_actor(
         pending: Vec::with_capacity(WATCH_FLUSH),
         open: None,
         counters: actor.counters.clone(),
+        since_sample: 0,
     }));
     let hook_out = out.clone();
     scx.set_before_blocking(Box::new(move |stream| hook_out.borrow_mut().flush(stream)));
@@ -309,12 +312,27 @@ fn run_cuda(
         let detail = crate::actor::describe(&env.specs);
         super::timing::OpTiming::start(o, &scx.stream, actor.stream, detail)
     });
+    // One op in `device_timing` is timed on the device for the policy (every op is
+    // when the timeline records: `timing`).
+    let every = actor.settings.device_timing;
+    let mut sample = None;
+    if every > 0 && timing.is_none() {
+        let mut o = out.borrow_mut();
+        o.since_sample += 1;
+        if o.since_sample >= every {
+            o.since_sample = 0;
+            sample = super::timing::Sample::start(&scx.stream);
+        }
+    }
     let ex = match execute(&mut env, actor, BackendCx::Cuda(scx), declared) {
         Ok(x) => x,
         Err(e) => return fail_after_enqueue(env, e, &scx.stream),
     };
     if let Some(t) = timing.as_mut() {
         t.end(&scx.stream);
+    }
+    if let Some(s) = sample.as_mut() {
+        s.end(&scx.stream);
     }
     let mut out = out.borrow_mut();
     span.record("run_us", ex.took.as_micros() as u64);
@@ -336,6 +354,7 @@ fn run_cuda(
         finisher: ex.finisher,
         took: ex.took,
         timing,
+        sample,
     });
     actor.counters.lap(Phase::Send, &mut t);
 }

@@ -1,5 +1,7 @@
 //! The CUDA side of the timeline recorder (`trace.rs`): a pair of timing events around
-//! each op's launches, read by the completion watcher once the op has finished.
+//! each op's launches, read by the completion watcher once the op has finished; and the
+//! sampled ops' pairs (`Settings::device_timing`) whose device time the placement
+//! policy learns from.
 
 use std::sync::Arc as StdArc;
 use std::time::Instant;
@@ -85,6 +87,14 @@ impl OpTiming {
         }
     }
 
+    /// Once the op has finished on the device: the device time between its events.
+    pub(super) fn device_time(&self) -> Option<std::time::Duration> {
+        let ms = self.start.elapsed_ms(self.end.as_ref()?).ok()?;
+        Some(std::time::Duration::from_secs_f64(
+            f64::from(ms.max(0.0)) / 1e3,
+        ))
+    }
+
     /// Once the op has finished on the device: its span, into `rec`.
     pub(super) fn resolve(self, name: &'static str, rec: &Recorder) {
         let Some(end) = &self.end else { return };
@@ -101,5 +111,44 @@ impl OpTiming {
             start_us: self.origin.us + f64::from(from_origin) * 1e3,
             dur_us: f64::from(dur) * 1e3,
         });
+    }
+}
+
+/// A sampled op's pair of timing events, for the placement policy's cost model
+/// (`Settings::device_timing`): the device time of its launches.
+pub(super) struct Sample {
+    start: CudaEvent,
+    end: Option<CudaEvent>,
+}
+
+impl Sample {
+    /// Records the start event on `stream` (`None` if that fails: not sampled).
+    pub(super) fn start(stream: &CudaStream) -> Option<Sample> {
+        let start = stream
+            .context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .ok()?;
+        start.record(stream).ok()?;
+        Some(Sample { start, end: None })
+    }
+
+    /// Records the end event behind the op's launches.
+    pub(super) fn end(&mut self, stream: &CudaStream) {
+        if let Ok(e) = stream
+            .context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        {
+            if e.record(stream).is_ok() {
+                self.end = Some(e);
+            }
+        }
+    }
+
+    /// Once the op has finished on the device: the time between the events.
+    pub(super) fn device_time(&self) -> Option<std::time::Duration> {
+        let ms = self.start.elapsed_ms(self.end.as_ref()?).ok()?;
+        Some(std::time::Duration::from_secs_f64(
+            f64::from(ms.max(0.0)) / 1e3,
+        ))
     }
 }

@@ -22,6 +22,9 @@ pub(super) struct Watch {
     pub(super) took: Duration,
     /// The op's timing events, when the runtime records a timeline.
     pub(super) timing: Option<super::timing::OpTiming>,
+    /// The op's timing events when it is one of the sampled ops
+    /// (`Settings::device_timing`) and no timeline is recorded.
+    pub(super) sample: Option<super::timing::Sample>,
 }
 
 /// Ops completed per synchronization at most (bounds how long the oldest op of a batch
@@ -84,10 +87,19 @@ fn finish(
 ) -> Envelope {
     match r {
         Ok(()) => {
+            // The policy hears of every op (host time), and of a timed op's device time.
+            let device = match (&w.timing, &w.sample) {
+                (Some(t), _) => t.device_time(),
+                (None, Some(s)) => s.device_time(),
+                (None, None) => None,
+            };
             if let Some(t) = w.timing.take() {
                 t.resolve(w.env.name(), &counters.trace);
             }
             crate::actor::observe(policy, w.env.name(), w.env.cost, sid, w.took);
+            if let Some(d) = device {
+                crate::actor::observe_device(policy, w.env.name(), w.env.cost, sid, d);
+            }
             let name = w.env.name();
             let payload = w
                 .finisher

@@ -151,6 +151,14 @@ impl Builder {
         self.settings.plan_cache = entries.max(1);
         self
     }
+    /// On CUDA, time one op in `every` per stream on the device for the placement
+    /// policy ([`Policy::observe_device`](crate::placement::Policy::observe_device);
+    /// default [`DEFAULT_DEVICE_TIMING`](crate::settings::DEFAULT_DEVICE_TIMING), 0: off).
+    /// `RTX_DEVICE_TIMING=<every>` overrides it.
+    pub fn device_timing(mut self, every: u32) -> Self {
+        self.settings.device_timing = every;
+        self
+    }
     /// Starts the actors.
     pub fn build(self) -> Result<Runtime> {
         let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
