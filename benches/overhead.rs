@@ -2,12 +2,14 @@
 //! ops (16-element f32 adds) through `submit`, against calling the CPU kernel directly.
 //!
 //! ```text
-//! cargo bench --bench overhead
+//! cargo bench --bench overhead [-- multi]     # multi: only the multi-tensor step
 //! ```
 //! Prints a markdown table: median over 9 runs of µs per op (end to end: first submit to
 //! last completion), the submitting thread's µs per submit, and ops/s. With
 //! `RTX_PROFILE=1`, then the mean µs per sample of each phase (`Stats::phases`: submit,
-//! the actor's inputs, execute, publish, idle) over the submit chain's runs.
+//! the actor's inputs, execute, publish, idle) over the submit chain's runs. Then one op
+//! with many tensors: a multi-tensor AdamW step over 148 tiny parameters (the runtime's
+//! per-tensor cost, which bounds such a step on the GPU when the kernels are fast).
 
 use std::time::Instant;
 
@@ -23,6 +25,11 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn main() {
+    // `-- multi`: only the multi-tensor step (for a profiler).
+    if std::env::args().any(|a| a == "multi") {
+        multi_tensor();
+        return;
+    }
     let a: Vec<f32> = (0..LEN).map(|i| i as f32 * 0.25 - 1.0).collect();
 
     // Direct calls: the same CPU kernel, no runtime.
@@ -162,4 +169,77 @@ fn main() {
     for p in profiles {
         println!("RTX_PROFILE phases, µs per sample: {p}");
     }
+    multi_tensor();
+}
+
+/// Tensors in the multi-tensor step: GPT-2 small's parameter count (148).
+const TENSORS: usize = 148;
+
+/// The host cost of one op with many inputs and outputs: a multi-tensor AdamW step over
+/// [`TENSORS`] parameters of 16 elements (3 × 148 outputs, the parameters and moments
+/// donated back in each step), so that the runtime's per-tensor bookkeeping (plan,
+/// donation checks, outputs, publication, completion) is what is timed.
+fn multi_tensor() {
+    use rtx::ops::optim::{adamw, AdamW};
+    let rt = Runtime::builder()
+        .backend(Backend::Cpu)
+        .streams(1)
+        .build()
+        .expect("runtime");
+    let s = rt.compute_streams(rt.device())[0];
+    let up = |seed: f32| -> Vec<rtx::Tensor> {
+        (0..TENSORS)
+            .map(|i| {
+                let v: Vec<f32> = (0..LEN)
+                    .map(|j| ((i * LEN + j) as f32 * 0.37 + seed).sin() * 0.1)
+                    .collect();
+                rt.upload(&v, [LEN]).expect("upload")
+            })
+            .collect()
+    };
+    let grads = up(1.0);
+    let (mut p, mut m, mut v) = (up(2.0), up(3.0), up(4.0));
+    for x in &mut v {
+        // Second moments are non-negative.
+        let sq = rt.to_vec::<f32>(x).expect("read").wait().expect("read");
+        *x = rt
+            .upload(&sq.iter().map(|a| a * a).collect::<Vec<_>>(), [LEN])
+            .expect("upload");
+    }
+    let cfg = AdamW::default();
+    let mut times = Vec::new();
+    for round in 0..9 {
+        let steps = 200;
+        let t0 = Instant::now();
+        for k in 0..steps {
+            let t = (round * steps + k + 1) as u64;
+            let sub = rt
+                .submit_on(
+                    s,
+                    adamw(
+                        cfg,
+                        t,
+                        std::mem::take(&mut p),
+                        &grads,
+                        std::mem::take(&mut m),
+                        std::mem::take(&mut v),
+                    ),
+                )
+                .map_err(|e| e.error)
+                .expect("submit");
+            let mut out = sub.wait().expect("step");
+            v = out.split_off(2 * TENSORS);
+            m = out.split_off(TENSORS);
+            p = out;
+        }
+        times.push(t0.elapsed().as_secs_f64() * 1e6 / steps as f64);
+    }
+    let us = median(&mut times);
+    println!();
+    println!("| case ({TENSORS} tensors of {LEN} f32, one stream, submit + wait each) | µs per step (median of 9) | µs per tensor |");
+    println!("|---|---:|---:|");
+    println!(
+        "| multi-tensor AdamW step, donated | {us:.1} | {:.2} |",
+        us / TENSORS as f64
+    );
 }

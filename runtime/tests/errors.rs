@@ -116,7 +116,12 @@ fn a_wrong_buffer_access_is_a_buffer_access_error_not_an_op_error() {
     ));
     assert!(matches!(
         b.cpu_mut::<u32>(),
-        Err(Error::BufferAccess { .. })
+        Err(Error::BufferAccess { ref wanted, ref held }) if wanted == "host u32" && held == "host f32"
     ));
-    assert_eq!(b.cpu::<f32>().unwrap(), [1.0, 2.0]);
+    assert!(matches!(
+        b.cuda_mut::<f32>(),
+        Err(Error::BufferAccess { ref wanted, ref held }) if wanted == "device f32" && held == "host f32"
+    ));
+    b.cpu_mut::<f32>().unwrap()[1] = 3.0;
+    assert_eq!(b.cpu::<f32>().unwrap(), [1.0, 3.0]);
 }

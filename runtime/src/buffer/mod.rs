@@ -242,10 +242,14 @@ impl Buffer {
     }
     /// The host elements, mutably.
     pub fn cpu_mut<T: Element>(&mut self) -> Result<&mut [T]> {
-        let err = self.access_error::<T>("host");
+        // Checked first, the error built only when it is one (the hot path allocates
+        // nothing).
+        if self.cpu::<T>().is_err() {
+            return Err(self.access_error::<T>("host"));
+        }
         match self {
-            Buffer::Cpu(d) => T::cpu_mut(d).ok_or(err),
-            Buffer::Cuda(_) => Err(err),
+            Buffer::Cpu(d) => T::cpu_mut(d).ok_or_else(|| unreachable_access::<T>("host")),
+            Buffer::Cuda(_) => Err(unreachable_access::<T>("host")),
         }
     }
     /// The device slice, if this is device memory of dtype `T` (else
@@ -258,10 +262,13 @@ impl Buffer {
     }
     /// The device slice, mutably.
     pub fn cuda_mut<T: Element>(&mut self) -> Result<&mut CudaSlice<T>> {
-        let err = self.access_error::<T>("device");
+        // As in `cpu_mut`: no error (two formatted strings) built on the hot path.
+        if self.cuda::<T>().is_err() {
+            return Err(self.access_error::<T>("device"));
+        }
         match self {
-            Buffer::Cuda(d) => T::cuda_mut(d).ok_or(err),
-            Buffer::Cpu(_) => Err(err),
+            Buffer::Cuda(d) => T::cuda_mut(d).ok_or_else(|| unreachable_access::<T>("device")),
+            Buffer::Cpu(_) => Err(unreachable_access::<T>("device")),
         }
     }
     /// The error for accessing this buffer as `side` (host or device) memory of `T`.
@@ -274,5 +281,14 @@ impl Buffer {
             wanted: format!("{side} {}", T::DTYPE),
             held: format!("{held} {}", self.dtype()),
         }
+    }
+}
+
+/// The access error of a mutable access that its immutable check let through (the same
+/// test on the same buffer: not reached).
+fn unreachable_access<T: Element>(side: &str) -> Error {
+    Error::BufferAccess {
+        wanted: format!("{side} {}", T::DTYPE),
+        held: "a buffer that changed between two checks".into(),
     }
 }
