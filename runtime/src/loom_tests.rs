@@ -421,10 +421,15 @@ fn parking_free_never_lands_in_a_capture() {
         let freed = Arc::new(AtomicUsize::new(0));
         let (p, c, f) = (parking.clone(), capturing.clone(), freed.clone());
         let freer = thread::spawn(move || {
-            p.free_or_park(7, 1, |_| {
-                assert!(!c.load(SeqCst), "a free landed inside the capture");
-                f.fetch_add(1, SeqCst);
-            });
+            p.free_or_park(
+                7,
+                1,
+                |_| {
+                    assert!(!c.load(SeqCst), "a free landed inside the capture");
+                    f.fetch_add(1, SeqCst);
+                },
+                |v| v,
+            );
         });
         parking.begin(7);
         capturing.store(true, SeqCst);

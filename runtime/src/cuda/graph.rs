@@ -270,41 +270,43 @@ pub(crate) unsafe fn copy_many(
     scx: &mut StreamCx,
     copies: &[(sys::CUdeviceptr, sys::CUdeviceptr, usize)],
 ) -> Result<()> {
-    let copies: Vec<_> = copies.iter().filter(|c| c.2 > 0).collect();
-    if copies.is_empty() {
+    if copies.iter().all(|c| c.2 == 0) {
         return Ok(());
     }
     let f = copy_kernel(scx)?;
-    let sms = scx.sm_count().max(1);
-    for chunk in copies.chunks(COPY_MAX) {
-        let mut t = CopyTable {
-            src: [0; COPY_MAX],
-            dst: [0; COPY_MAX],
-            bytes: [0; COPY_MAX],
-        };
-        for (i, c) in chunk.iter().enumerate() {
-            t.dst[i] = c.0;
-            t.src[i] = c.1;
-            t.bytes[i] = c.2 as u64;
+    let sms = scx.sm_count().max(1) as usize;
+    let stream = scx.stream().clone();
+    let mut t = CopyTable {
+        src: [0; COPY_MAX],
+        dst: [0; COPY_MAX],
+        bytes: [0; COPY_MAX],
+    };
+    let (mut n, mut most) = (0usize, 0usize);
+    let mut rest = copies.iter().filter(|c| c.2 > 0).peekable();
+    while let Some(&(dst, src, bytes)) = rest.next() {
+        (t.dst[n], t.src[n], t.bytes[n]) = (dst, src, bytes as u64);
+        n += 1;
+        most = most.max(bytes);
+        if n < COPY_MAX && rest.peek().is_some() {
+            continue;
         }
-        let most = chunk.iter().map(|c| c.2).max().unwrap_or(0);
         // Two 16-byte vectors per thread per step over 256 threads; at most 4 blocks
         // per SM for one copy (a large state shares the device with the others).
-        let blocks = most.div_ceil(256 * 32).clamp(1, 4 * sms as usize) as u32;
-        let n = chunk.len() as u32;
+        let blocks = most.div_ceil(256 * 32).clamp(1, 4 * sms) as u32;
+        let count = n as u32;
         let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (blocks, n, 1),
+            grid_dim: (blocks, count, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let stream = scx.stream().clone();
         let mut lb = stream.launch_builder(&f);
-        lb.arg(&t).arg(&n);
+        lb.arg(&t).arg(&count);
         // SAFETY: the arguments match `copy_many(CopyTable t, unsigned n)`; the table's
-        // first `n` entries are the caller's copies (live device memory of this
-        // context, at least `bytes` long, not overlapping: the caller's contract), the
-        // rest zero and unread.
+        // first `count` entries are the caller's copies (live device memory of this
+        // context, at least `bytes` long, not overlapping: the caller's contract); the
+        // kernel reads no entry at or past `count`.
         unsafe { lb.launch(cfg) }.map_err(|e| Error::cuda("cuLaunchKernel(copy_many)", e))?;
+        (n, most) = (0, 0);
     }
     Ok(())
 }

@@ -48,11 +48,11 @@ pub(super) fn origin(
     }
 }
 
-/// One op's pair of events, the start recorded before its launches.
+/// One op's pair of events, the start recorded before its launches, with what its
+/// timeline span needs.
 pub(super) struct OpTiming {
     origin: StdArc<Origin>,
-    start: CudaEvent,
-    end: Option<CudaEvent>,
+    pair: Sample,
     stream: StreamId,
     detail: String,
 }
@@ -65,13 +65,9 @@ impl OpTiming {
         id: StreamId,
         detail: String,
     ) -> Option<OpTiming> {
-        let ctx = stream.context();
-        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).ok()?;
-        start.record(stream).ok()?;
         Some(OpTiming {
             origin: origin.clone(),
-            start,
-            end: None,
+            pair: Sample::start(stream)?,
             stream: id,
             detail,
         })
@@ -79,28 +75,19 @@ impl OpTiming {
 
     /// Records the end event behind the op's launches.
     pub(super) fn end(&mut self, stream: &CudaStream) {
-        let ctx = stream.context();
-        if let Ok(e) = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)) {
-            if e.record(stream).is_ok() {
-                self.end = Some(e);
-            }
-        }
+        self.pair.end(stream);
     }
 
     /// Once the op has finished on the device: the device time between its events.
     pub(super) fn device_time(&self) -> Option<std::time::Duration> {
-        let ms = self.start.elapsed_ms(self.end.as_ref()?).ok()?;
-        Some(std::time::Duration::from_secs_f64(
-            f64::from(ms.max(0.0)) / 1e3,
-        ))
+        self.pair.device_time()
     }
 
     /// Once the op has finished on the device: its span, into `rec`.
     pub(super) fn resolve(self, name: &'static str, rec: &Recorder) {
-        let Some(end) = &self.end else { return };
-        let (Ok(from_origin), Ok(dur)) = (
-            self.origin.event.elapsed_ms(&self.start),
-            self.start.elapsed_ms(end),
+        let (Ok(from_origin), Some(dur)) = (
+            self.origin.event.elapsed_ms(&self.pair.start),
+            self.pair.device_time(),
         ) else {
             return;
         };
@@ -109,20 +96,20 @@ impl OpTiming {
             name,
             detail: self.detail,
             start_us: self.origin.us + f64::from(from_origin) * 1e3,
-            dur_us: f64::from(dur) * 1e3,
+            dur_us: dur.as_secs_f64() * 1e6,
         });
     }
 }
 
-/// A sampled op's pair of timing events, for the placement policy's cost model
-/// (`Settings::device_timing`): the device time of its launches.
+/// A pair of timing events around an op's launches: a traced op's (`OpTiming`), or a
+/// sampled op's for the placement policy's cost model (`Settings::device_timing`).
 pub(super) struct Sample {
     start: CudaEvent,
     end: Option<CudaEvent>,
 }
 
 impl Sample {
-    /// Records the start event on `stream` (`None` if that fails: not sampled).
+    /// Records the start event on `stream` (`None` if that fails: not timed).
     pub(super) fn start(stream: &CudaStream) -> Option<Sample> {
         let start = stream
             .context()
@@ -144,7 +131,8 @@ impl Sample {
         }
     }
 
-    /// Once the op has finished on the device: the time between the events.
+    /// Once the op has finished on the device: the time between the events (`None`
+    /// without an end event).
     pub(super) fn device_time(&self) -> Option<std::time::Duration> {
         let ms = self.start.elapsed_ms(self.end.as_ref()?).ok()?;
         Some(std::time::Duration::from_secs_f64(

@@ -310,7 +310,7 @@ fn free<T: Send + 'static>(s: CudaSlice<T>) {
         return;
     }
     let on = key(s.stream());
-    CAPTURE_FREES.free_or_park(on, Box::new(s), drop);
+    CAPTURE_FREES.free_or_park(on, s, drop, |s| Box::new(s) as Box<dyn Any + Send>);
 }
 
 /// The frees held back while their stream is captured (`parking.rs`): each a slice of

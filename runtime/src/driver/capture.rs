@@ -4,8 +4,8 @@
 //! run, and every replay of the graph runs them on the same memory. So the op may not
 //! allocate: its outputs were allocated before the capture (by the eager warm-up run,
 //! and are owned by the graph), and [`StreamCx::alloc`](super::StreamCx::alloc) hands
-//! out exactly those, each to a request of its planned type and length (in any order). Any other
-//! allocation on the capturing thread — one more `StreamCx::alloc`, or
+//! out exactly those, each to a request of its planned type and length (in any order).
+//! Any other allocation on the capturing thread — one more `StreamCx::alloc`, or
 //! [`alloc_uninit`](super::alloc_uninit) for a workspace — fails with
 //! [`Error::NotCapturable`] ([`CaptureHazard::Allocation`]) naming the op.
 //!

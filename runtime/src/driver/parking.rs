@@ -30,16 +30,23 @@ impl<V> Parking<V> {
         }
     }
 
-    /// Frees `v`, memory of stream `key`, with `free`; while `key` is announced as
-    /// capturing, parks it instead (returned by that capture's [`Parking::end`]).
-    pub(crate) fn free_or_park(&self, key: usize, v: V, free: impl FnOnce(V)) {
+    /// Frees `x`, memory of stream `key`, with `free`; while `key` is announced as
+    /// capturing, parks `park(x)` instead (returned by that capture's [`Parking::end`]).
+    /// (`park` makes the parked form, a boxed slice say, only when one is parked.)
+    pub(crate) fn free_or_park<X>(
+        &self,
+        key: usize,
+        x: X,
+        free: impl FnOnce(X),
+        park: impl FnOnce(X) -> V,
+    ) {
         // Held across `free`: `begin` cannot return (nor the capture begin) meanwhile.
         let capturing = self.capturing.read().unwrap_or_else(|p| p.into_inner());
         if capturing.contains(&key) {
-            crate::sync::lock(&self.parked).push((key, v));
+            crate::sync::lock(&self.parked).push((key, park(x)));
             return;
         }
-        free(v);
+        free(x);
         drop(capturing);
     }
 
@@ -84,16 +91,16 @@ mod tests {
         let p = Parking::new();
         let freed = std::cell::RefCell::new(Vec::new());
         let free = |v| freed.borrow_mut().push(v);
-        p.free_or_park(1, 10, free);
+        p.free_or_park(1, 10, free, |v| v);
         p.begin(1);
         p.begin(2);
-        p.free_or_park(1, 11, free);
-        p.free_or_park(2, 20, free);
-        p.free_or_park(3, 30, free);
+        p.free_or_park(1, 11, free, |v| v);
+        p.free_or_park(2, 20, free, |v| v);
+        p.free_or_park(3, 30, free, |v| v);
         assert_eq!(*freed.borrow(), [10, 30], "1 and 2 capture");
         assert_eq!(p.end(1), [11]);
         assert!(p.end(1).is_empty(), "handed back once");
-        p.free_or_park(1, 12, free);
+        p.free_or_park(1, 12, free, |v| v);
         assert_eq!(*freed.borrow(), [10, 30, 12]);
         assert_eq!(p.end(2), [20]);
     }
