@@ -114,8 +114,9 @@ pub fn run(args: Args) -> rtx::Result<()> {
             let mut w = warm.lock().unwrap_or_else(|e| e.into_inner());
             let (seen, at) = &mut *w;
             if at.is_none() {
+                // `loss` names its step counted from 0: steps 0..=that one are done.
                 if let Some((done, _)) = p.loss {
-                    seen[i] = Some((p.step, done));
+                    seen[i] = Some((p.step, done + 1));
                 }
                 if seen.iter().all(Option::is_some) {
                     let (sub, done) = seen

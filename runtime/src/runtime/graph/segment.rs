@@ -346,7 +346,8 @@ impl CaptureSegment {
         }
         begin_capture(cuda_of(cx))?;
         let mut unused: Vec<Box<dyn Any>> = Vec::new();
-        // The ops, then the states' commits (device copies, captured as copy nodes).
+        // The ops, then the states' commits (device copies, captured as `copy_many`
+        // kernel nodes).
         let captured = capture_ops(cx, ops, local, &mut unused, &side).and_then(|last| {
             commit(cx, &self.shared, &self.commits, local)?;
             Ok(last)
