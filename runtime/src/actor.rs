@@ -220,30 +220,14 @@ pub(crate) fn observe(
     stream: StreamId,
     took: Duration,
 ) {
-    if catch_unwind(AssertUnwindSafe(|| {
-        policy.observe(name, cost, stream, took)
-    }))
-    .is_err()
-    {
-        tracing::warn!(op = name, "the placement policy panicked in observe");
-    }
+    policy_call(name, "observe", || policy.observe(name, cost, stream, took));
 }
 
-/// Calls the policy's `observe_device` (a sampled op's device time), containing a panic
-/// in user code.
-pub(crate) fn observe_device(
-    policy: &dyn Policy,
-    name: &str,
-    cost: crate::op::Cost,
-    stream: StreamId,
-    device: Duration,
-) {
-    if catch_unwind(AssertUnwindSafe(|| {
-        policy.observe_device(name, cost, stream, device)
-    }))
-    .is_err()
-    {
-        tracing::warn!(op = name, "the placement policy panicked in observe_device");
+/// Runs `call`, a call of the placement policy (user code) about op `name`, containing
+/// a panic: it is logged as the policy's, and the actor lives on.
+pub(crate) fn policy_call(name: &str, what: &'static str, call: impl FnOnce()) {
+    if catch_unwind(AssertUnwindSafe(call)).is_err() {
+        tracing::warn!(op = name, call = what, "the placement policy panicked");
     }
 }
 

@@ -98,7 +98,10 @@ fn finish(
             }
             crate::actor::observe(policy, w.env.name(), w.env.cost, sid, w.took);
             if let Some(d) = device {
-                crate::actor::observe_device(policy, w.env.name(), w.env.cost, sid, d);
+                let (name, cost) = (w.env.name(), w.env.cost);
+                crate::actor::policy_call(name, "observe_device", || {
+                    policy.observe_device(name, cost, sid, d)
+                });
             }
             let name = w.env.name();
             let payload = w
