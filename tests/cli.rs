@@ -53,18 +53,20 @@ fn unknown_subcommand_is_an_error_on_stderr() {
     assert!(out.stdout.is_empty());
 }
 
+/// The main job on the CPU backend, 4 steps, quiet, with `extra` arguments; its timeline
+/// folder (named after `tag`) and output.
+fn main_job(tag: &str, extra: &[&str]) -> (std::path::PathBuf, Output) {
+    let dir = std::env::temp_dir().join(format!("rtx-cli-{tag}-{}", std::process::id()));
+    let mut args = vec!["--backend", "cpu", "--steps", "4", "--quiet"];
+    args.extend_from_slice(extra);
+    args.extend(["--out", dir.to_str().expect("utf-8 temp dir")]);
+    let out = rtx(&args);
+    (dir, out)
+}
+
 #[test]
 fn no_subcommand_runs_the_main_job_the_sweep() {
-    let dir = std::env::temp_dir().join(format!("rtx-cli-main-{}", std::process::id()));
-    let out = rtx(&[
-        "--backend",
-        "cpu",
-        "--steps",
-        "4",
-        "--quiet",
-        "--out",
-        dir.to_str().expect("utf-8 temp dir"),
-    ]);
+    let (dir, out) = main_job("main", &[]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(
@@ -96,17 +98,7 @@ fn no_subcommand_runs_the_main_job_the_sweep() {
 
 #[test]
 fn the_main_job_runs_with_graphs() {
-    let dir = std::env::temp_dir().join(format!("rtx-cli-graphs-{}", std::process::id()));
-    let out = rtx(&[
-        "--backend",
-        "cpu",
-        "--steps",
-        "4",
-        "--quiet",
-        "--graphs",
-        "--out",
-        dir.to_str().expect("utf-8 temp dir"),
-    ]);
+    let (dir, out) = main_job("graphs", &["--graphs"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("captured once into a graph"), "{stdout}");

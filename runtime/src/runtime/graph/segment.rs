@@ -187,6 +187,25 @@ pub(crate) struct CaptureSegment {
     pub(crate) deps: Vec<Tensor>,
 }
 
+/// Runs `ops` eagerly in order on `local`'s buffers, each op's outputs put into `local`
+/// under their keys (also listed in `mine`): the warm-up before a capture, and a CPU
+/// launch.
+fn run_all(
+    cx: &mut ExecCx<'_>,
+    ops: &mut [Recorded],
+    local: &mut Slots,
+    mine: &mut Vec<usize>,
+) -> Result<()> {
+    for rec in ops.iter_mut() {
+        let outs = run_recorded(cx, rec, local)?;
+        for (k, b) in rec.outs.iter().zip(outs) {
+            local.insert(*k, Arc::new(b));
+            mine.push(*k);
+        }
+    }
+    Ok(())
+}
+
 /// Copies the committed states' new values into their buffers (`local`, CPU: the new
 /// value's immutable buffer becomes the state's; CUDA: device copies, captured or not,
 /// batched into `copy_many` launches: one kernel node per 32 states, not a memcpy node
@@ -304,13 +323,7 @@ impl Op for CaptureSegment {
         // Warm-up: run every op eagerly once. Modules load, library handles, plans and
         // workspaces are made and cached, and the outputs are allocated: from now on
         // they are the graph's buffers.
-        for rec in ops.iter_mut() {
-            let outs = run_recorded(cx, rec, &local)?;
-            for (k, b) in rec.outs.iter().zip(outs) {
-                local.insert(*k, Arc::new(b));
-                mine.push(*k);
-            }
-        }
+        run_all(cx, &mut ops, &mut local, &mut mine)?;
         if let BackendCx::Cuda(_) = cx.backend() {
             self.capture(cx, &mut ops, &mut local)?;
         }
@@ -483,13 +496,7 @@ impl Op for LaunchSegment {
                 mine.push(key);
             }
             let mut ops = lock(&self.shared.ops[self.seg]);
-            for rec in ops.iter_mut() {
-                let outs = run_recorded(cx, rec, &local)?;
-                for (k, b) in rec.outs.iter().zip(outs) {
-                    local.insert(*k, Arc::new(b));
-                    mine.push(*k);
-                }
-            }
+            run_all(cx, &mut ops, &mut local, &mut mine)?;
             drop(ops);
             mine.extend(commit(cx, &self.shared, &self.commits, &mut local)?);
             let mut slots = lock(&self.shared.slots);
