@@ -121,6 +121,18 @@ pub trait Outputs: Send + Sized + 'static {
     }
 }
 
+/// Whether a plan's `planned` outputs fit the op's output type `T` (the same check at
+/// `submit` and in a graph's recording): else [`Error::InvalidOp`] naming op `name`.
+pub(crate) fn check_output_count<T: Outputs>(name: &str, planned: usize) -> Result<()> {
+    match T::COUNT {
+        Some(n) if n != planned => Err(Error::invalid(
+            name,
+            format!("planned {planned} outputs, its output type takes {n}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl Outputs for Tensor {
     const COUNT: Option<usize> = Some(1);
     fn from_tensors(t: Vec<Tensor>) -> Self {

@@ -302,14 +302,8 @@ impl Recording {
             Ok(p) => p,
             Err(e) => return reject(e, op),
         };
-        if let Some(n) = <O::Output as Outputs>::COUNT {
-            if n != plan.outputs.len() {
-                let msg = format!(
-                    "planned {} outputs, its output type takes {n}",
-                    plan.outputs.len()
-                );
-                return reject(Error::invalid(name, msg), op);
-            }
+        if let Err(e) = crate::op::check_output_count::<O::Output>(name, plan.outputs.len()) {
+            return reject(e, op);
         }
         if let Some(o) = plan
             .outputs
