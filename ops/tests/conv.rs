@@ -209,7 +209,7 @@ fn all_directions<T: Element>(rt: &Runtime, label: &str, p: &Conv2dParams) {
 }
 
 backend_test!(conv_nchw_all_directions_match_f64, |rt, label| {
-    for g in GEOMETRIES {
+    for g in common::shard(&GEOMETRIES) {
         let p = params(g, Layout::Nchw);
         all_directions::<f32>(rt, label, &p);
         all_directions::<f16>(rt, label, &p);
@@ -218,7 +218,7 @@ backend_test!(conv_nchw_all_directions_match_f64, |rt, label| {
 });
 
 backend_test!(conv_nhwc_all_directions_match_f64, |rt, label| {
-    for g in GEOMETRIES {
+    for g in common::shard(&GEOMETRIES) {
         let p = params(g, Layout::Nhwc);
         all_directions::<f32>(rt, label, &p);
         all_directions::<f16>(rt, label, &p);

@@ -190,11 +190,18 @@ pub(crate) fn cuda_actor(
     // One actor at a time, process-wide, gives back its memory and drops its library
     // handles and stream (see `driver/teardown.rs`).
     teardown_serialized(|| {
-        if let Some(mem) = scx.mem.take() {
-            alloc::unregister(mem, &scx.stream);
-        }
-        // `scx` (with its library handles) drops here, on the thread that created them.
+        let mem = scx.mem.take();
+        let stream = scx.stream.clone();
+        // `scx` (its library handles, plan caches and scratch: workspaces from this
+        // stream's pool, freed into its cache while `mem` lives) drops first, on the
+        // thread that created them; then the memory is given back, the pool trimmed
+        // once those frees are done. In the other order the scratch's frees landed in
+        // the pool after its trim and stayed in it as a spare (the stress test's
+        // device-memory residue, `RELIABILITY.md` section 1).
         drop(scx);
+        if let Some(mem) = mem {
+            alloc::unregister(mem, &stream);
+        }
     });
 }
 

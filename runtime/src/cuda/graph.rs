@@ -134,6 +134,7 @@ pub(crate) fn end_capture(scx: &StreamCx, op: &str) -> Result<CudaGraph> {
     // SAFETY: the stream is capturing (`begin_capture`); `graph` is a valid out-pointer.
     let r = unsafe { sys::cuStreamEndCapture(scx.stream().cu_stream(), &mut graph) };
     alloc::capture_ends(scx.stream());
+    crate::driver::capture::restore_mode();
     if r != sys::CUresult::CUDA_SUCCESS || graph.is_null() {
         if !graph.is_null() {
             // SAFETY: a graph returned by the end of a capture, not used elsewhere.
@@ -171,6 +172,7 @@ pub(crate) fn abort_capture(scx: &StreamCx) {
         }
     }
     alloc::capture_ends(scx.stream());
+    crate::driver::capture::restore_mode();
 }
 
 /// A failed driver call during a capture: a call CUDA refuses inside a capture (a

@@ -231,6 +231,9 @@ pub(crate) fn unregister(mem: StdArc<StreamMem>, stream: &CudaStream) {
     // actor let go) then frees its block instead of caching it where no one looks.
     mem.cache.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
     free_cached(&mem, stream);
+    // The frees done before the pool's trim (`StreamPool::drop`): a trim leaves memory
+    // whose free is still enqueued in the pool, which is kept as a spare.
+    let _ = stream.synchronize();
     drop(mem);
 }
 

@@ -13,10 +13,10 @@
 //! capture uses: other actors keep allocating and synchronizing as usual.
 
 use std::any::Any;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{sys, CudaSlice};
 
 use crate::error::{CaptureHazard, Error, Result};
 
@@ -30,6 +30,8 @@ thread_local! {
     static CAPTURE: RefCell<Option<Active>> = const { RefCell::new(None) };
     /// Device memory dropped on this thread while it captured (`defer`).
     static DEFERRED: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+    /// The thread's capture mode before [`refuse`] relaxed it, until [`restore_mode`].
+    static RELAXED_FROM: Cell<Option<sys::CUstreamCaptureMode>> = const { Cell::new(None) };
 }
 
 /// Keeps `slice` (a `CudaSlice<T>` dropped while this thread captures) to be dropped
@@ -56,14 +58,48 @@ pub(crate) fn leave() -> VecDeque<Box<dyn Any>> {
     CAPTURE.with(|c| c.borrow_mut().take().map(|a| a.queue).unwrap_or_default())
 }
 
+/// Relaxes this thread's stream-capture mode (`cuThreadExchangeStreamCaptureMode`),
+/// once per capture, remembering the mode it had.
+fn relax_mode() {
+    if RELAXED_FROM.with(Cell::get).is_some() {
+        return;
+    }
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: `mode` is a valid in/out pointer for the call; it changes only this
+    // thread's mode.
+    let r = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    if r == sys::CUresult::CUDA_SUCCESS {
+        RELAXED_FROM.with(|m| m.set(Some(mode)));
+    }
+}
+
+/// Gives this thread back the capture mode [`refuse`] relaxed (if it did): called when
+/// a capture has ended or was aborted.
+pub(crate) fn restore_mode() {
+    if let Some(mut mode) = RELAXED_FROM.with(Cell::take) {
+        // SAFETY: as in `relax_mode`.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+}
+
 /// Whether this thread is capturing.
 pub(crate) fn active() -> bool {
     CAPTURE.with(|c| c.borrow().is_some())
 }
 
 /// The hazard error for the op being captured on this thread.
+///
+/// The capture is lost from here on, and the op, failing, drops what it holds: a planned
+/// output it already took (as a temporary, say) is bound to the graph's side stream, and
+/// its free there is one of the calls CUDA prohibits a capturing thread in the capture's
+/// thread-local mode (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: the free fails and the
+/// block leaks). So this thread's capture mode is relaxed until the capture ends
+/// ([`restore_mode`]): the op's drops free on the side stream, which does not capture.
 pub(crate) fn refuse(hazard: CaptureHazard) -> Error {
     let op = CAPTURE.with(|c| c.borrow().as_ref().map(|a| a.op).unwrap_or("?"));
+    if active() {
+        relax_mode();
+    }
     Error::NotCapturable {
         op: op.to_string(),
         hazard,

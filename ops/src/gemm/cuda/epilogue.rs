@@ -93,6 +93,12 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let res = c.resources();
+        if res.is_empty() && std::env::var_os("RTX_UNDER_SANITIZER").is_some() {
+            // Under compute-sanitizer's racecheck and synccheck NVRTC compiles but its
+            // log has no resource lines; the compile itself is what is checked there.
+            eprintln!("nvrtc: compiled; no resource report under the sanitizer");
+            return;
+        }
         for k in ["bias_act_f32", "bias_act_f16", "bias_act_bf16"] {
             let r = res
                 .iter()
