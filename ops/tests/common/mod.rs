@@ -44,7 +44,10 @@ pub fn shard<T: Copy>(cases: &[T]) -> Vec<T> {
     let Some((i, n)) = parsed else {
         panic!("RTX_TEST_SHARD={v}: expected i/n with i < n");
     };
-    eprintln!("RTX_TEST_SHARD={v}: cases {i}, {i}+{n}, ... of {}", cases.len());
+    eprintln!(
+        "RTX_TEST_SHARD={v}: cases {i}, {i}+{n}, ... of {}",
+        cases.len()
+    );
     cases
         .iter()
         .enumerate()
