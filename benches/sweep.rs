@@ -6,9 +6,10 @@
 //! `benches/torch_sweep.py` (same models, batch and steps).
 //!
 //! ```text
-//! cargo bench --bench sweep [-- [STREAMS ...] [--eager|--graphs] [--upload|--resident] [--no-step]]
+//! cargo bench --bench sweep [-- [STREAMS ...] [--eager|--graphs] [--upload|--resident]
+//!                              [--stacked|--no-stacked] [--no-step]]
 //!     default: streams 1 2 4 8, eager and graph rows, batches uploaded and resident,
-//!     then the step rows
+//!     then the stacked rows, then the step rows; --stacked: only the stacked rows
 //! ```
 //!
 //! One JSON line per stream count and form: `{"case": "sweep_rtx_streams4"` (eager) or
@@ -18,7 +19,10 @@
 //! `sweep_rtx_graphs_resident_streams4`) keep each batch on the device after its first
 //! upload (`PipelineConfig::resident`: the 8-batch epoch is uploaded once, in the first
 //! 8 steps), as PyTorch's forms keep their data on the GPU; the other rows upload every
-//! batch. Then the step of the sweep's smallest model on one stream:
+//! batch. The stacked rows (`sweep_rtx_stacked`, `sweep_rtx_stacked_graphs`) train the
+//! 8 models of one shape of PyTorch's stacked forms (512 wide, 3 deep, AdamW) as one
+//! `rtx_train::StackedMlp` on one stream, batches resident, `"members": 8`; their
+//! samples count every member's rows. Then the step of the sweep's smallest model on one stream:
 //! `{"case": "sweep_step_eager" | "sweep_step_graph", "us_per_step": .., "model": ..}`,
 //! timed after its first step (the capture, for the graph), over `STEP_STEPS` steps;
 //! `"sweep_step_speedup"` is eager time / graph time (issue 13's target: >= 2 on the
@@ -88,6 +92,48 @@ fn sweep(n: usize, graphs: bool, resident: bool) -> rtx::Result<()> {
     Ok(())
 }
 
+/// The stacked rows: the 8 models of one shape (`SweepConfig::stacked_spec`, 512 wide,
+/// 3 deep, AdamW) as one `StackedMlp` pipeline on one stream, its batches resident,
+/// as PyTorch's `stacked` and `stacked_graph` forms train them; samples count every
+/// member's rows.
+fn stacked(graphs: bool) -> rtx::Result<()> {
+    let rt = Runtime::builder().streams(1).build()?;
+    let cfg = config(&rt, graphs, true);
+    let (spec, members) = cfg.stacked_spec();
+    let task = cfg.task().generate(cfg.batch * 8, cfg.batch);
+    let s = rt.compute_streams(rt.device());
+    let warm = SweepConfig {
+        steps: 10,
+        ..cfg.clone()
+    };
+    let mut w = warm.stacked_pipeline(&rt, &spec, members, s.clone(), &task.train, 1)?;
+    run_concurrently(std::slice::from_mut(&mut w), &|_, _| {})?;
+    drop(w);
+    let mut p = cfg.stacked_pipeline(&rt, &spec, members, s, &task.train, 2)?;
+    let start = Instant::now();
+    run_concurrently(std::slice::from_mut(&mut p), &|_, _| {})?;
+    let wall = start.elapsed().as_secs_f64();
+    let samples = p.steps_done() * (cfg.batch * members) as u64;
+    println!(
+        "{{\"case\": \"{}\", \"backend\": \"{:?}\", \"samples_per_s\": {:.1}, \"wall_s\": {wall:.4}, \"steps\": {}, \"batch\": {}, \"members\": {members}, \"model\": \"{}\"}}",
+        stacked_case(graphs),
+        rt.backend(),
+        samples as f64 / wall,
+        cfg.steps,
+        cfg.batch,
+        spec.name
+    );
+    Ok(())
+}
+
+fn stacked_case(graphs: bool) -> &'static str {
+    if graphs {
+        "sweep_rtx_stacked_graphs"
+    } else {
+        "sweep_rtx_stacked"
+    }
+}
+
 /// The row of a case that failed: its error, in the JSON line.
 fn failed(case: &str, e: &rtx::Error) {
     let msg = e
@@ -155,7 +201,8 @@ fn main() {
         (false, true) => vec![true],
         _ => vec![false, true],
     };
-    for &r in &data {
+    let only_stacked = has("--stacked");
+    for &r in data.iter().filter(|_| !only_stacked) {
         for &n in &counts {
             for &g in &forms {
                 if let Err(e) = sweep(n, g, r) {
@@ -164,7 +211,14 @@ fn main() {
             }
         }
     }
-    if !has("--no-step") {
+    if !has("--no-stacked") {
+        for &g in &forms {
+            if let Err(e) = stacked(g) {
+                failed(stacked_case(g), &e);
+            }
+        }
+    }
+    if !has("--no-step") && !only_stacked {
         let mut times = Vec::new();
         for (case, g) in [("sweep_step_eager", false), ("sweep_step_graph", true)] {
             match step(g) {

@@ -20,6 +20,8 @@
 //! - [`Mlp`]: a stack of [`Linear`] layers, whose backward chains the layers so that
 //!   each activation's derivative is fused into the GEMM above it where the backend can
 //!   (`LinearBackward::input_activation`);
+//! - [`StackedMlp`]: `K` MLPs of one shape as one ensemble (weights `[K, out, in]`,
+//!   batched GEMMs), trained exactly as its members would be alone;
 //! - [`Param`] / [`Parameters`]: the (value, gradient) pairs an optimizer takes, with
 //!   [`Param::update`] for in-place updates by donation; [`Module`] for anything that
 //!   has parameters;
@@ -45,6 +47,7 @@ mod mlp;
 mod optim;
 mod param;
 pub mod pipeline;
+mod stacked;
 
 pub use attention::{AttentionConfig, AttentionCtx, CausalSelfAttention};
 pub use block::{BlockConfig, BlockCtx, TransformerBlock};
@@ -56,6 +59,7 @@ pub use linear::{Linear, LinearConfig, LinearCtx};
 pub use mlp::{Mlp, MlpConfig, MlpCtx};
 pub use optim::AdamW;
 pub use param::{IterMut, Module, Param, Parameters};
+pub use stacked::{StackedCtx, StackedMlp};
 
 use rtx_runtime::{Result, Tensor};
 

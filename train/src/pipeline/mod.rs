@@ -368,7 +368,7 @@ impl Pipeline {
             .took
             .or_else(|| self.started.map(|t| t.elapsed()))
             .unwrap_or_default();
-        let samples = (self.step * self.data.batch() as u64) as f64;
+        let samples = (self.step * self.data.batch() as u64 * self.model.members() as u64) as f64;
         if took.is_zero() {
             0.0
         } else {
@@ -383,6 +383,7 @@ impl Pipeline {
         let x = self.rt.upload(&data.x, [data.len(), data.dim])?;
         let y = self.rt.upload(&data.y, [data.len()])?;
         let logits = self.model.logits(&r0, &x)?;
+        let y = crate::stacked::repeat_labels(&r0, &y, self.model.members())?;
         let ce = r0.run(cross_entropy(&logits, &y))?;
         let pred = r0.run(argmax_dim(&logits, 1, false))?;
         let hit = r0.run(eq(&pred, &y))?;

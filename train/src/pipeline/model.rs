@@ -18,6 +18,13 @@ pub trait Classifier: Send {
         -> Result<Tensor>;
     /// The parameters, in a fixed order.
     fn params(&mut self) -> Parameters<'_>;
+    /// How many models this classifier trains at once on each batch: 1, or `K` for a
+    /// stacked ensemble ([`crate::StackedMlp`]), whose logits are `[K·N, classes]` for
+    /// a batch of `N` rows (member by member) against the batch's labels repeated `K`
+    /// times. Samples per second count every member's rows.
+    fn members(&self) -> usize {
+        1
+    }
 }
 
 /// `x` in the dtype of `mlp`'s weights (a cast on the device when they differ: f32

@@ -12,7 +12,7 @@ use super::{
     assign_streams, Batches, OptimizerConfig, Pipeline, PipelineConfig, Task, TeacherTask,
 };
 use crate::init::derive_seed;
-use crate::{Mlp, MlpConfig};
+use crate::{Mlp, MlpConfig, StackedMlp};
 
 /// One model of the sweep.
 #[derive(Clone, Debug, PartialEq)]
@@ -183,11 +183,68 @@ impl SweepConfig {
                 format!("{}: no stream given", m.name),
             ));
         };
+        let r0 = rt.on(first);
+        let model = Mlp::new(&r0, &self.mlp_config(m), seed)?;
+        self.pipeline_of(rt, m, Box::new(model), streams, train)
+    }
+
+    /// The MLP of model `m`: `dim`, `depth - 1` hidden layers of `width`, `classes`,
+    /// in the sweep's dtype.
+    pub fn mlp_config(&self, m: &ModelSpec) -> MlpConfig {
         let mut sizes = vec![self.dim];
         sizes.extend(std::iter::repeat_n(m.width, m.depth.saturating_sub(1)));
         sizes.push(self.classes);
-        let r0 = rt.on(first);
-        let model = Mlp::new(&r0, &MlpConfig::new(&sizes).dtype(self.dtype), seed)?;
+        MlpConfig::new(&sizes).dtype(self.dtype)
+    }
+
+    /// The models of one shape that the stacked forms train (PyTorch's `stacked` and
+    /// `stacked_graph` in `benches/torch_sweep.py`): 8 MLPs 512 wide (divided by
+    /// `width_div`), 3 deep, AdamW at 1e-3.
+    pub fn stacked_spec(&self) -> (ModelSpec, usize) {
+        let width = (512 / self.width_div.max(1)).max(4);
+        let spec = ModelSpec {
+            name: format!("mlp-{width}x3 x8 stacked"),
+            width,
+            depth: 3,
+            opt: OptimizerConfig::AdamW(AdamW {
+                lr: 1e-3,
+                weight_decay: 0.0,
+                ..AdamW::default()
+            }),
+        };
+        (spec, 8)
+    }
+
+    /// One pipeline training `members` models of `m`'s shape stacked into one
+    /// ([`StackedMlp`]): member `i` starts as `SweepConfig::pipeline`'s model of `m`
+    /// with seed `derive_seed(seed, i)` would, and trains as it would alone.
+    pub fn stacked_pipeline(
+        &self,
+        rt: &Runtime,
+        m: &ModelSpec,
+        members: usize,
+        streams: Vec<StreamId>,
+        train: &Arc<super::Dataset>,
+        seed: u64,
+    ) -> Result<Pipeline> {
+        let Some(&first) = streams.first() else {
+            return Err(rtx_runtime::Error::invalid(
+                "SweepConfig::stacked_pipeline",
+                format!("{}: no stream given", m.name),
+            ));
+        };
+        let model = StackedMlp::new(&rt.on(first), &self.mlp_config(m), members, seed)?;
+        self.pipeline_of(rt, m, Box::new(model), streams, train)
+    }
+
+    fn pipeline_of(
+        &self,
+        rt: &Runtime,
+        m: &ModelSpec,
+        model: Box<dyn super::Classifier>,
+        streams: Vec<StreamId>,
+        train: &Arc<super::Dataset>,
+    ) -> Result<Pipeline> {
         let data = Batches::new(train.clone(), self.batch).ok_or_else(|| {
             rtx_runtime::Error::invalid("SweepConfig::pipeline", "fewer rows than a batch")
         })?;
@@ -199,6 +256,6 @@ impl SweepConfig {
             graph: self.graphs,
             resident: self.resident,
         };
-        Pipeline::new(rt, cfg, Box::new(model), m.opt, Box::new(data))
+        Pipeline::new(rt, cfg, model, m.opt, Box::new(data))
     }
 }
