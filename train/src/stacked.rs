@@ -27,7 +27,7 @@ use rtx_runtime::{DType, Error, Result, Runtime, Tensor};
 
 use crate::init::derive_seed;
 use crate::param::{Module, Param, Parameters};
-use crate::pipeline::Classifier;
+use crate::pipeline::{loss_and_grad, Classifier};
 use crate::{Linear, Mlp, MlpConfig};
 
 /// One layer of every member: weight `[K, out, in]`, bias `[K, 1, out]`.
@@ -294,17 +294,12 @@ impl Classifier for StackedMlp {
         let (out, ctx) = self.forward(rt, &x)?;
         let logits = flat_logits(&out)?;
         let labels = repeat_labels(rt, y, self.members)?;
-        let ce = rt.run(rtx_ops::cross_entropy(&logits, &labels))?;
+        // The gradient of the members' summed losses: K times that of their mean.
         let k = self.members as f32;
-        let dlogits = rt.run(rtx_ops::cross_entropy_backward(
-            &logits,
-            &labels,
-            &ce.lse,
-            scale * k,
-        ))?;
+        let (loss, dlogits) = loss_and_grad(rt, &logits, &labels, scale * k)?;
         let dout = dlogits.reshape(out.shape().clone())?;
         self.backward_inner(rt, &dout, &ctx, false)?;
-        Ok(ce.loss)
+        Ok(loss)
     }
     fn params(&mut self) -> Parameters<'_> {
         self.parameters()

@@ -38,6 +38,7 @@ mod run;
 pub mod sweep;
 
 pub use data::{Batches, DataSource, Dataset, Task, TeacherTask};
+pub(crate) use model::loss_and_grad;
 pub use model::Classifier;
 pub use optim::{Optimizer, OptimizerConfig};
 pub use run::{assign_streams, run_concurrently, Progress, Report};

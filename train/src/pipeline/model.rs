@@ -57,12 +57,24 @@ impl Classifier for Mlp {
     ) -> Result<Tensor> {
         let x = as_model_dtype(self, rt, x)?;
         let (logits, ctx) = self.forward(rt, &x)?;
-        let ce = rt.run(cross_entropy(&logits, y))?;
-        let dlogits = rt.run(cross_entropy_backward(&logits, y, &ce.lse, scale))?;
+        let (loss, dlogits) = loss_and_grad(rt, &logits, y, scale)?;
         self.backward(rt, &dlogits, &ctx)?;
-        Ok(ce.loss)
+        Ok(loss)
     }
     fn params(&mut self) -> Parameters<'_> {
         self.parameters()
     }
+}
+
+/// The mean cross-entropy of `logits` against `labels` and the gradient of
+/// `scale · loss` with respect to the logits; submissions only.
+pub(crate) fn loss_and_grad(
+    rt: &Runtime,
+    logits: &Tensor,
+    labels: &Tensor,
+    scale: f32,
+) -> Result<(Tensor, Tensor)> {
+    let ce = rt.run(cross_entropy(logits, labels))?;
+    let d = rt.run(cross_entropy_backward(logits, labels, &ce.lse, scale))?;
+    Ok((ce.loss, d))
 }

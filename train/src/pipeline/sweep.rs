@@ -177,13 +177,7 @@ impl SweepConfig {
         train: &Arc<super::Dataset>,
         seed: u64,
     ) -> Result<Pipeline> {
-        let Some(&first) = streams.first() else {
-            return Err(rtx_runtime::Error::invalid(
-                "SweepConfig::pipeline",
-                format!("{}: no stream given", m.name),
-            ));
-        };
-        let r0 = rt.on(first);
+        let r0 = rt.on(first_stream(&streams, "SweepConfig::pipeline", m)?);
         let model = Mlp::new(&r0, &self.mlp_config(m), seed)?;
         self.pipeline_of(rt, m, Box::new(model), streams, train)
     }
@@ -227,13 +221,8 @@ impl SweepConfig {
         train: &Arc<super::Dataset>,
         seed: u64,
     ) -> Result<Pipeline> {
-        let Some(&first) = streams.first() else {
-            return Err(rtx_runtime::Error::invalid(
-                "SweepConfig::stacked_pipeline",
-                format!("{}: no stream given", m.name),
-            ));
-        };
-        let model = StackedMlp::new(&rt.on(first), &self.mlp_config(m), members, seed)?;
+        let r0 = rt.on(first_stream(&streams, "SweepConfig::stacked_pipeline", m)?);
+        let model = StackedMlp::new(&r0, &self.mlp_config(m), members, seed)?;
         self.pipeline_of(rt, m, Box::new(model), streams, train)
     }
 
@@ -258,4 +247,12 @@ impl SweepConfig {
         };
         Pipeline::new(rt, cfg, model, m.opt, Box::new(data))
     }
+}
+
+/// The first of `streams` (the one a model is built on), or the error naming `what`.
+fn first_stream(streams: &[StreamId], what: &str, m: &ModelSpec) -> Result<StreamId> {
+    streams
+        .first()
+        .copied()
+        .ok_or_else(|| rtx_runtime::Error::invalid(what, format!("{}: no stream given", m.name)))
 }
