@@ -21,9 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rtx::ops::elementwise as ew;
-use rtx::{
-    Backend, Buffer, Cost, DType, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor, TensorSpec,
-};
+use rtx::{Backend, Buffer, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor};
 
 /// One test at a time: each reads the process's thread count.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -51,10 +49,7 @@ impl Op for Tracked {
         vec![&self.x]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.x.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.x))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         if !self.delay.is_zero() {

@@ -14,7 +14,7 @@
 mod common;
 
 use rtx::ops::{self, elementwise as ew};
-use rtx::{Backend, Cost, Error, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor, TensorSpec};
+use rtx::{Backend, Error, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor};
 
 /// Fails in `run`: with an error naming `tag`, or by panicking with it.
 struct Fault {
@@ -32,10 +32,7 @@ impl Op for Fault {
         vec![&self.x]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.x.shape().clone(), self.x.dtype())],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.x))
     }
     fn run(&mut self, _: &mut ExecCx<'_>) -> Result<()> {
         if self.panic {

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::LaunchConfig;
 use rtx::kernels::{Arch, KernelCache, Options};
 use rtx::ops::elementwise as ew;
-use rtx::{
-    Backend, BackendCx, Cost, Error, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor, TensorSpec,
-};
+use rtx::{Backend, BackendCx, Error, ExecCx, Op, Plan, PlanCx, Result, Runtime, Tensor};
 
 /// Launches `fault_trap` (kernels/cuda/testing/fault.cu, built in with the `test-util`
 /// feature), which executes `__trap()`.
@@ -29,10 +27,7 @@ impl Op for Fault {
         vec![&self.0]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.0.shape().clone(), self.0.dtype())],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.0))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         let n = self.0.numel();

@@ -9,7 +9,7 @@ mod common;
 use common::{check, f64s, rand_vec, rng};
 use rtx_ops as ops;
 use rtx_runtime::{
-    CaptureHazard, Cost, DType, Error, ExecCx, Op, Plan, PlanCx, Runtime, Tensor, TensorSpec,
+    CaptureHazard, DType, Error, ExecCx, Op, Plan, PlanCx, Runtime, Tensor, TensorSpec,
 };
 
 const M: usize = 8;
@@ -206,10 +206,7 @@ impl Op for Syncs {
         vec![&self.0]
     }
     fn plan(&self, _cx: &PlanCx) -> rtx_runtime::Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.0.shape().clone(), self.0.dtype())],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.0))
     }
     fn run(&mut self, _cx: &mut ExecCx<'_>) -> rtx_runtime::Result<()> {
         Err(Error::invalid("syncs", "never run in these tests"))
@@ -231,10 +228,7 @@ impl Op for Panics {
         vec![&self.0]
     }
     fn plan(&self, _cx: &PlanCx) -> rtx_runtime::Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.0.shape().clone(), self.0.dtype())],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.0))
     }
     fn run(&mut self, _cx: &mut ExecCx<'_>) -> rtx_runtime::Result<()> {
         panic!("planted panic")
@@ -373,10 +367,7 @@ impl Op for Scratchy {
         vec![&self.0]
     }
     fn plan(&self, _cx: &PlanCx) -> rtx_runtime::Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.0))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> rtx_runtime::Result<()> {
         let x = cx.input(&self.0)?;

@@ -34,6 +34,10 @@ impl TensorSpec {
             dtype,
         }
     }
+    /// The shape and dtype of `t`.
+    pub fn like(t: &Tensor) -> Self {
+        TensorSpec::new(t.shape().clone(), t.dtype())
+    }
 }
 
 /// An op's estimated work, for the scheduler's cost model.
@@ -52,6 +56,25 @@ pub struct Plan {
     pub outputs: Vec<TensorSpec>,
     /// Estimated work.
     pub cost: Cost,
+}
+
+impl Plan {
+    /// One output of `t`'s shape and dtype, no cost declared: the plan of most
+    /// element-wise custom ops.
+    ///
+    /// ```
+    /// use rtx_runtime::{Plan, Runtime, TensorSpec};
+    /// let rt = Runtime::cpu(1);
+    /// let x = rt.upload(&[1.0f32, 2.0], [2])?;
+    /// assert_eq!(Plan::like(&x).outputs, vec![TensorSpec::like(&x)]);
+    /// # Ok::<(), rtx_runtime::Error>(())
+    /// ```
+    pub fn like(t: &Tensor) -> Self {
+        Plan {
+            outputs: vec![TensorSpec::like(t)],
+            cost: Cost::default(),
+        }
+    }
 }
 
 /// What validation may look at.

@@ -41,10 +41,7 @@ impl Op for Add {
         if self.a.dtype() != DType::F32 || self.b.dtype() != DType::F32 {
             return Err(Error::dtype("test_add", DType::F32, self.b.dtype()));
         }
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.a.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.a))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         std::thread::sleep(self.delay);
@@ -75,10 +72,7 @@ impl Op for Boom {
         vec![&self.0]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.0))
     }
     fn run(&mut self, _: &mut ExecCx<'_>) -> Result<()> {
         panic!("kaboom")
@@ -96,10 +90,7 @@ impl Op for Lazy {
         vec![&self.0]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.0))
     }
     fn run(&mut self, _: &mut ExecCx<'_>) -> Result<()> {
         Ok(())
@@ -283,10 +274,7 @@ impl Op for Park {
         vec![&self.0]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.0))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         HELD.with(|h| *h.borrow_mut() = Some(self.1.clone()));
@@ -471,10 +459,7 @@ impl Op for Sneaky {
         vec![&self.declared]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.declared.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.declared))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         let v = cx.input(&self.hidden)?.cpu::<f32>()?.to_vec();

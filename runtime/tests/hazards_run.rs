@@ -330,10 +330,7 @@ impl Op for DonateThenFail {
         vec![&self.0]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.0))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         let buf = cx.donate(&mut self.0).expect("the only handle");
@@ -368,10 +365,7 @@ impl Op for CopyOn {
         vec![&self.0]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.0))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         let x = cx.input(&self.0)?;
@@ -404,10 +398,7 @@ impl Op for DonateReadDropFail {
         vec![&self.0]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.0.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.0))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         let name = "donate_read_drop_fail";

@@ -26,10 +26,7 @@ impl Op for Plus {
         vec![&self.x]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.x.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.x))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         let x = cx.input(&self.x)?.cpu::<f32>()?.to_vec();

@@ -125,10 +125,7 @@ impl Op for AddOne {
         vec![&self.x]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.x.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.x))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         let x = read(&cx.input(&self.x)?)?;
@@ -318,10 +315,7 @@ impl Op for AddOneInPlace {
         vec![&self.x]
     }
     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.x.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.x))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         if let Some(mut b) = cx.donate(&mut self.x) {

@@ -17,10 +17,7 @@ impl Op for Add {
         if self.a.shape() != self.b.shape() {
             return Err(Error::shape("add", self.a.shape(), self.b.shape(), ""));
         }
-        Ok(Plan {
-            outputs: vec![TensorSpec::new(self.a.shape().clone(), DType::F32)],
-            cost: Cost::default(),
-        })
+        Ok(Plan::like(&self.a))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         let a = cx.input(&self.a)?;

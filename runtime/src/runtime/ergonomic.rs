@@ -73,15 +73,14 @@ impl Runtime {
     ///
     /// ```
     /// use rtx_runtime::Runtime;
-    /// # use rtx_runtime::{Op, Plan, PlanCx, ExecCx, TensorSpec, Cost, Buffer, Result, Tensor};
+    /// # use rtx_runtime::{Op, Plan, PlanCx, ExecCx, Buffer, Result, Tensor};
     /// # struct Double(Tensor);
     /// # impl Op for Double {
     /// #     type Output = Tensor;
     /// #     fn name(&self) -> &'static str { "double" }
     /// #     fn inputs(&self) -> Vec<&Tensor> { vec![&self.0] }
     /// #     fn plan(&self, _: &PlanCx) -> Result<Plan> {
-    /// #         Ok(Plan { outputs: vec![TensorSpec::new(self.0.shape().clone(), self.0.dtype())],
-    /// #                   cost: Cost { flops: 0.0, bytes: 0.0 } })
+    /// #         Ok(Plan::like(&self.0))
     /// #     }
     /// #     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
     /// #         let v: Vec<f32> = cx.input(&self.0)?.cpu::<f32>()?.iter().map(|x| 2.0 * x).collect();
