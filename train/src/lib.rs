@@ -20,6 +20,9 @@
 //! - [`Mlp`]: a stack of [`Linear`] layers, whose backward chains the layers so that
 //!   each activation's derivative is fused into the GEMM above it where the backend can
 //!   (`LinearBackward::input_activation`);
+//! - [`CharLm`]: a character-level causal transformer (embeddings, blocks, head) and
+//!   [`lm`]'s text corpus (the repository's own sources, read at run time) and
+//!   training loop;
 //! - [`StackedMlp`]: `K` MLPs of one shape as one ensemble (weights `[K, out, in]`,
 //!   batched GEMMs), trained exactly as its members would be alone;
 //! - [`Param`] / [`Parameters`]: the (value, gradient) pairs an optimizer takes, with
@@ -43,6 +46,7 @@ mod embedding;
 pub mod init;
 mod layer_norm;
 mod linear;
+pub mod lm;
 mod mlp;
 mod optim;
 mod param;
@@ -56,6 +60,7 @@ pub use conv::{Conv2d, Conv2dConfig, Conv2dCtx};
 pub use embedding::{Embedding, EmbeddingCtx};
 pub use layer_norm::{LayerNorm, LayerNormCtx};
 pub use linear::{Linear, LinearConfig, LinearCtx};
+pub use lm::{train_lm, CharLm, CharLmConfig, LmReport, LmRun, TextCorpus};
 pub use mlp::{Mlp, MlpConfig, MlpCtx};
 pub use optim::AdamW;
 pub use param::{IterMut, Module, Param, Parameters};

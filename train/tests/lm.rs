@@ -1,0 +1,150 @@
+//! The character-level transformer LM on the CPU backend: its gradients against finite
+//! differences of an f64 reference; the repository's own text as its corpus; and a
+//! small model trained on that text ending well below the text's unigram entropy.
+
+mod common;
+
+use common::reference as r;
+use common::{check_fd, grads, jitter, rand_vec};
+use rtx_ops::optim::AdamW as AdamWConfig;
+use rtx_runtime::{Error, Runtime};
+use rtx_train::lm::VOCAB;
+use rtx_train::{train_lm, CharLm, CharLmConfig, LmRun, Module, TextCorpus};
+
+/// Mean cross-entropy of the next byte, the model in f64: params in `parameters()`
+/// order (token table, position table, the blocks' 16 each, final norm, head).
+fn lm_ref(ids: &[u32], targets: &[u32], b: usize, t: usize, heads: usize, p: &[Vec<f64>]) -> f64 {
+    let d = p[1].len() / t;
+    let mut h = vec![0.0; b * t * d];
+    for (r_, &id) in ids.iter().enumerate() {
+        let j = r_ % t;
+        for c in 0..d {
+            h[r_ * d + c] = p[0][id as usize * d + c] + p[1][j * d + c];
+        }
+    }
+    let blocks = (p.len() - 6) / 16;
+    for k in 0..blocks {
+        h = r::block(&h, b, t, heads, 1e-5, &p[2 + 16 * k..2 + 16 * (k + 1)]);
+    }
+    let n = p.len();
+    let normed = r::layer_norm(&h, d, &p[n - 4], &p[n - 3], 1e-5);
+    let logits = r::linear(&normed, b * t, &p[n - 2], Some(&p[n - 1]), VOCAB);
+    let mut loss = 0.0;
+    for (row, &y) in logits.chunks(VOCAB).zip(targets) {
+        let m = row.iter().cloned().fold(f64::MIN, f64::max);
+        let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+        loss += lse - row[y as usize];
+    }
+    loss / targets.len() as f64
+}
+
+#[test]
+fn char_lm_gradients_match_finite_differences() {
+    rtx_ops::set_poison_outputs(true);
+    let rt = Runtime::cpu(2);
+    let seed: u64 = rand::random();
+    let (b, t, d, heads) = (2, 4, 8, 2);
+    let mut lm = CharLm::new(&rt, CharLmConfig::new(t, d, heads, 1), seed).unwrap();
+    let at = jitter(&rt, &mut lm, seed, 0.3);
+    assert_eq!(at.len(), 22, "2 tables + 16 block tensors + norm + head");
+    let draw = |s: u64| -> Vec<u32> {
+        rand_vec(s, b * t, 0.0, 40.0)
+            .iter()
+            .map(|v| 60 + *v as u32)
+            .collect()
+    };
+    let (ids, targets) = (draw(seed ^ 1), draw(seed ^ 2));
+    let idt = rt.upload(&ids, [b, t]).unwrap();
+    let tgt = rt.upload(&targets, [b * t]).unwrap();
+    let loss = lm.loss_backward(&rt, &idt, &tgt, 1.0).unwrap();
+    let got_loss = f64::from(rt.to_vec::<f32>(&loss).unwrap().wait().unwrap()[0]);
+    let want = lm_ref(&ids, &targets, b, t, heads, &at);
+    let what = format!("char LM (seed {seed})");
+    assert!(
+        (got_loss - want).abs() < 1e-5 * want.abs(),
+        "{what}: loss {got_loss} vs reference {want}"
+    );
+    let got = grads(&mut lm);
+    let names: Vec<String> = lm
+        .parameters()
+        .iter()
+        .map(|p| p.name().to_string())
+        .collect();
+    let f = |p: &[Vec<f64>]| lm_ref(&ids, &targets, b, t, heads, p);
+    check_fd(&what, f, &at, &got, &names, 1e-5, 1e-4);
+}
+
+/// The repository: this crate's parent folder.
+fn repo() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_path_buf()
+}
+
+#[test]
+fn the_corpus_is_the_repository_s_own_text() {
+    let c = TextCorpus::from_dir(&repo()).unwrap();
+    assert!(c.files() > 50, "{} files", c.files());
+    assert!(c.len() > 500_000, "{} bytes", c.len());
+    let h = c.unigram_entropy();
+    // English and Rust text: about 3 nats per byte without context (8 bits: 5.5).
+    assert!(h > 2.5 && h < 4.0, "unigram entropy {h} nats");
+    let (x, y) = c.batch(3, 7, 4, 16, false).unwrap();
+    assert_eq!((x.len(), y.len()), (64, 64));
+    assert_eq!(&x[1..16], &y[..15], "targets are the inputs shifted by one");
+    assert_eq!(
+        c.batch(3, 7, 4, 16, false).unwrap(),
+        (x, y),
+        "deterministic"
+    );
+    assert!(matches!(
+        TextCorpus::from_bytes(b"too short".to_vec()),
+        Err(Error::InvalidOp { .. })
+    ));
+    let empty = std::env::temp_dir().join(format!("rtx-lm-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    assert!(TextCorpus::from_dir(&empty).is_err(), "no text files");
+    let _ = std::fs::remove_dir(&empty);
+}
+
+#[test]
+fn a_char_lm_trained_on_the_repository_ends_well_below_its_unigram_entropy() {
+    let rt = Runtime::cpu(2);
+    let corpus = TextCorpus::from_dir(&repo()).unwrap();
+    let mut lm = CharLm::new(&rt, CharLmConfig::new(32, 64, 4, 2), 11).unwrap();
+    let run = LmRun {
+        steps: 300,
+        batch: 16,
+        loss_every: 20,
+        adamw: AdamWConfig {
+            lr: 3e-3,
+            weight_decay: 0.0,
+            ..AdamWConfig::default()
+        },
+        seed: 5,
+    };
+    let mut seen = Vec::new();
+    let rep = train_lm(&rt, &mut lm, &corpus, &run, |k, l| seen.push((k, l))).unwrap();
+    assert_eq!(seen, rep.losses, "progress saw every read-back");
+    assert_eq!(rep.losses.len(), 15);
+    let first = rep.losses[0].1;
+    let last = rep.losses.last().unwrap().1;
+    let h = rep.unigram as f32;
+    eprintln!(
+        "char LM: loss {first:.3} -> {last:.3} (held out {:.3}), unigram entropy {h:.3} nats",
+        rep.held_out
+    );
+    // ln 256 = 5.55 at the start; the unigram entropy is about 3.4 on this text.
+    assert!(last < first, "it learns: {:?}", rep.losses);
+    assert!(
+        last < 0.8 * h,
+        "training loss {last} vs unigram {h}: {:?}",
+        rep.losses
+    );
+    assert!(
+        rep.held_out < 0.85 * h,
+        "held out {} vs unigram {h}",
+        rep.held_out
+    );
+}
