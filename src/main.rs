@@ -46,6 +46,16 @@ struct Cli {
     /// ops are replayed).
     #[arg(long)]
     graphs: bool,
+    /// The main job: the folder whose .rs and .md files the character-level LM beside
+    /// the sweep trains on (default: the current folder, the repository).
+    #[arg(long, default_value = ".")]
+    text: std::path::PathBuf,
+    /// The main job: the LM's steps (default 400 on CUDA, 300 on the CPU).
+    #[arg(long, default_value_t = 0)]
+    lm_steps: u64,
+    /// The main job: no character-level LM beside the sweep.
+    #[arg(long)]
+    no_lm: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -101,6 +111,8 @@ fn main() -> ExitCode {
             out: cli.out,
             quiet: cli.quiet,
             graphs: cli.graphs,
+            text: (!cli.no_lm).then_some(cli.text),
+            lm_steps: cli.lm_steps,
         }),
     };
     match r {

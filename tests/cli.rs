@@ -57,7 +57,15 @@ fn unknown_subcommand_is_an_error_on_stderr() {
 /// folder (named after `tag`) and output.
 fn main_job(tag: &str, extra: &[&str]) -> (std::path::PathBuf, Output) {
     let dir = std::env::temp_dir().join(format!("rtx-cli-{tag}-{}", std::process::id()));
-    let mut args = vec!["--backend", "cpu", "--steps", "4", "--quiet"];
+    let mut args = vec![
+        "--backend",
+        "cpu",
+        "--steps",
+        "4",
+        "--lm-steps",
+        "4",
+        "--quiet",
+    ];
     args.extend_from_slice(extra);
     args.extend(["--out", dir.to_str().expect("utf-8 temp dir")]);
     let out = rtx(&args);
@@ -89,6 +97,19 @@ fn no_subcommand_runs_the_main_job_the_sweep() {
         "8 models in the table: {stdout}"
     );
     assert!(stdout.contains("whole sweep:"), "{stdout}");
+    // The LM beside it, on the repository's text (the test's working folder).
+    assert!(
+        stdout.contains("character-level causal transformer"),
+        "{stdout}"
+    );
+    let lm = stdout
+        .lines()
+        .find(|l| l.starts_with("char-lm: loss"))
+        .unwrap_or_else(|| panic!("no char-lm line in {stdout}"));
+    assert!(
+        lm.contains("(step 4)") && lm.contains("unigram entropy"),
+        "{lm}"
+    );
     let json = std::fs::read_to_string(dir.join("rtx-timeline.json")).expect("trace written");
     assert!(json.starts_with("{\"traceEvents\":[") && json.contains("cpu stream 1"));
     let svg = std::fs::read_to_string(dir.join("rtx-timeline.svg")).expect("svg written");
@@ -104,6 +125,16 @@ fn the_main_job_runs_with_graphs() {
     assert!(stdout.contains("captured once into a graph"), "{stdout}");
     assert_eq!(stdout.matches("mlp-").count(), 8, "8 models: {stdout}");
     assert!(stdout.contains("whole sweep:"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_main_job_runs_without_the_lm() {
+    let (dir, out) = main_job("nolm", &["--no-lm"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("whole sweep:"), "{stdout}");
+    assert!(!stdout.contains("char-lm"), "--no-lm runs no LM: {stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,14 +1,17 @@
 //! The main job (`rtx` with no subcommand): the sweep of 8 heterogeneous training
-//! pipelines on one runtime, with a progress bar per pipeline, a final table and the
-//! timeline of the streams (Chrome trace JSON + SVG).
+//! pipelines on one runtime and, beside it on the last compute stream, a character-level
+//! transformer LM trained on the repository's own text; a progress bar per job, a final
+//! table and the timeline of the streams (Chrome trace JSON + SVG).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use rtx::ops::optim::AdamW as AdamWConfig;
 use rtx::timeline::Timeline;
 use rtx::train::pipeline::sweep::SweepConfig;
 use rtx::train::pipeline::{run_concurrently, Progress};
+use rtx::train::{train_lm, CharLm, CharLmConfig, LmReport, LmRun, TextCorpus};
 use rtx::{Backend, BackendKind, Runtime};
 
 /// What the sweep command is told.
@@ -25,6 +28,43 @@ pub struct Args {
     pub quiet: bool,
     /// Each pipeline's step as a captured graph ([`SweepConfig::graphs`]).
     pub graphs: bool,
+    /// The folder whose `.rs` and `.md` files the character-level LM trains on
+    /// (`None`: no LM).
+    pub text: Option<PathBuf>,
+    /// The LM's steps (0: the backend's default).
+    pub lm_steps: u64,
+}
+
+/// The character-level LM beside the sweep: its model, run and corpus, or why not.
+struct LmJob {
+    cfg: CharLmConfig,
+    run: LmRun,
+    corpus: TextCorpus,
+}
+
+impl LmJob {
+    /// 4 blocks of width 256 over 128 bytes, batch 32, 400 steps on CUDA; scaled down to
+    /// 2 blocks of width 64 over 32 bytes, batch 16, 300 steps on the CPU.
+    fn new(text: &Path, cuda: bool, steps: u64) -> rtx::Result<Self> {
+        let corpus = TextCorpus::from_dir(text)?;
+        let (cfg, batch, default_steps) = if cuda {
+            (CharLmConfig::new(128, 256, 4, 4), 32, 400)
+        } else {
+            (CharLmConfig::new(32, 64, 4, 2), 16, 300)
+        };
+        let run = LmRun {
+            steps: if steps > 0 { steps } else { default_steps },
+            batch,
+            loss_every: 20,
+            adamw: AdamWConfig {
+                lr: if cuda { 1e-3 } else { 3e-3 },
+                weight_decay: 0.0,
+                ..AdamWConfig::default()
+            },
+            seed: 5,
+        };
+        Ok(LmJob { cfg, run, corpus })
+    }
 }
 
 /// Runs the sweep and prints its table; writes the timeline files.
@@ -76,6 +116,36 @@ pub fn run(args: Args) -> rtx::Result<()> {
     }
     let all = rt.compute_streams(rt.device());
     let (task, mut pipelines) = cfg.build(&rt, &all, 1, 32)?;
+    let lm = match &args.text {
+        Some(dir) => match LmJob::new(dir, cuda, args.lm_steps) {
+            Ok(job) => {
+                let c = &job.cfg;
+                println!(
+                    "beside it, a character-level causal transformer ({} blocks, d {}, {} heads, context {}{}) \
+                     trained on the {} .rs and .md files under {} ({} bytes; unigram entropy {:.3} nats), \
+                     batch {}, {} steps, on compute stream {}",
+                    c.layers,
+                    c.d_model,
+                    c.heads,
+                    c.context,
+                    if cuda { "" } else { ", scaled down for the CPU" },
+                    job.corpus.files(),
+                    dir.display(),
+                    job.corpus.len(),
+                    job.corpus.unigram_entropy(),
+                    job.run.batch,
+                    job.run.steps,
+                    all.len() - 1
+                );
+                Some(job)
+            }
+            Err(e) => {
+                println!("no character-level LM: {e} (pass --text DIR, a folder of .rs/.md files)");
+                None
+            }
+        },
+        None => None,
+    };
     println!(
         "task: teacher MLP {}→{}→{} (tanh), {:.0}% label noise, seed {}; the teacher's accuracy on the held-out set, the bound: {:.1}%\n",
         cfg.dim,
@@ -134,9 +204,40 @@ pub fn run(args: Args) -> rtx::Result<()> {
             .map_or("loss   -   ".to_string(), |(_, l)| format!("loss {l:.4}"));
         b.set_message(format!("{loss}  {:>9.0} samples/s", p.samples_per_s));
     };
-    run_concurrently(&mut pipelines, &show)?;
-    let wall = start.elapsed();
-    for b in &bars {
+    let lm_bar = lm.as_ref().map(|job| {
+        let b = multi.add(ProgressBar::new(job.run.steps));
+        b.set_style(style.clone());
+        b.set_prefix("char-lm");
+        b
+    });
+    let (lm_report, wall) = std::thread::scope(|s| {
+        let lm_thread = lm.as_ref().map(|job| {
+            let r = rt.on(*all.last().expect("a compute stream"));
+            let bar = lm_bar.clone();
+            s.spawn(move || -> rtx::Result<(LmReport, Duration)> {
+                let t0 = Instant::now();
+                let mut model = CharLm::new(&r, job.cfg, 2026)?;
+                let rep = train_lm(&r, &mut model, &job.corpus, &job.run, |k, l| {
+                    if let Some(b) = &bar {
+                        b.set_position(k);
+                        b.set_message(format!(
+                            "loss {l:.4}  (unigram {:.4})",
+                            job.corpus.unigram_entropy()
+                        ));
+                    }
+                })?;
+                Ok((rep, t0.elapsed()))
+            })
+        });
+        let swept = run_concurrently(&mut pipelines, &show);
+        let wall = start.elapsed();
+        let lm = lm_thread.map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(rtx::Error::invalid("char-lm", "its thread panicked")))
+        });
+        swept.map(|()| (lm, wall))
+    })?;
+    for b in bars.iter().chain(&lm_bar) {
         b.finish();
     }
     let reports = pipelines
@@ -172,6 +273,22 @@ pub fn run(args: Args) -> rtx::Result<()> {
         all.len(),
         task.teacher_accuracy * 100.0
     );
+    if let (Some(job), Some(r)) = (&lm, lm_report) {
+        let (rep, took) = r?;
+        let first = rep.losses.first().map_or(f32::NAN, |l| l.1);
+        let last = rep.losses.last().map_or(f32::NAN, |l| l.1);
+        let tokens = job.run.steps as f64 * (job.run.batch * job.cfg.context) as f64;
+        println!(
+            "char-lm: loss {first:.4} (step {}) -> {last:.4} (step {}), held out {:.4}, against the text's unigram entropy {:.4} nats ({:.2}x); {:.0} tokens/s over {:.2} s",
+            rep.losses.first().map_or(0, |l| l.0),
+            rep.losses.last().map_or(0, |l| l.0),
+            rep.held_out,
+            rep.unigram,
+            f64::from(rep.held_out) / rep.unigram,
+            tokens / took.as_secs_f64(),
+            took.as_secs_f64()
+        );
+    }
     let (_, at) = warm.into_inner().unwrap_or_else(|e| e.into_inner());
     if let Some((t, submitted, done)) = at {
         let rest = (start + wall).saturating_duration_since(t).as_secs_f64();
