@@ -148,3 +148,59 @@ fn a_char_lm_trained_on_the_repository_ends_well_below_its_unigram_entropy() {
         rep.held_out
     );
 }
+
+/// On CUDA (skipped without a device; `RTX_REQUIRE_CUDA=1` makes that a failure): the
+/// first loss and gradients agree with the CPU backend's on the same weights and batch
+/// (within 1e-2 by the norm, with a floor of 1e-2 of the largest gradient's norm: the
+/// attention op computes in f16 on CUDA, as in `layers_cuda.rs`), and the small model
+/// learns below the unigram entropy there too.
+#[test]
+fn on_cuda_the_char_lm_agrees_with_the_cpu_and_learns() {
+    let Some(gpu) = common::cuda() else {
+        return;
+    };
+    let cpu = Runtime::cpu(2);
+    let corpus = TextCorpus::from_dir(&repo()).unwrap();
+    let cfg = CharLmConfig::new(32, 64, 4, 2);
+    let (x, y) = corpus.batch(9, 0, 8, 32, false).unwrap();
+    let mut per_backend = Vec::new();
+    for rt in [&cpu, &gpu] {
+        let mut lm = CharLm::new(rt, cfg, 3).unwrap();
+        let ids = rt.upload(&x, [8, 32]).unwrap();
+        let tgt = rt.upload(&y, [8 * 32]).unwrap();
+        let loss = lm.loss_backward(rt, &ids, &tgt, 1.0).unwrap();
+        let loss = rt.to_vec::<f32>(&loss).unwrap().wait().unwrap()[0];
+        per_backend.push((loss, grads(&mut lm)));
+    }
+    let ((lc, gc), (lg, gg)) = (&per_backend[0], &per_backend[1]);
+    assert!(
+        (lc - lg).abs() < 1e-3 * lc.abs(),
+        "loss cpu {lc} vs cuda {lg}"
+    );
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let floor = 1e-2 * gc.iter().map(|g| norm(g)).fold(0.0, f64::max);
+    for (i, (a, b)) in gc.iter().zip(gg).enumerate() {
+        let diff: Vec<f64> = a.iter().zip(b).map(|(u, v)| u - v).collect();
+        let e = norm(&diff) / norm(a).max(floor);
+        assert!(e < 1e-2, "gradient #{i}: cuda vs cpu relative error {e:e}");
+    }
+    let mut lm = CharLm::new(&gpu, cfg, 11).unwrap();
+    let run = LmRun {
+        steps: 300,
+        batch: 16,
+        loss_every: 50,
+        adamw: AdamWConfig {
+            lr: 3e-3,
+            weight_decay: 0.0,
+            ..AdamWConfig::default()
+        },
+        seed: 5,
+    };
+    let rep = train_lm(&gpu, &mut lm, &corpus, &run, |_, _| {}).unwrap();
+    let h = rep.unigram as f32;
+    assert!(
+        rep.held_out < 0.85 * h,
+        "cuda: held out {} vs unigram {h}",
+        rep.held_out
+    );
+}
