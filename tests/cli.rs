@@ -97,6 +97,7 @@ fn no_subcommand_runs_the_main_job_the_sweep() {
         "8 models in the table: {stdout}"
     );
     assert!(stdout.contains("whole sweep:"), "{stdout}");
+    assert!(stdout.contains("\ncnn-8x8 "), "the CNN's row: {stdout}");
     // The LM beside it, on the repository's text (the test's working folder).
     assert!(
         stdout.contains("character-level causal transformer"),

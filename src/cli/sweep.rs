@@ -1,5 +1,5 @@
-//! The main job (`rtx` with no subcommand): the sweep of 8 heterogeneous training
-//! pipelines on one runtime and, beside it on the last compute stream, a character-level
+//! The main job (`rtx` with no subcommand): the sweep of 8 heterogeneous MLP training
+//! pipelines and a small CNN on one runtime and, beside it on the last compute stream, a character-level
 //! transformer LM trained on the repository's own text; a progress bar per job, a final
 //! table and the timeline of the streams (Chrome trace JSON + SVG).
 
@@ -100,7 +100,7 @@ pub fn run(args: Args) -> rtx::Result<()> {
     print!("{}", rt.info());
     if cuda {
         println!(
-            "sweep: 8 MLPs on {}-d inputs, {} classes, batch {}, {} steps each, {} compute, f32 masters",
+            "sweep: 8 MLPs and a small CNN (the rows as 16x16 images, always eager) on {}-d inputs, {} classes, batch {}, {} steps each, {} compute, f32 masters",
             cfg.dim,
             cfg.classes,
             cfg.batch,
@@ -110,12 +110,15 @@ pub fn run(args: Args) -> rtx::Result<()> {
     } else {
         println!(
             "sweep (scaled down for the CPU backend: {}-d inputs instead of 256, batch {} instead of 512, \
-             {} steps instead of 200, widths / {}, f32): 8 MLPs, {} classes",
+             {} steps instead of 200, widths / {}, f32): 8 MLPs and a small CNN (the rows as 8x8 images), {} classes",
             cfg.dim, cfg.batch, cfg.steps, cfg.width_div, cfg.classes
         );
     }
     let all = rt.compute_streams(rt.device());
     let (task, mut pipelines) = cfg.build(&rt, &all, 1, 32)?;
+    // The small CNN, a ninth pipeline (the benchmark's sweep is the 8 MLPs).
+    let cnn_seed = rtx::train::init::derive_seed(cfg.seed, 200);
+    pipelines.push(cfg.cnn_pipeline(&rt, vec![all[0]], &task.train, cnn_seed)?);
     let lm = match &args.text {
         Some(dir) => match LmJob::new(dir, cuda, args.lm_steps) {
             Ok(job) => {

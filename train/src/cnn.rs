@@ -54,6 +54,7 @@ pub struct CnnCtx {
 /// ReLUs are fused into the convolutions; flattening is a reshape (free).
 #[derive(Debug)]
 pub struct Cnn {
+    cfg: CnnConfig,
     convs: [Conv2d; 2],
     head: Linear,
 }
@@ -78,7 +79,12 @@ impl Cnn {
         let features = c2 * oh * ow;
         let lc = LinearConfig::new(features, cfg.classes).dtype(cfg.dtype);
         let head = Linear::new(rt, lc, init::derive_seed(seed, 2))?;
-        Ok(Cnn { convs, head })
+        Ok(Cnn { cfg, convs, head })
+    }
+
+    /// The sizes it was built with.
+    pub fn config(&self) -> &CnnConfig {
+        &self.cfg
     }
 
     /// The two convolutions.

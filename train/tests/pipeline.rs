@@ -248,3 +248,33 @@ fn resident_batches_give_the_losses_of_uploaded_ones() {
         assert_eq!(run(true), run(false), "graphs: {graphs}");
     }
 }
+
+#[test]
+fn the_cnn_pipeline_learns_the_teacher_task() {
+    let rt = Runtime::cpu(1);
+    let cfg = SweepConfig {
+        dim: 64,
+        batch: 128,
+        loss_every: 10,
+        ..small(150)
+    };
+    let task = cfg.task().generate(cfg.batch * 16, cfg.batch * 4);
+    let s = rt.compute_streams(rt.device());
+    let mut p = cfg
+        .cnn_pipeline(&rt, s, &task.train, 7)
+        .expect("cnn pipeline");
+    assert_eq!(p.config().name, "cnn-8x8");
+    run_concurrently(std::slice::from_mut(&mut p), &|_, _| {}).expect("run");
+    let l = losses(&p);
+    let r = p.report(&task.eval).expect("report");
+    assert!(
+        r.final_loss < 0.8 * l[0] && r.accuracy > 0.3,
+        "cnn: losses {l:?}, accuracy {}",
+        r.accuracy
+    );
+    // Features that are not a square image are refused.
+    let odd = SweepConfig { dim: 60, ..cfg };
+    let t = odd.task().generate(odd.batch * 2, odd.batch);
+    let s = rt.compute_streams(rt.device());
+    assert!(odd.cnn_pipeline(&rt, s, &t.train, 1).is_err());
+}

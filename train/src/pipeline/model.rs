@@ -6,7 +6,7 @@ use rtx_ops::loss::{cross_entropy, cross_entropy_backward};
 use rtx_runtime::{Result, Runtime, Tensor};
 
 use crate::param::{Module, Parameters};
-use crate::Mlp;
+use crate::{Cnn, Mlp};
 
 /// A model trained on class labels: logits `[N, classes]` from inputs `[N, features]`.
 pub trait Classifier: Send {
@@ -77,4 +77,51 @@ pub(crate) fn loss_and_grad(
     let ce = rt.run(cross_entropy(logits, labels))?;
     let d = rt.run(cross_entropy_backward(logits, labels, &ce.lse, scale))?;
     Ok((ce.loss, d))
+}
+
+/// A CNN classifies rows of `c_in · h · w` features as images `[N, c_in, h, w]` (a
+/// reshape; inputs of another float dtype than its weights are cast to theirs first).
+impl Classifier for Cnn {
+    fn logits(&self, rt: &Runtime, x: &Tensor) -> Result<Tensor> {
+        Ok(self.forward(rt, &images(self, rt, x)?)?.0)
+    }
+    fn loss_backward(
+        &mut self,
+        rt: &Runtime,
+        x: &Tensor,
+        y: &Tensor,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let (logits, ctx) = self.forward(rt, &images(self, rt, x)?)?;
+        let (loss, dlogits) = loss_and_grad(rt, &logits, y, scale)?;
+        self.backward(rt, &dlogits, &ctx)?;
+        Ok(loss)
+    }
+    fn params(&mut self) -> Parameters<'_> {
+        self.parameters()
+    }
+}
+
+/// Rows `[N, c·h·w]` as images `[N, c, h, w]` in the CNN's dtype.
+fn images(cnn: &Cnn, rt: &Runtime, x: &Tensor) -> Result<Tensor> {
+    let c = cnn.config();
+    let (h, w) = c.hw;
+    let per = c.c_in * h * w;
+    if x.rank() != 2 || x.dims()[1] != per {
+        return Err(rtx_runtime::Error::invalid_dim(
+            "Cnn as a classifier",
+            format!(
+                "rows {}: expected [N, {per}] ({} x {h} x {w} images)",
+                x.shape(),
+                c.c_in
+            ),
+        ));
+    }
+    let want = c.dtype;
+    let x = if x.dtype() == want {
+        x.clone()
+    } else {
+        rt.run(cast(x, want))?
+    };
+    x.reshape([x.dims()[0], c.c_in, h, w])
 }

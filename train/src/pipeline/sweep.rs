@@ -12,7 +12,7 @@ use super::{
     assign_streams, Batches, OptimizerConfig, Pipeline, PipelineConfig, Task, TeacherTask,
 };
 use crate::init::derive_seed;
-use crate::{Mlp, MlpConfig, StackedMlp};
+use crate::{Cnn, CnnConfig, Mlp, MlpConfig, StackedMlp};
 
 /// One model of the sweep.
 #[derive(Clone, Debug, PartialEq)]
@@ -224,6 +224,48 @@ impl SweepConfig {
         let r0 = rt.on(first_stream(&streams, "SweepConfig::stacked_pipeline", m)?);
         let model = StackedMlp::new(&r0, &self.mlp_config(m), members, seed)?;
         self.pipeline_of(rt, m, Box::new(model), streams, train)
+    }
+
+    /// The small CNN beside the MLPs (the main job trains it; the benchmark's sweep
+    /// and PyTorch's forms are the 8 MLPs): each row's `dim` features as a one-channel
+    /// square image, 3×3 convolutions to 16 and 32 channels (the second with stride 2),
+    /// a linear classifier, AdamW at 1e-3; always eager (its convolutions' capture is
+    /// not yet shown on the GPU). `dim` must be a square.
+    pub fn cnn_pipeline(
+        &self,
+        rt: &Runtime,
+        streams: Vec<StreamId>,
+        train: &Arc<super::Dataset>,
+        seed: u64,
+    ) -> Result<Pipeline> {
+        let side = (1..=self.dim).find(|s| s * s >= self.dim).unwrap_or(0);
+        if side * side != self.dim {
+            return Err(rtx_runtime::Error::invalid(
+                "SweepConfig::cnn_pipeline",
+                format!("{} features are not a square image", self.dim),
+            ));
+        }
+        let m = ModelSpec {
+            name: format!("cnn-{side}x{side}"),
+            width: side,
+            depth: 3,
+            opt: OptimizerConfig::AdamW(AdamW {
+                lr: 1e-3,
+                weight_decay: 0.0,
+                ..AdamW::default()
+            }),
+        };
+        let r0 = rt.on(first_stream(&streams, "SweepConfig::cnn_pipeline", &m)?);
+        let cfg = CnnConfig {
+            dtype: self.dtype,
+            ..CnnConfig::new(1, (side, side), 16, 32, self.classes)
+        };
+        let model = Cnn::new(&r0, cfg, seed)?;
+        let eager = SweepConfig {
+            graphs: false,
+            ..self.clone()
+        };
+        eager.pipeline_of(rt, &m, Box::new(model), streams, train)
     }
 
     fn pipeline_of(
