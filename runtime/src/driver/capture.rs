@@ -59,9 +59,15 @@ pub(crate) fn leave() -> VecDeque<Box<dyn Any>> {
 }
 
 /// Relaxes this thread's stream-capture mode (`cuThreadExchangeStreamCaptureMode`),
-/// once per capture, remembering the mode it had.
+/// once per capture, remembering the mode it had: called where an op is refused (here
+/// and in [`refuse`]), see there. Nothing without a CUDA driver (the unit tests below
+/// enter capture mode with no capture).
 fn relax_mode() {
     if RELAXED_FROM.with(Cell::get).is_some() {
+        return;
+    }
+    // SAFETY: `is_culib_present` only tries to load the driver library.
+    if !unsafe { sys::is_culib_present() } {
         return;
     }
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -129,6 +135,7 @@ fn take_first<S: 'static>(fits: impl Fn(&S) -> bool) -> Option<Result<S>> {
             .iter()
             .position(|b| b.downcast_ref::<S>().is_some_and(&fits));
         let Some(at) = at else {
+            relax_mode();
             return Some(Err(Error::NotCapturable {
                 op: a.op.to_string(),
                 hazard: CaptureHazard::Allocation,
