@@ -47,9 +47,10 @@ struct Cli {
     #[arg(long)]
     graphs: bool,
     /// The main job: the folder whose .rs and .md files the character-level LM beside
-    /// the sweep trains on (default: the current folder, the repository).
-    #[arg(long, default_value = ".")]
-    text: std::path::PathBuf,
+    /// the sweep trains on (default: this repository, found from the current folder
+    /// upwards or where rtx was built).
+    #[arg(long)]
+    text: Option<std::path::PathBuf>,
     /// The main job: the LM's steps (default 400 on CUDA, 300 on the CPU).
     #[arg(long, default_value_t = 0)]
     lm_steps: u64,
@@ -111,7 +112,12 @@ fn main() -> ExitCode {
             out: cli.out,
             quiet: cli.quiet,
             graphs: cli.graphs,
-            text: (!cli.no_lm).then_some(cli.text),
+            text: if cli.no_lm {
+                cli::sweep::LmText::None
+            } else {
+                cli.text
+                    .map_or(cli::sweep::LmText::Repository, cli::sweep::LmText::Dir)
+            },
             lm_steps: cli.lm_steps,
         }),
     };

@@ -28,11 +28,20 @@ pub struct Args {
     pub quiet: bool,
     /// Each pipeline's step as a captured graph ([`SweepConfig::graphs`]).
     pub graphs: bool,
-    /// The folder whose `.rs` and `.md` files the character-level LM trains on
-    /// (`None`: no LM).
-    pub text: Option<PathBuf>,
+    /// What the character-level LM trains on.
+    pub text: LmText,
     /// The LM's steps (0: the backend's default).
     pub lm_steps: u64,
+}
+
+/// The text of the character-level LM beside the sweep.
+pub enum LmText {
+    /// No LM.
+    None,
+    /// This repository's `.rs` and `.md` files ([`rtx::train::lm::find_repository`]).
+    Repository,
+    /// The `.rs` and `.md` files under this folder.
+    Dir(PathBuf),
 }
 
 /// The character-level LM beside the sweep: its model, run and corpus, or why not.
@@ -119,8 +128,20 @@ pub fn run(args: Args) -> rtx::Result<()> {
     // The small CNN, a ninth pipeline (the benchmark's sweep is the 8 MLPs).
     let cnn_seed = rtx::train::init::derive_seed(cfg.seed, 200);
     pipelines.push(cfg.cnn_pipeline(&rt, vec![all[0]], &task.train, cnn_seed)?);
-    let lm = match &args.text {
-        Some(dir) => match LmJob::new(dir, cuda, args.lm_steps) {
+    let text = match args.text {
+        LmText::None => None,
+        LmText::Dir(d) => Some(Ok(d)),
+        LmText::Repository => Some(rtx::train::lm::find_repository().ok_or(())),
+    };
+    let lm = match &text {
+        Some(Err(())) => {
+            println!(
+                "no character-level LM: this repository's text was not found from the current \
+                 folder (pass --text DIR, a folder of .rs/.md files)"
+            );
+            None
+        }
+        Some(Ok(dir)) => match LmJob::new(dir, cuda, args.lm_steps) {
             Ok(job) => {
                 let c = &job.cfg;
                 println!(

@@ -32,6 +32,23 @@ use crate::AdamW;
 /// Distinct byte values: the model's vocabulary.
 pub const VOCAB: usize = 256;
 
+/// The most text [`TextCorpus::from_dir`] reads (64 MiB).
+pub const MAX_TEXT: usize = 64 << 20;
+
+/// The repository's root, for its text: the current folder or the nearest one above it
+/// that holds this crate's sources (`train/src/lm.rs`), else the folder this crate was
+/// built from if it still exists; `None` elsewhere.
+pub fn find_repository() -> Option<PathBuf> {
+    let is_repo = |d: &Path| d.join("train/src/lm.rs").is_file() && d.join("Cargo.toml").is_file();
+    if let Ok(cwd) = std::env::current_dir() {
+        if let Some(d) = cwd.ancestors().find(|d| is_repo(d)) {
+            return Some(d.to_path_buf());
+        }
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+    is_repo(built).then(|| built.to_path_buf())
+}
+
 /// Text as bytes, split into a training part and a held-out part (the last tenth).
 #[derive(Clone, Debug)]
 pub struct TextCorpus {
@@ -58,7 +75,8 @@ impl TextCorpus {
     }
 
     /// Every `.rs` and `.md` file under `root` (not under hidden folders or `target`),
-    /// concatenated in path order: a repository's own sources and docs.
+    /// concatenated in path order, up to [`MAX_TEXT`] bytes (files past it are not
+    /// read): a repository's own sources and docs.
     pub fn from_dir(root: &Path) -> Result<Self> {
         let mut paths = Vec::new();
         collect(root, &mut paths).map_err(|e| {
@@ -66,13 +84,18 @@ impl TextCorpus {
         })?;
         paths.sort();
         let mut bytes = Vec::new();
+        let mut files = 0;
         for p in &paths {
+            if bytes.len() >= MAX_TEXT {
+                break;
+            }
             let b = std::fs::read(p).map_err(|e| {
                 Error::invalid("TextCorpus::from_dir", format!("{}: {e}", p.display()))
             })?;
-            bytes.extend_from_slice(&b);
+            let room = MAX_TEXT - bytes.len();
+            bytes.extend_from_slice(&b[..b.len().min(room)]);
+            files += 1;
         }
-        let files = paths.len();
         let mut c = Self::from_bytes(bytes).map_err(|_| {
             Error::invalid(
                 "TextCorpus::from_dir",

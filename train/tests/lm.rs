@@ -84,6 +84,11 @@ fn repo() -> std::path::PathBuf {
 
 #[test]
 fn the_corpus_is_the_repository_s_own_text() {
+    let found = rtx_train::lm::find_repository().expect("found from the test's folder");
+    assert_eq!(
+        found.canonicalize().unwrap(),
+        repo().canonicalize().unwrap()
+    );
     let c = TextCorpus::from_dir(&repo()).unwrap();
     assert!(c.files() > 50, "{} files", c.files());
     assert!(c.len() > 500_000, "{} bytes", c.len());
