@@ -48,7 +48,12 @@ pub struct StackedCtx {
     pub pres: Vec<Option<Tensor>>,
 }
 
-/// `K` MLPs of one shape as one model (see the [module docs](self)).
+/// `K` MLPs of one shape as one model: layer `l` of every member is one weight
+/// `[K, out, in]` and one bias `[K, 1, out]`, and each direction of each layer is one
+/// batched GEMM for all members. The optimizers being element-wise, one step over the
+/// stacked tensors is `K` separate steps with the same hyperparameters: the members
+/// train as each would alone (they differ in their initialization, not their learning
+/// rates).
 ///
 /// # Examples
 ///
