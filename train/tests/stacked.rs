@@ -6,8 +6,7 @@
 
 mod common;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use common::{host, rand_vec, rel_err, upload, values};
 use rtx_ops::gemm::Activation;
 use rtx_ops::optim::Sgd;
 use rtx_runtime::{Error, Runtime, Tensor};
@@ -16,18 +15,6 @@ use rtx_train::pipeline::sweep::SweepConfig;
 use rtx_train::pipeline::{run_concurrently, Classifier, OptimizerConfig, Pipeline};
 use rtx_train::{Linear, Mlp, MlpConfig, Module, StackedMlp};
 
-fn down(rt: &Runtime, t: &Tensor) -> Vec<f32> {
-    rt.to_vec::<f32>(t).expect("download").wait().expect("wait")
-}
-
-/// ‖a − b‖ / ‖b‖ in f64.
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
-
 fn seed() -> u64 {
     std::env::var("RTX_TEST_SEED")
         .ok()
@@ -35,21 +22,14 @@ fn seed() -> u64 {
         .unwrap_or_else(rand::random)
 }
 
-fn random(rt: &Runtime, g: &mut StdRng, dims: &[usize]) -> Tensor {
-    let n = dims.iter().product();
-    let v: Vec<f32> = (0..n).map(|_| g.gen_range(-1.0..1.0)).collect();
-    rt.upload_vec(v, dims.to_vec()).expect("upload")
-}
-
-fn weights(rt: &Runtime, m: &mut dyn Module) -> Vec<Vec<f32>> {
-    m.parameters().iter().map(|p| down(rt, p.value())).collect()
+fn random(rt: &Runtime, seed: u64, dims: &[usize]) -> Tensor {
+    upload(rt, &rand_vec(seed, dims.iter().product(), -1.0, 1.0), dims)
 }
 
 #[test]
 fn the_stack_computes_what_each_member_computes() {
     rtx_ops::set_poison_outputs(true);
     let s = seed();
-    let mut g = StdRng::seed_from_u64(s);
     let rt = Runtime::cpu(2);
     let k = 3;
     for act in [Activation::Gelu, Activation::Relu] {
@@ -57,23 +37,23 @@ fn the_stack_computes_what_each_member_computes() {
         let stack = StackedMlp::new(&rt, &cfg, k, s).expect("stack");
         assert_eq!(stack.members(), k);
         // One batch for every member, and one batch per member.
-        let x = random(&rt, &mut g, &[5, 6]);
-        let xk = random(&rt, &mut g, &[k, 5, 6]);
+        let x = random(&rt, s ^ 1, &[5, 6]);
+        let xk = random(&rt, s ^ 2, &[k, 5, 6]);
         let (y, ctx) = stack.forward(&rt, &x).expect("forward");
         let (yk, _) = stack.forward(&rt, &xk).expect("forward per member");
         assert_eq!(y.dims(), &[k, 5, 4]);
         assert_eq!(ctx.inputs.len(), 3);
-        let (y, yk) = (down(&rt, &y), down(&rt, &yk));
+        let (y, yk) = (host(&y), host(&yk));
         for i in 0..k {
             let mut alone = Mlp::new(&rt, &cfg, derive_seed(s, i as u64)).expect("member");
             let mut got = stack.member(&rt, i).expect("member of the stack");
             assert_eq!(
-                weights(&rt, &mut got),
-                weights(&rt, &mut alone),
+                values(&mut got),
+                values(&mut alone),
                 "member {i}: the stack holds its weights (seed {s})"
             );
-            let want = down(&rt, &alone.forward(&rt, &x).expect("alone").0);
-            let e = rel(&y[i * 20..(i + 1) * 20], &want);
+            let want = host(&alone.forward(&rt, &x).expect("alone").0);
+            let e = rel_err(&y[i * 20..(i + 1) * 20], &want);
             assert!(
                 e < 1e-5,
                 "{act:?} member {i}: shared batch, rel {e:.2e} (seed {s})"
@@ -82,8 +62,8 @@ fn the_stack_computes_what_each_member_computes() {
                 .run(rtx_ops::narrow(&xk, 0, i, 1))
                 .and_then(|t| t.reshape([5, 6]))
                 .expect("batch i");
-            let want = down(&rt, &alone.forward(&rt, &xi).expect("alone").0);
-            let e = rel(&yk[i * 20..(i + 1) * 20], &want);
+            let want = host(&alone.forward(&rt, &xi).expect("alone").0);
+            let e = rel_err(&yk[i * 20..(i + 1) * 20], &want);
             assert!(
                 e < 1e-5,
                 "{act:?} member {i}: own batch, rel {e:.2e} (seed {s})"
@@ -194,14 +174,14 @@ fn members_end_alike(rt: &Runtime, sgd: bool, graphs: bool, tol: f64) {
     }
     assert!(ls[2] < ls[0], "sgd {sgd}: it learns: {ls:?}");
     // And each member's weights after 12 AdamW steps are the weights it reaches alone.
-    let w_stack = weights(rt, &mut ModelOf(stacked.model_mut()));
+    let w_stack = values(&mut ModelOf(stacked.model_mut()));
     for (i, p) in alone.iter_mut().enumerate() {
-        let w_alone = weights(rt, &mut ModelOf(p.model_mut()));
+        let w_alone = values(&mut ModelOf(p.model_mut()));
         assert_eq!(w_stack.len(), w_alone.len());
         for (t, (ws, wa)) in w_stack.iter().zip(&w_alone).enumerate() {
             let n = wa.len();
             assert_eq!(ws.len(), n * k, "tensor {t}: [K, ..] of the member's");
-            let e = rel(&ws[i * n..(i + 1) * n], wa);
+            let e = rel_err(&ws[i * n..(i + 1) * n], wa);
             assert!(
                 e < tol,
                 "sgd {sgd}: member {i}, tensor {t}: relative weight error {e:.2e}"
