@@ -140,15 +140,20 @@ fn a_char_lm_trained_on_the_repository_ends_well_below_its_unigram_entropy() {
         "char LM: loss {first:.3} -> {last:.3} (held out {:.3}), unigram entropy {h:.3} nats",
         rep.held_out
     );
-    // ln 256 = 5.55 at the start; the unigram entropy is about 3.4 on this text.
-    assert!(last < first, "it learns: {:?}", rep.losses);
+    // ln 256 = 5.55 at the start; the unigram entropy is about 3.4 on this text. One
+    // read-back is one batch's loss (512 bytes: it varies by ±0.2 from batch to batch),
+    // so the training side is judged by the mean of the last five, and the held-out loss
+    // (4 batches) is the main check.
+    let n = rep.losses.len();
+    let tail: f32 = rep.losses[n - 5..].iter().map(|l| l.1).sum::<f32>() / 5.0;
+    assert!(tail < first, "it learns: {:?}", rep.losses);
     assert!(
-        last < 0.8 * h,
-        "training loss {last} vs unigram {h}: {:?}",
+        tail < 0.85 * h,
+        "training loss {tail} (the last 5) vs unigram {h}: {:?}",
         rep.losses
     );
     assert!(
-        rep.held_out < 0.85 * h,
+        rep.held_out < 0.8 * h,
         "held out {} vs unigram {h}",
         rep.held_out
     );
