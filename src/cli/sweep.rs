@@ -241,13 +241,11 @@ pub fn run(args: Args) -> rtx::Result<()> {
             s.spawn(move || -> rtx::Result<(LmReport, Duration)> {
                 let t0 = Instant::now();
                 let mut model = CharLm::new(&r, job.cfg, 2026)?;
+                let unigram = job.corpus.unigram_entropy();
                 let rep = train_lm(&r, &mut model, &job.corpus, &job.run, |k, l| {
                     if let Some(b) = &bar {
                         b.set_position(k);
-                        b.set_message(format!(
-                            "loss {l:.4}  (unigram {:.4})",
-                            job.corpus.unigram_entropy()
-                        ));
+                        b.set_message(format!("loss {l:.4}  (unigram {unigram:.4})"));
                     }
                 })?;
                 Ok((rep, t0.elapsed()))
