@@ -109,8 +109,10 @@ fn the_eager_path_allocates_a_bounded_number_of_times_per_op() {
     let total = (after - before) as f64 / (OPS + 1) as f64;
     let submit = (here_after - here_before) as f64 / (OPS + 1) as f64;
     println!(
-        "allocations per op: {total:.2} in all, {submit:.2} on the submitting thread, {:.2} elsewhere",
-        total - submit
+        "allocations per op: {total:.3} in all, {submit:.3} on the submitting thread, {:.3} elsewhere ({} allocations over {} ops)",
+        total - submit,
+        after - before,
+        OPS + 1
     );
 
     // The chain computed what it should: x0 + (OPS + 1) * a, elementwise.
@@ -127,9 +129,22 @@ fn the_eager_path_allocates_a_bounded_number_of_times_per_op() {
             v[i]
         );
     }
-    assert!(submit <= SUBMIT_BOUND, "{submit:.2} allocations per submit");
-    assert!(total <= TOTAL_BOUND, "{total:.2} allocations per op");
+    // Per op: a few one-off allocations in the window (a waker list or a cache growing
+    // once, depending on timing; a CI run saw 9.001 per op) are not the eager path's, and
+    // one more allocation per op still fails.
+    let slack = ONE_OFF as f64 / (OPS + 1) as f64;
+    assert!(
+        submit <= SUBMIT_BOUND + slack,
+        "{submit:.3} allocations per submit"
+    );
+    assert!(
+        total <= TOTAL_BOUND + slack,
+        "{total:.3} allocations per op"
+    );
 }
+
+/// Allocations in the counted window that are not per op (see the assertions).
+const ONE_OFF: u64 = 16;
 
 /// Allocations per op on the submitting thread (see the module docs).
 const SUBMIT_BOUND: f64 = 5.0;
