@@ -27,13 +27,17 @@ fn freed_memory_is_cached_and_reused() {
     let n = 16usize << 20;
     // The op's keep-alive goes back to its actor after completion: give it a moment.
     let settle = || std::thread::sleep(Duration::from_millis(200));
+    // Under compute-sanitizer (`benches/gpu/run sanitize`) the device's free memory moves
+    // with the sanitizer's own allocations and those of the processes sanitized beside
+    // this one: only the cache counters are judged there.
+    let sanitized = std::env::var_os("RTX_UNDER_SANITIZER").is_some();
 
     let f0 = free();
     drop(rt.submit(AllocF32(n)).unwrap().wait().unwrap());
     settle();
     let f1 = free();
     assert!(
-        f0 - f1 >= 60 * MIB,
+        sanitized || f0 - f1 >= 60 * MIB,
         "the dropped tensor's 64 MiB stay with its stream: {} MiB",
         (f0 - f1) / MIB
     );
@@ -46,7 +50,7 @@ fn freed_memory_is_cached_and_reused() {
         "the same size again is served from the cache"
     );
     assert!(
-        (f1 - f2).abs() < 16 * MIB,
+        sanitized || (f1 - f2).abs() < 16 * MIB,
         "reusing the cached block takes no new memory: {} MiB",
         (f1 - f2) / MIB
     );
