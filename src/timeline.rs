@@ -139,39 +139,33 @@ impl Timeline {
     }
 
     /// The start of the window of `len_us` within `[lo_us, hi_us]` where the tracks
-    /// are busiest (the most track-time under spans), among 200 evenly spaced
-    /// candidates; `lo_us` when the range is shorter than the window. A span longer
-    /// than the window (a first call that loaded modules and chose library plans, say:
-    /// its events enclose the host's work as well) is not steady state: windows it
-    /// overlaps are taken only if every candidate overlaps one.
+    /// are busiest, among 200 evenly spaced candidates; `lo_us` when the range is
+    /// shorter than the window. Busy is the track-time under spans of at most an eighth
+    /// of the window: a longer span (a first call that loaded modules and chose library
+    /// plans, say: its events enclose the host's work as well) is not the steady state
+    /// the picture is for, so it neither counts nor keeps a window out (a first call of
+    /// one pipeline often overlaps the others' steady steps).
     pub fn busiest_window(&self, len_us: f64, lo_us: f64, hi_us: f64) -> f64 {
         if hi_us - lo_us <= len_us || len_us <= 0.0 {
             return lo_us;
         }
         let n = 200;
         let step = (hi_us - lo_us - len_us) / f64::from(n);
+        let short = len_us / 8.0;
         let score = |from: f64| {
             let to = from + len_us;
-            let (mut busy, mut long) = (0.0, false);
-            for s in &self.spans {
-                let (a, b) = (s.start_us.max(from), (s.start_us + s.dur_us).min(to));
-                if b > a {
-                    if s.dur_us > len_us {
-                        long = true;
-                    } else {
-                        busy += b - a;
-                    }
-                }
-            }
-            // Clear of long spans first, then the busiest.
-            (u8::from(!long), busy)
+            self.spans
+                .iter()
+                .filter(|s| s.dur_us <= short)
+                .map(|s| ((s.start_us + s.dur_us).min(to) - s.start_us.max(from)).max(0.0))
+                .sum::<f64>()
         };
-        let mut best = (lo_us, (0u8, -1.0));
+        let mut best = (lo_us, -1.0);
         for k in 0..=n {
             let from = lo_us + step * f64::from(k);
-            let (clear, busy) = score(from);
-            if clear > best.1 .0 || (clear == best.1 .0 && busy > best.1 .1) {
-                best = (from, (clear, busy));
+            let busy = score(from);
+            if busy > best.1 {
+                best = (from, busy);
             }
         }
         best.0
@@ -414,20 +408,26 @@ mod tests {
             start_us,
             dur_us,
         };
-        // A long first call on `a` (0-500), then short ops on both tracks from 500 on,
-        // densest at 700-800.
+        // A long first call on `a` (0-500), then short ops on `a` from 500 on, densest
+        // on both tracks at 700-800, where a long span on `c` (650-900: another
+        // pipeline's first call) neither counts nor keeps that window out.
+        let c = t.track("c");
         t.push(span(a, 0.0, 500.0));
         for k in 0..10 {
             t.push(span(a, 500.0 + 50.0 * f64::from(k), 10.0));
         }
-        t.push(span(a, 700.0, 100.0));
-        t.push(span(b, 700.0, 100.0));
+        for k in 0..8 {
+            let at = 700.0 + 12.0 * f64::from(k);
+            t.push(span(a, at, 10.0));
+            t.push(span(b, at, 10.0));
+        }
+        t.push(span(c, 650.0, 250.0));
         let w = t.window(450.0, 550.0);
         let got: Vec<(f64, f64)> = w.spans().iter().map(|s| (s.start_us, s.dur_us)).collect();
         assert_eq!(got, [(0.0, 50.0), (50.0, 10.0)], "clipped and shifted");
         let from = t.busiest_window(100.0, 0.0, 1000.0);
         assert!((690.0..=710.0).contains(&from), "{from}");
-        assert_eq!(t.window(from, from + 100.0).max_concurrency(), 2);
+        assert_eq!(t.window(from, from + 100.0).max_concurrency(), 3);
         assert_eq!(t.busiest_window(2000.0, 0.0, 1000.0), 0.0, "range shorter");
     }
 

@@ -340,10 +340,12 @@ fn write_timeline(rt: &Runtime, out: &Path, wall: Duration) -> rtx::Result<()> {
     let json = out.join("rtx-timeline.json");
     let svg = out.join("rtx-timeline.svg");
     std::fs::write(&json, timeline.to_chrome_trace()).map_err(io)?;
-    // The picture: 0.5% of the run, so that single ops stay visible, where the streams
-    // are busiest between 10% and 90% of it (past the warm-up's long first calls).
+    // The picture: 0.5% of the sweep's run (the recording goes on while the LM beside it
+    // finishes), so that single ops stay visible, where the streams are busiest with
+    // short ops between 10% and 90% of the recording (see `busiest_window`: the warm-up's
+    // long first calls do not count).
     let end = timeline.end_us();
-    let len = end * 0.005;
+    let len = end.min(wall.as_secs_f64() * 1e6) * 0.005;
     let from = timeline.busiest_window(len, end * 0.1, end * 0.9);
     let to = from + len;
     let window = timeline.window(from, to);
