@@ -82,7 +82,11 @@ impl Timeline {
         let mut compute = std::collections::HashMap::<crate::Device, usize>::new();
         for s in &info.streams {
             let name = match (s.device, s.kind) {
-                (crate::Device::Cpu, _) => format!("cpu stream {}", s.id.index()),
+                (crate::Device::Cpu(0), crate::StreamKind::Compute) => {
+                    format!("cpu stream {}", s.id.index())
+                }
+                (d, crate::StreamKind::Comm) => format!("{d} comm"),
+                (d @ crate::Device::Cpu(_), _) => format!("{d} stream {}", s.id.index()),
                 (d, crate::StreamKind::Compute) => {
                     let n = compute.entry(d).or_insert(0);
                     *n += 1;

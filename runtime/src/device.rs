@@ -5,8 +5,11 @@ use std::fmt;
 /// Where a tensor's memory lives.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Device {
-    /// Host memory, computed on by the CPU backend.
-    Cpu,
+    /// Host memory, computed on by the CPU backend: `Cpu(0)`, and with
+    /// [`Backend::CpuDevices`](crate::Backend::CpuDevices) the further host devices
+    /// `Cpu(1)`, `Cpu(2)`… (each with its own streams, for running multi-device code
+    /// without GPUs).
+    Cpu(usize),
     /// A CUDA device, by ordinal.
     Cuda(usize),
 }
@@ -14,7 +17,8 @@ pub enum Device {
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Device::Cpu => f.write_str("cpu"),
+            Device::Cpu(0) => f.write_str("cpu"),
+            Device::Cpu(i) => write!(f, "cpu:{i}"),
             Device::Cuda(i) => write!(f, "cuda:{i}"),
         }
     }
@@ -51,6 +55,10 @@ pub enum StreamKind {
     Compute,
     /// Host↔device transfers (CUDA backend), so they overlap compute.
     Copy,
+    /// The device's collectives ([`Runtime::all_reduce`](crate::Runtime::all_reduce) and
+    /// the others), one member of each group per device, in the order the groups were
+    /// submitted; never chosen by placement.
+    Comm,
 }
 
 /// A stream as reported by [`crate::Runtime::info`].

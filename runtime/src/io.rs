@@ -26,13 +26,9 @@ impl Runtime {
         self.check_open()?;
         check_len(data.len(), &shape)?;
         match self.device() {
-            Device::Cpu => Ok(Tensor::from_storage(
+            d @ Device::Cpu(_) => Ok(Tensor::from_storage(
                 shape,
-                Arc::new(Storage::ready(
-                    Buffer::from_vec(data),
-                    Device::Cpu,
-                    self.inner.id,
-                )),
+                Arc::new(Storage::ready(Buffer::from_vec(data), d, self.inner.id)),
             )),
             d @ Device::Cuda(_) => self.upload_to(d, &data, shape),
         }
@@ -49,14 +45,16 @@ impl Runtime {
         self.check_open()?;
         check_len(data.len(), &shape)?;
         match (&self.inner.backend, device) {
-            (BackendState::Cpu, Device::Cpu) => Ok(Tensor::from_storage(
-                shape,
-                Arc::new(Storage::ready(
-                    Buffer::from_vec(data.to_vec()),
-                    Device::Cpu,
-                    self.inner.id,
-                )),
-            )),
+            (BackendState::Cpu, Device::Cpu(_)) if self.has_device(device) => {
+                Ok(Tensor::from_storage(
+                    shape,
+                    Arc::new(Storage::ready(
+                        Buffer::from_vec(data.to_vec()),
+                        device,
+                        self.inner.id,
+                    )),
+                ))
+            }
             (BackendState::Cuda(devs), Device::Cuda(ord)) => {
                 let (stream, op) = crate::cuda::io::upload(devs, ord, data, shape)?;
                 let sub = self.submit_on(stream, op).map_err(|e| e.error)?;
@@ -78,7 +76,10 @@ impl Runtime {
             return Err(Error::dtype("to_vec", t.dtype(), T::DTYPE));
         }
         let stream = match t.device() {
-            Device::Cpu => t.producer().unwrap_or(StreamId(0)),
+            d @ Device::Cpu(_) => match t.producer() {
+                Some(s) => s,
+                None => self.first_stream(d)?,
+            },
             Device::Cuda(ord) => match &self.inner.backend {
                 BackendState::Cuda(devs) => devs.copy_stream(ord)?,
                 BackendState::Cpu => {
@@ -99,6 +100,21 @@ impl Runtime {
 }
 
 impl Runtime {
+    /// Whether `device` is one of this runtime's.
+    pub(crate) fn has_device(&self, device: Device) -> bool {
+        self.inner.devices.iter().any(|d| d.device == device)
+    }
+
+    /// The first compute stream of `device`, or [`Error::DeviceNotFound`].
+    pub(crate) fn first_stream(&self, device: Device) -> Result<StreamId> {
+        self.compute_streams(device)
+            .first()
+            .copied()
+            .ok_or_else(|| {
+                Error::DeviceNotFound(format!("{device} is not a device of this runtime"))
+            })
+    }
+
     /// `Err(Shutdown)` once shutdown has begun: uploads then fail like submits and
     /// downloads (on the CPU backend an upload enqueues nothing, so it checks here).
     fn check_open(&self) -> Result<()> {

@@ -55,6 +55,7 @@
 mod actor;
 mod buffer;
 mod burst;
+mod collective;
 mod completion;
 mod cpu;
 pub mod cuda;
@@ -83,6 +84,7 @@ mod tensor;
 mod trace;
 
 pub use buffer::{Buffer, CpuData, CudaData, Element};
+pub use collective::ReduceOp;
 pub use completion::{block_on, Submission};
 pub use device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
 pub use dtype::DType;

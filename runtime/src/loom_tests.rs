@@ -59,7 +59,7 @@ fn pending() -> Arc<Storage> {
     Arc::new(Storage::pending(
         DType::F32,
         1,
-        Device::Cpu,
+        Device::Cpu(0),
         Some(StreamId(0)),
         0,
     ))

@@ -120,6 +120,14 @@ pub trait Op: Send + 'static {
     fn plan(&self, cx: &PlanCx) -> Result<Plan>;
     /// Executes (CPU) or enqueues (CUDA) the op, setting every output.
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()>;
+    /// The device the op runs on, when that is not its inputs' device: an op that moves
+    /// data between devices (a copy, a collective's member) names its destination here.
+    /// Its inputs may then be on any device of the runtime (each is waited for as
+    /// usual), its outputs are on this device, and a pinned stream must be of it. The
+    /// default, `None`: the inputs' device, which they must share.
+    fn device(&self) -> Option<Device> {
+        None
+    }
     /// What would make this op unsafe to capture into a graph (`Runtime::capture`), if
     /// anything: an op that synchronizes with the host, reads data back or searches
     /// for algorithms by running them says so here, and its submission into a capture

@@ -320,7 +320,7 @@ fn upload_after_shutdown_fails_like_submit_and_to_vec() {
         Error::Shutdown
     );
     assert_eq!(
-        rt.upload_to(Device::Cpu, &[1.0f32], [1]).unwrap_err(),
+        rt.upload_to(Device::Cpu(0), &[1.0f32], [1]).unwrap_err(),
         Error::Shutdown
     );
     assert_eq!(rt.to_vec::<f32>(&x).unwrap_err(), Error::Shutdown);

@@ -20,6 +20,13 @@ pub enum Backend {
     Auto,
     /// The CPU backend (rayon).
     Cpu,
+    /// The CPU backend presenting `n` host devices (`Device::Cpu(0)` to `Cpu(n - 1)`,
+    /// at least 1), each with its own compute streams and a communication stream, and
+    /// an in-process collective: multi-device code (placement per device,
+    /// [`Runtime::copy_to`](crate::Runtime::copy_to), collectives, data parallel across
+    /// devices) runs and is tested without GPUs. The devices share the host's cores and
+    /// memory.
+    CpuDevices(usize),
     /// CUDA on these device ordinals (empty: all devices).
     Cuda(Vec<usize>),
 }
@@ -172,7 +179,7 @@ impl Builder {
             counters: counters.clone(),
         };
         let want_cuda = match &self.backend {
-            Backend::Cpu => None,
+            Backend::Cpu | Backend::CpuDevices(_) => None,
             Backend::Auto => crate::cuda::probe()
                 .ok()
                 .filter(|n| *n > 0)
@@ -196,10 +203,13 @@ impl Builder {
             }
         };
         let cpu = || {
-            assemble(
-                crate::cpu::start(&cx(self.streams_or(2))),
-                BackendState::Cpu,
-            )
+            let started = match self.backend {
+                Backend::CpuDevices(n) => {
+                    crate::cpu::start(&cx(self.streams_or(2)), n.max(1), true)
+                }
+                _ => crate::cpu::start(&cx(self.streams_or(2)), 1, false),
+            };
+            assemble(started, BackendState::Cpu)
         };
         let cuda = |ords: &[usize]| {
             crate::cuda::start(&cx(self.streams_or(4)), ords)

@@ -166,9 +166,12 @@ impl Runtime {
         self.inner.backend.kind()
     }
 
-    /// The default device (the first).
+    /// The default device: that of the pinned stream on a handle from [`Runtime::on`],
+    /// else the first. Uploads ([`Runtime::upload`]) and ops without inputs go there.
     pub fn device(&self) -> Device {
-        self.inner.devices[0].device
+        self.pin
+            .and_then(|s| self.inner.streams.get(s.0))
+            .map_or(self.inner.devices[0].device, |e| e.info.device)
     }
 
     /// The compute streams of `device`.
@@ -331,6 +334,8 @@ impl Runtime {
             return reject(Error::Shutdown, op);
         }
         let name = op.name();
+        // An op that moves data between devices names where it runs (`Op::device`).
+        let target = op.device();
         // The device: that of the inputs, which must agree and belong to this runtime.
         let (device, input_streams, pending_inputs) = {
             let inputs = op.inputs();
@@ -349,6 +354,7 @@ impl Runtime {
                 }
                 let d = t.device();
                 match device {
+                    _ if target.is_some() => {}
                     None => device = Some(d),
                     Some(d0) if d0 != d => {
                         bad = Some(Error::DeviceMismatch {
@@ -378,7 +384,10 @@ impl Runtime {
                 .and_then(|s| self.inner.streams.get(s.0))
                 .map(|e| e.info.device);
             (
-                device.or(pinned).unwrap_or_else(|| self.device()),
+                target
+                    .or(device)
+                    .or(pinned)
+                    .unwrap_or_else(|| self.device()),
                 producers,
                 pending,
             )
@@ -436,14 +445,14 @@ impl Runtime {
         // Host memory: outputs far larger than the machine has would abort the process
         // in the allocator (Rust's `vec!` does not fail). Checked only for large outputs,
         // so small ops never read /proc.
-        if device == Device::Cpu {
+        if matches!(device, Device::Cpu(_)) {
             let requested = plan.outputs.iter().try_fold(0usize, |acc, o| {
                 o.shape
                     .checked_numel()
                     .and_then(|n| n.checked_mul(o.dtype.size()))
                     .and_then(|b| acc.checked_add(b))
             });
-            if let Some(e) = host_memory_check(requested) {
+            if let Some(e) = host_memory_check(device, requested) {
                 return reject(e, op);
             }
         }
@@ -666,7 +675,7 @@ impl Future for Shutdown {
 /// `OutOfMemory` for host outputs of `requested` bytes (`None`: more than `usize`) when
 /// that is over 1 GiB and more than the memory the system reports available; `None`
 /// (no error) otherwise, or when the system does not say (`/proc/meminfo` absent).
-fn host_memory_check(requested: Option<usize>) -> Option<Error> {
+fn host_memory_check(device: Device, requested: Option<usize>) -> Option<Error> {
     const LARGE: usize = 1 << 30;
     let requested = requested.unwrap_or(usize::MAX);
     if requested <= LARGE {
@@ -682,7 +691,7 @@ fn host_memory_check(requested: Option<usize>) -> Option<Error> {
                 .map(|kb| kb.saturating_mul(1024))
         })?;
     (requested > available).then_some(Error::OutOfMemory {
-        device: Device::Cpu,
+        device,
         requested,
         available,
     })
