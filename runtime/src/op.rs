@@ -123,7 +123,9 @@ pub trait Op: Send + 'static {
     /// The device the op runs on, when that is not its inputs' device: an op that moves
     /// data between devices (a copy, a collective's member) names its destination here.
     /// Its inputs may then be on any device of the runtime (each is waited for as
-    /// usual), its outputs are on this device, and a pinned stream must be of it. The
+    /// usual), its outputs are on this device, and a pinned stream must be of it. Such
+    /// an op cannot be recorded into a graph (a capture is of one device). On CUDA the
+    /// op may touch memory of another device only through peer-capable calls. The
     /// default, `None`: the inputs' device, which they must share.
     fn device(&self) -> Option<Device> {
         None

@@ -304,6 +304,58 @@ fn collectives_overlap_compute_and_shut_down_cleanly() {
     rtx_runtime::block_on(rt.shutdown()).unwrap();
 }
 
+#[test]
+fn a_custom_op_can_run_off_its_inputs_device_but_not_in_a_graph() {
+    let rt = runtime(2);
+    let v = random(9, 33);
+    let x = rt.upload(&v, [33]).unwrap();
+    // `Op::device`: the op runs on cpu:1, reading its input on cpu.
+    let sub = rt.submit(NegOn(x.clone(), Device::Cpu(1))).unwrap();
+    assert!(rt.compute_streams(Device::Cpu(1)).contains(&sub.stream()));
+    let y = sub.wait().unwrap();
+    assert_eq!(y.device(), Device::Cpu(1));
+    let want: Vec<f32> = v.iter().map(|a| -a).collect();
+    assert_eq!(get(&rt, &y), want);
+    // Pinned to a stream of another device than the one it names: refused.
+    let s0 = rt.compute_streams(Device::Cpu(0))[0];
+    let e = rt
+        .submit_on(s0, NegOn(x.clone(), Device::Cpu(1)))
+        .unwrap_err();
+    assert!(matches!(e.error, Error::InvalidOp { .. }), "{}", e.error);
+    // A graph is of one device.
+    let e = rt
+        .capture(|c| {
+            let xi = c.input(&x)?;
+            let y = c.submit(NegOn(xi, Device::Cpu(1))).map_err(|e| e.error)?;
+            c.output(&y)?;
+            Ok(())
+        })
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("one device"), "{e}");
+}
+
+/// `Neg`, run on a named device (`Op::device`).
+struct NegOn(Tensor, Device);
+impl Op for NegOn {
+    type Output = Tensor;
+    fn name(&self) -> &'static str {
+        "neg_on"
+    }
+    fn device(&self) -> Option<Device> {
+        Some(self.1)
+    }
+    fn inputs(&self) -> Vec<&Tensor> {
+        vec![&self.0]
+    }
+    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
+        Ok(Plan::like(&self.0))
+    }
+    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
+        Neg(self.0.clone()).run_on(cx)
+    }
+}
+
 // Small test ops (element-wise on the CPU).
 
 struct Neg(Tensor);

@@ -282,6 +282,13 @@ impl Recording {
             let msg = format!("{stream} is not a compute stream of {}", self.device);
             return reject(Error::invalid(name, msg), op);
         }
+        if let Some(d) = op.device().filter(|d| *d != self.device) {
+            let msg = format!(
+                "it runs on {d}, and a graph is of one device ({})",
+                self.device
+            );
+            return reject(Error::invalid(name, msg), op);
+        }
         if let Some(hazard) = op.capture_hazard() {
             let error = Error::NotCapturable {
                 op: name.to_string(),
