@@ -117,7 +117,20 @@ impl std::fmt::Display for RuntimeInfo {
                 .iter()
                 .filter(|s| s.device == d.device && s.kind == StreamKind::Copy)
                 .count();
-            writeln!(f, ", {n} compute streams, {c} copy streams")?;
+            let k = self
+                .streams
+                .iter()
+                .filter(|s| s.device == d.device && s.kind == StreamKind::Comm)
+                .count();
+            write!(f, ", {n} compute streams, {c} copy streams")?;
+            if k > 0 {
+                write!(
+                    f,
+                    ", {k} communication stream{}",
+                    if k == 1 { "" } else { "s" }
+                )?;
+            }
+            writeln!(f)?;
         }
         Ok(())
     }
