@@ -14,14 +14,16 @@ use smallvec::SmallVec;
 mod builder;
 mod ergonomic;
 pub(crate) mod graph;
+mod info;
 
 pub(crate) use builder::BackendState;
 pub use builder::{Backend, BackendKind, Builder};
 pub use ergonomic::Values;
+pub use info::RuntimeInfo;
 
 use crate::actor::{panic_message, spawn_named, StreamEntry};
 use crate::completion::{Completion, CompletionGuard, Submission};
-use crate::device::{Device, DeviceInfo, StreamId, StreamInfo, StreamKind};
+use crate::device::{Device, DeviceInfo, StreamId, StreamKind};
 use crate::error::{Error, Result, SubmitError};
 use crate::gate::Gate;
 use crate::job::{Envelope, Msg, OpJob, OutputStorages};
@@ -81,59 +83,6 @@ pub struct Runtime {
     /// Set on the handles of a capture ([`Capture::runtime`](crate::Capture::runtime)):
     /// submissions are recorded into it instead of sent.
     pub(crate) recording: Option<Arc<crate::sync::Mutex<Option<graph::Recording>>>>,
-}
-
-/// What a runtime runs on.
-#[derive(Clone, Debug)]
-pub struct RuntimeInfo {
-    /// The backend.
-    pub backend: BackendKind,
-    /// Its devices.
-    pub devices: Vec<DeviceInfo>,
-    /// Its streams.
-    pub streams: Vec<StreamInfo>,
-    /// The placement policy's name.
-    pub policy: &'static str,
-}
-
-impl std::fmt::Display for RuntimeInfo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "backend: {:?}, policy: {}", self.backend, self.policy)?;
-        for d in &self.devices {
-            write!(f, "  {}: {}", d.device, d.name)?;
-            if let Some(m) = d.memory {
-                write!(f, ", {:.1} GiB", m as f64 / (1u64 << 30) as f64)?;
-            }
-            if let Some((a, b)) = d.compute_capability {
-                write!(f, ", sm_{a}{b}")?;
-            }
-            let n = self
-                .streams
-                .iter()
-                .filter(|s| s.device == d.device && s.kind == StreamKind::Compute)
-                .count();
-            let c = self
-                .streams
-                .iter()
-                .filter(|s| s.device == d.device && s.kind == StreamKind::Copy)
-                .count();
-            let k = self
-                .streams
-                .iter()
-                .filter(|s| s.device == d.device && s.kind == StreamKind::Comm)
-                .count();
-            write!(f, ", {n} compute streams, {c} copy streams")?;
-            if k > 0 {
-                write!(
-                    f,
-                    ", {k} communication stream{}",
-                    if k == 1 { "" } else { "s" }
-                )?;
-            }
-            writeln!(f)?;
-        }
-        Ok(())
-    }
 }
 
 impl Runtime {
