@@ -354,7 +354,7 @@ impl Runtime {
                 pending,
             )
         };
-        if !self.inner.devices.iter().any(|d| d.device == device) {
+        if !self.has_device(device) {
             let own = self.device();
             return reject(
                 Error::DeviceMismatch {
