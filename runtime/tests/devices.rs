@@ -57,7 +57,7 @@ fn each_device_has_its_streams_and_ops_stay_on_their_inputs_device() {
     assert_eq!(Device::Cpu(2).to_string(), "cpu:2");
     let x = rt.upload_to(Device::Cpu(2), &random(1, 64), [64]).unwrap();
     assert_eq!(x.device(), Device::Cpu(2));
-    let y = rt.submit(Neg(x.clone())).unwrap();
+    let y = rt.submit(neg(&x)).unwrap();
     let s = y.stream();
     let y = y.wait().unwrap();
     assert_eq!(y.device(), Device::Cpu(2));
@@ -91,7 +91,18 @@ fn copies_between_devices_are_exact_and_ordered_after_their_producer() {
     let v = random(3, 1000);
     let x = rt.upload(&v, [10, 100]).unwrap();
     // The copy's input is still being computed (a slow op): the copy waits for it.
-    let slow = rt.submit(Slow(x.clone())).unwrap().wait().unwrap();
+    let slow = rt
+        .submit(Neg {
+            delay_ms: 100,
+            ..neg(&x)
+        })
+        .unwrap()
+        .into_outputs()
+        .unwrap();
+    assert!(
+        !slow.is_published(),
+        "the copy is submitted before its input exists"
+    );
     let y = rt.copy_to(&slow, Device::Cpu(1)).unwrap();
     assert_eq!(y.device(), Device::Cpu(1));
     assert_eq!(y.dims(), &[10, 100]);
@@ -293,7 +304,7 @@ fn collectives_overlap_compute_and_shut_down_cleanly() {
                 let x = rt
                     .upload_to(Device::Cpu(m), &random(round * 3 + m as u64, 257), [257])
                     .unwrap();
-                rt.submit(Neg(x)).unwrap().into_outputs().unwrap()
+                rt.submit(neg(&x)).unwrap().into_outputs().unwrap()
             })
             .collect();
         last = rt.all_reduce(&group, ReduceOp::Max).unwrap();
@@ -310,7 +321,12 @@ fn a_custom_op_can_run_off_its_inputs_device_but_not_in_a_graph() {
     let v = random(9, 33);
     let x = rt.upload(&v, [33]).unwrap();
     // `Op::device`: the op runs on cpu:1, reading its input on cpu.
-    let sub = rt.submit(NegOn(x.clone(), Device::Cpu(1))).unwrap();
+    let sub = rt
+        .submit(Neg {
+            device: Some(Device::Cpu(1)),
+            ..neg(&x)
+        })
+        .unwrap();
     assert!(rt.compute_streams(Device::Cpu(1)).contains(&sub.stream()));
     let y = sub.wait().unwrap();
     assert_eq!(y.device(), Device::Cpu(1));
@@ -319,14 +335,25 @@ fn a_custom_op_can_run_off_its_inputs_device_but_not_in_a_graph() {
     // Pinned to a stream of another device than the one it names: refused.
     let s0 = rt.compute_streams(Device::Cpu(0))[0];
     let e = rt
-        .submit_on(s0, NegOn(x.clone(), Device::Cpu(1)))
+        .submit_on(
+            s0,
+            Neg {
+                device: Some(Device::Cpu(1)),
+                ..neg(&x)
+            },
+        )
         .unwrap_err();
     assert!(matches!(e.error, Error::InvalidOp { .. }), "{}", e.error);
     // A graph is of one device.
     let e = rt
         .capture(|c| {
             let xi = c.input(&x)?;
-            let y = c.submit(NegOn(xi, Device::Cpu(1))).map_err(|e| e.error)?;
+            let y = c
+                .submit(Neg {
+                    device: Some(Device::Cpu(1)),
+                    ..neg(&xi)
+                })
+                .map_err(|e| e.error)?;
             c.output(&y)?;
             Ok(())
         })
@@ -335,70 +362,42 @@ fn a_custom_op_can_run_off_its_inputs_device_but_not_in_a_graph() {
     assert!(e.to_string().contains("one device"), "{e}");
 }
 
-/// `Neg`, run on a named device (`Op::device`).
-struct NegOn(Tensor, Device);
-impl Op for NegOn {
-    type Output = Tensor;
-    fn name(&self) -> &'static str {
-        "neg_on"
-    }
-    fn device(&self) -> Option<Device> {
-        Some(self.1)
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.0]
-    }
-    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
-        Ok(Plan::like(&self.0))
-    }
-    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
-        Neg(self.0.clone()).run_on(cx)
+// Small test ops (element-wise on the CPU).
+
+/// `-x`, after `delay_ms`, on `device` when named (`Op::device`), else on `x`'s.
+struct Neg {
+    x: Tensor,
+    device: Option<Device>,
+    delay_ms: u64,
+}
+
+fn neg(x: &Tensor) -> Neg {
+    Neg {
+        x: x.clone(),
+        device: None,
+        delay_ms: 0,
     }
 }
 
-// Small test ops (element-wise on the CPU).
-
-struct Neg(Tensor);
 impl Op for Neg {
     type Output = Tensor;
     fn name(&self) -> &'static str {
         "neg"
     }
+    fn device(&self) -> Option<Device> {
+        self.device
+    }
     fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.0]
+        vec![&self.x]
     }
     fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
-        Ok(Plan::like(&self.0))
+        Ok(Plan::like(&self.x))
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
-        let x: BufferRef = cx.input(&self.0)?;
+        std::thread::sleep(std::time::Duration::from_millis(self.delay_ms));
+        let x: BufferRef = cx.input(&self.x)?;
         let v: Vec<f32> = x.cpu::<f32>()?.iter().map(|a| -a).collect();
         cx.set_output(0, rtx_runtime::Buffer::from_vec(v))
-    }
-}
-
-/// `Neg`, slowly (so a consumer submitted after it must wait).
-struct Slow(Tensor);
-impl Op for Slow {
-    type Output = Tensor;
-    fn name(&self) -> &'static str {
-        "slow_neg"
-    }
-    fn inputs(&self) -> Vec<&Tensor> {
-        vec![&self.0]
-    }
-    fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
-        Ok(Plan::like(&self.0))
-    }
-    fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        Neg(self.0.clone()).run_on(cx)
-    }
-}
-
-impl Neg {
-    fn run_on(mut self, cx: &mut ExecCx<'_>) -> Result<()> {
-        self.run(cx)
     }
 }
 

@@ -18,7 +18,7 @@
 //! yet (`docs/multi-gpu.md`), so a runtime over several GPUs fails at the first step's
 //! all-reduce with a typed error. On one device it is the plain single-device step.
 
-use rtx_ops::{add_, cast, mul_scalar_};
+use rtx_ops::cast;
 use rtx_runtime::{DType, Device, Error, ReduceOp, Result, Runtime, StreamId, Tensor};
 
 use crate::pipeline::{Classifier, Optimizer, OptimizerConfig};
@@ -29,7 +29,6 @@ pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 /// One model trained data-parallel over several devices of one runtime (module docs).
 pub struct DeviceParallel {
     rt: Runtime,
-    devices: Vec<Device>,
     /// The first compute stream of each device, in device order.
     streams: Vec<StreamId>,
     replicas: Vec<Box<dyn Classifier>>,
@@ -99,7 +98,6 @@ impl DeviceParallel {
             .collect::<Result<Vec<_>>>()?;
         Ok(DeviceParallel {
             rt: rt.clone(),
-            devices: devices.to_vec(),
             streams,
             replicas,
             opts,
@@ -170,18 +168,12 @@ impl DeviceParallel {
         {
             o.step(&self.rt.on(*s), &mut r.params())?;
         }
-        // The mean loss, on the first device.
-        let r0 = self.rt.on(self.streams[0]);
-        let mut total: Option<Tensor> = None;
-        for l in losses {
-            let l = r0.copy_to(&l, self.devices[0])?;
-            total = Some(match total {
-                None => l,
-                Some(t) => r0.run(add_(t, &l))?,
-            });
-        }
-        let total = total.ok_or_else(|| Error::invalid("DeviceParallel::step", "no device"))?;
-        r0.run(mul_scalar_(total, scale))
+        // The mean loss (each replica's is its share's mean), member 0's on the first
+        // device.
+        let mean = self.rt.all_reduce(&losses, ReduceOp::Avg)?;
+        mean.into_iter()
+            .next()
+            .ok_or_else(|| Error::invalid("DeviceParallel::step", "no device"))
     }
 
     /// Sums every parameter's gradient across the replicas, bucket by bucket in reverse
