@@ -5,7 +5,7 @@
 //! the interval, the mean loss of the last steps, host RSS, the process's threads, the
 //! device memory in use (CUDA: total − free as the driver reports it; empty on the CPU),
 //! the bytes held by the runtime's block and pinned caches (`rt.stats()`) and their hit
-//! and miss counters. At the end a verdict: after the
+//! and miss counters (and the hits served from another stream's cache). At the end a verdict: after the
 //! warm-up (the first third of the samples, at least one), RSS, device memory and the
 //! thread count are flat and the throughput steady, and no step failed. Exits 1 when not.
 //!
@@ -276,7 +276,7 @@ fn main() {
         })
         .collect();
 
-    println!("t_s,steps,steps_per_s,loss,rss_mib,threads,device_used_mib,block_cache_mib,pinned_cache_mib,block_hits,block_misses,pinned_hits,pinned_misses");
+    println!("t_s,steps,steps_per_s,loss,rss_mib,threads,device_used_mib,block_cache_mib,pinned_cache_mib,block_hits,block_misses,block_from_other_stream,pinned_hits,pinned_misses");
     let t0 = Instant::now();
     let end = Duration::from_secs_f64(a.minutes * 60.0);
     let mut samples: Vec<Sample> = Vec::new();
@@ -316,7 +316,7 @@ fn main() {
             dev_mib: device_used(&ctx).map(|b| b as f64 / (1 << 20) as f64),
         };
         println!(
-            "{:.1},{},{:.1},{:.4},{:.1},{},{},{:.1},{:.1},{},{},{},{}",
+            "{:.1},{},{:.1},{:.4},{:.1},{},{},{:.1},{:.1},{},{},{},{},{}",
             sample.t,
             sample.steps,
             sample.rate,
@@ -331,6 +331,7 @@ fn main() {
             st.pinned_cache.bytes as f64 / (1 << 20) as f64,
             st.block_cache.hits,
             st.block_cache.misses,
+            st.block_cache.from_other_stream,
             st.pinned_cache.hits,
             st.pinned_cache.misses
         );

@@ -490,7 +490,8 @@ fn parity_4097_cuda() {
         } else {
             subsample(cases)
         };
-        run_all(rt, label, &cases);
+        // `RTX_TEST_SHARD=i/n`: the sanitizer runs split this test into processes.
+        run_all(rt, label, &common::shard(&cases));
     });
 }
 

@@ -28,6 +28,10 @@ pub struct CacheStats {
     pub hits: u64,
     /// Requests that allocated.
     pub misses: u64,
+    /// Of the hits, those served from the cache of another stream of the same device
+    /// (device blocks only: a stream short of a size class takes an idle block another
+    /// stream keeps before it allocates; 0 for the pinned caches).
+    pub from_other_stream: u64,
     /// Bytes the cache holds now (free blocks kept for reuse): a gauge, which
     /// [`Runtime::reset_stats`](crate::Runtime::reset_stats) leaves as it is. 0 once
     /// the memory went back (a runtime's caches are freed when it drops).
@@ -103,6 +107,8 @@ const NAMES: [&str; 12] = [
 pub(crate) struct Counters {
     pub(crate) block_hits: AtomicU64,
     pub(crate) block_misses: AtomicU64,
+    /// Block-cache hits served from another stream's cache (see `driver/alloc.rs`).
+    pub(crate) block_steals: AtomicU64,
     pub(crate) pinned_hits: AtomicU64,
     pub(crate) pinned_misses: AtomicU64,
     /// Bytes held by the block caches of the runtime's stream actors (a gauge).
@@ -168,11 +174,13 @@ impl Counters {
             block_cache: CacheStats {
                 hits: self.block_hits.load(Relaxed),
                 misses: self.block_misses.load(Relaxed),
+                from_other_stream: self.block_steals.load(Relaxed),
                 bytes: self.block_bytes.load(Relaxed),
             },
             pinned_cache: CacheStats {
                 hits: self.pinned_hits.load(Relaxed),
                 misses: self.pinned_misses.load(Relaxed),
+                from_other_stream: 0,
                 bytes: self.pinned_bytes.load(Relaxed),
             },
             phases,
@@ -184,6 +192,7 @@ impl Counters {
         for a in [
             &self.block_hits,
             &self.block_misses,
+            &self.block_steals,
             &self.pinned_hits,
             &self.pinned_misses,
         ] {
@@ -211,6 +220,7 @@ mod tests {
         on.add(Phase::Alloc, Duration::from_micros(3));
         on.add(Phase::Alloc, Duration::from_micros(5));
         on.block_hits.fetch_add(2, Relaxed);
+        on.block_steals.fetch_add(1, Relaxed);
         let s = on.snapshot();
         assert_eq!(s.phases.len(), 1);
         assert_eq!(s.phases[0].phase, "alloc");
@@ -221,6 +231,7 @@ mod tests {
             CacheStats {
                 hits: 2,
                 misses: 0,
+                from_other_stream: 1,
                 bytes: 0
             }
         );

@@ -195,9 +195,13 @@ fn on_cuda_the_char_lm_agrees_with_the_cpu_and_learns() {
         let e = norm(&diff) / norm(a).max(floor);
         assert!(e < 1e-2, "gradient #{i}: cuda vs cpu relative error {e:e}");
     }
+    // Under compute-sanitizer (`RTX_UNDER_SANITIZER`, set by `benches/gpu/run sanitize`)
+    // 30 steps run the same kernels as 300 at a tenth of the instrumented time; the
+    // learning bound is judged only without it.
+    let sanitized = std::env::var_os("RTX_UNDER_SANITIZER").is_some();
     let mut lm = CharLm::new(&gpu, cfg, 11).unwrap();
     let run = LmRun {
-        steps: 300,
+        steps: if sanitized { 30 } else { 300 },
         batch: 16,
         loss_every: 50,
         adamw: AdamWConfig {
@@ -209,8 +213,9 @@ fn on_cuda_the_char_lm_agrees_with_the_cpu_and_learns() {
     };
     let rep = train_lm(&gpu, &mut lm, &corpus, &run, |_, _| {}).unwrap();
     let h = rep.unigram as f32;
+    assert!(rep.held_out.is_finite(), "cuda: held out {}", rep.held_out);
     assert!(
-        rep.held_out < 0.85 * h,
+        sanitized || rep.held_out < 0.85 * h,
         "cuda: held out {} vs unigram {h}",
         rep.held_out
     );

@@ -17,7 +17,8 @@
 //!   out-of-memory path.
 //! - [`alloc_in`] (through `StreamCx::alloc`, or [`alloc_uninit`] on the actor's
 //!   thread) rounds the size up to a size class, takes a cached block of that class if
-//!   there is one, else allocates from the stream's pool.
+//!   there is one, else one that another stream of the device keeps ([`steal`]), else
+//!   allocates from the stream's pool.
 //! - A published output buffer carries a [`Home`], a weak handle to the memory of the
 //!   actor that ran its op (`ExecCx::set_output` attaches it). When the buffer is
 //!   dropped ([`Home::recycle`], from `CudaData`'s drop), a block of that stream's pool
@@ -27,12 +28,13 @@
 //!
 //! # Why reuse is safe
 //!
-//! A cached block is handed out only on its own stream. A tensor's memory is dropped
-//! when its last handle goes, and every op keeps its inputs and outputs alive until its
-//! completion has been observed, so by then no kernel on any stream uses the block. The
-//! exception is an op that fails after enqueueing work: its outputs are dropped only
-//! after its stream has been synchronized (`actor::execute`), and any work still
-//! enqueued on the block's own stream is ordered before the block's next use there.
+//! A tensor's memory is dropped when its last handle goes, and every op keeps its
+//! inputs and outputs alive until its completion has been observed, so by then no
+//! kernel on any stream uses the block. The exception is an op that fails after
+//! enqueueing work: its outputs are dropped only after its stream has been synchronized
+//! (`actor::execute`). A cached block is therefore idle on every stream, and is handed
+//! out on its own stream first, on another stream of its device when that one has no
+//! block of the class.
 //!
 //! Cached memory is bounded per stream ([`CACHE_MAX_BYTES`]; larger blocks than
 //! [`CACHE_MAX_BLOCK`] are never cached). When an allocation runs out of memory, every
@@ -415,7 +417,7 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take(class);
-        if let Some(ptr) = cached {
+        if let Some(ptr) = cached.or_else(|| steal(mem, class)) {
             let c = &mem.device.counters;
             c.block_hits.fetch_add(1, Ordering::Relaxed);
             c.block_bytes.fetch_sub(class as u64, Ordering::Relaxed);
@@ -466,6 +468,53 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
     // Still out: memory may sit in the caches and pools of this device's other streams.
     reclaim_device(device, stream);
     attempt().map_err(|e| driver_error("cuMemAllocAsync", e, ctx, bytes))
+}
+
+/// A cached block of `class` bytes from the cache of another stream of `mem`'s device
+/// (when `mem`'s own has none), now `mem`'s: recorded in its classes, so that it is
+/// cached there when freed.
+///
+/// Without this, a block freed on one stream stayed in that stream's cache while
+/// another stream, short of that class, allocated a fresh one from its pool, and each
+/// pool kept its own high-water mark: on the H200 a 10-minute soak of four models over
+/// four streams (`benches/soak.rs`) saw the device memory in use climb by 224 MiB in
+/// 32 MiB steps, one step at a time when the ops' placement shifted between streams.
+/// Taking an idle block from a neighbour first, a stream allocates only when no
+/// stream of its device keeps a free block of the class.
+///
+/// A cached block is used by no kernel on any stream (module docs: it reaches a cache
+/// only after every op that used it was seen complete, or after its stream was
+/// synchronized), and its stream-ordered allocation completed before its first user
+/// ran, so it may be handed out on any stream of its device. The block stays memory of
+/// the pool it came from; freed, it goes back there, from whichever stream frees it.
+/// One cache lock is held at a time.
+fn steal(mem: &StdArc<StreamMem>, class: usize) -> Option<sys::CUdeviceptr> {
+    for other in mem.device.live() {
+        if StdArc::ptr_eq(&other, mem) {
+            continue;
+        }
+        let ptr = {
+            let mut cache = other.cache.lock().unwrap_or_else(|p| p.into_inner());
+            let ptr = cache.take(class);
+            if let Some(p) = ptr {
+                cache.classes.remove(&p);
+            }
+            ptr
+        };
+        if let Some(ptr) = ptr {
+            mem.device
+                .counters
+                .block_steals
+                .fetch_add(1, Ordering::Relaxed);
+            mem.cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .classes
+                .insert(ptr, class);
+            return Some(ptr);
+        }
+    }
+    None
 }
 
 /// The first step of the out-of-memory path: `own`'s cached blocks freed (`own`: the

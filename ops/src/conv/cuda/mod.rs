@@ -42,7 +42,7 @@ mod graph;
 mod perf;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use crate::plan_cache::PlanCache;
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -81,6 +81,22 @@ const TIMED_ROUNDS: usize = 3;
 /// old single round, not 5.5 times).
 const RETIME_WITHIN: f32 = 1.3;
 
+/// `(launches per timing, rounds)` of the search: [`TIMED_REPS`] and [`TIMED_ROUNDS`],
+/// or `(1, 1)` under compute-sanitizer (`RTX_UNDER_SANITIZER` set, as the GPU runner's
+/// `sanitize` suite does). There every candidate still runs (its warm-up launch and one
+/// timed), which is what the sanitizer is to check; the timings mean nothing under its
+/// instrumentation, and the full search made one small convolution test need more than
+/// the 10 minutes of a device call under racecheck.
+fn search_reps() -> (usize, usize) {
+    static QUICK: LazyLock<bool> =
+        LazyLock::new(|| std::env::var_os("RTX_UNDER_SANITIZER").is_some());
+    if *QUICK {
+        (1, 1)
+    } else {
+        (TIMED_REPS, TIMED_ROUNDS)
+    }
+}
+
 /// `(graph, legacy)`: how many algorithm searches (process-wide) chose a plan of cuDNN's
 /// graph API and how many a legacy-API algorithm.
 pub fn conv_engine_stats() -> (u64, u64) {
@@ -91,17 +107,18 @@ pub fn conv_engine_stats() -> (u64, u64) {
 }
 
 /// Mean milliseconds per call of `launch` on `stream`: one warm-up call, then
-/// [`TIMED_REPS`] between two timing events. `None` if a call or the timing fails.
+/// [`TIMED_REPS`] ([`search_reps`]) between two timing events. `None` if a call or the timing fails.
 fn time_ms(stream: &Arc<CudaStream>, mut launch: impl FnMut() -> Result<()>) -> Option<f32> {
     use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
     launch().ok()?;
     let start = stream.record_event(Some(CU_EVENT_DEFAULT)).ok()?;
-    for _ in 0..TIMED_REPS {
+    let reps = search_reps().0;
+    for _ in 0..reps {
         launch().ok()?;
     }
     let end = stream.record_event(Some(CU_EVENT_DEFAULT)).ok()?;
     end.synchronize().ok()?;
-    start.elapsed_ms(&end).ok().map(|ms| ms / TIMED_REPS as f32)
+    start.elapsed_ms(&end).ok().map(|ms| ms / reps as f32)
 }
 
 /// `(hits, misses)` of the per-stream convolution algorithm caches, summed over every
@@ -334,7 +351,7 @@ impl ConvState {
         };
         // Each candidate's best round; `None` once a launch of it failed.
         let mut times: Vec<Option<f32>> = vec![Some(f32::INFINITY); all.len()];
-        for round in 0..TIMED_ROUNDS {
+        for round in 0..search_reps().1 {
             // After the first round only the contenders are timed again: those within
             // [`RETIME_WITHIN`] of the best so far.
             let leader = times
