@@ -207,6 +207,6 @@ fn random_dags_on_4_streams_equal_1_stream() {
                 "{label}: DAG {d}: relative error {rel} vs the host (seed {seed})"
             );
         }
-        eprintln!("{label}: 1000 DAGs, {ops} ops, 4 streams == 1 stream");
+        eprintln!("{label}: {dags} DAGs, {ops} ops, 4 streams == 1 stream");
     }
 }

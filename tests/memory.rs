@@ -90,7 +90,10 @@ fn a_stream_short_of_a_size_takes_an_idle_block_of_another_stream() {
     drop(x);
     settle();
     let c0 = cache();
-    assert!(c0.bytes >= (n * 4) as u64, "stream 0 keeps the freed block: {c0:?}");
+    assert!(
+        c0.bytes >= (n * 4) as u64,
+        "stream 0 keeps the freed block: {c0:?}"
+    );
 
     let y = rt.on(s[1]).submit(AllocF32(n)).unwrap().wait().unwrap();
     let c1 = cache();
@@ -99,7 +102,10 @@ fn a_stream_short_of_a_size_takes_an_idle_block_of_another_stream() {
         c0.from_other_stream + 1,
         "stream 1 took stream 0's idle block: {c0:?} -> {c1:?}"
     );
-    assert_eq!(c1.misses, c0.misses, "and allocated nothing: {c0:?} -> {c1:?}");
+    assert_eq!(
+        c1.misses, c0.misses,
+        "and allocated nothing: {c0:?} -> {c1:?}"
+    );
     assert_eq!(c1.hits, c0.hits + 1);
 
     // The block is stream 1's now: freed, stream 1 keeps it and serves itself.
@@ -108,7 +114,10 @@ fn a_stream_short_of_a_size_takes_an_idle_block_of_another_stream() {
     let z = rt.on(s[1]).submit(AllocF32(n)).unwrap().wait().unwrap();
     let c2 = cache();
     assert_eq!(c2.hits, c1.hits + 1, "{c1:?} -> {c2:?}");
-    assert_eq!(c2.from_other_stream, c1.from_other_stream, "{c1:?} -> {c2:?}");
+    assert_eq!(
+        c2.from_other_stream, c1.from_other_stream,
+        "{c1:?} -> {c2:?}"
+    );
     assert_eq!(c2.misses, c1.misses, "{c1:?} -> {c2:?}");
     drop(z);
 }

@@ -125,7 +125,11 @@ pub(crate) fn execute(
         donated: false,
     };
     let start = Instant::now();
-    let ran = catch_unwind(AssertUnwindSafe(|| job.run(&mut cx)));
+    // Marked as inside an op (`driver/alloc.rs`): device memory the op drops may still
+    // be used by kernels it enqueued, and is not handed to other streams.
+    let ran = catch_unwind(AssertUnwindSafe(|| {
+        crate::driver::alloc::in_op_run(|| job.run(&mut cx))
+    }));
     let took = start.elapsed();
     let err = match ran {
         Ok(Ok(())) => None,

@@ -326,7 +326,8 @@ impl<'a> ExecCx<'a> {
     /// Whether a failure of this op now would drain its stream (on CUDA) before the
     /// memory the op holds is dropped: true once it has set an output or taken a donated
     /// input, whose memory kernels it enqueued may still be using. (Dropped device
-    /// memory is reused at once by its stream's next allocation.)
+    /// memory is reused at once by its stream's next allocation; memory dropped inside
+    /// an op's run is never handed to another stream, see `driver/alloc.rs`.)
     pub fn drain_pending(&self) -> bool {
         self.donated || self.outputs.iter().any(Option::is_some)
     }

@@ -23,6 +23,7 @@ pub struct Stats {
 
 /// Hits and misses of one kind of cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// Requests served from the cache.
     pub hits: u64,

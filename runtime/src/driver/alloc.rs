@@ -64,8 +64,9 @@ const GRANULE: usize = 512;
 
 /// One stream actor's memory: its pool and its cache of freed blocks. (It holds no
 /// reference to the stream or the context, only the stream's handle value to recognize
-/// slices of its stream: their lifetimes stay the actor's.) The actor holds the only
-/// strong reference; buffers hold weak ones ([`Home`]).
+/// slices of its stream: their lifetimes stay the actor's.) The actor holds the one
+/// lasting strong reference (other streams' [`steal`] and the out-of-memory path hold
+/// passing ones); buffers hold weak ones ([`Home`]).
 pub(crate) struct StreamMem {
     /// The stream's `CUstream` handle, as a number.
     stream: usize,
@@ -131,19 +132,43 @@ impl Home {
 thread_local! {
     /// The memory of the stream actor running on this thread (for [`alloc_uninit`]).
     static ACTOR_MEM: RefCell<Option<StdArc<StreamMem>>> = const { RefCell::new(None) };
+    /// Set while an op's `run` executes on this thread ([`in_op_run`]).
+    static IN_RUN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` (an op's `run`, on its actor's thread) marked as inside an op: device
+/// memory it drops may still be used by kernels it enqueued on its stream (a warm-up
+/// before a failed capture, an op's own donated buffer), so such blocks are cached for
+/// that stream alone, not handed to another stream ([`steal`]). Nesting keeps the mark.
+pub(crate) fn in_op_run<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_RUN.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(IN_RUN.with(|c| c.replace(true)));
+    f()
 }
 
 /// Freed blocks by size class, and the class of every block the pool handed out (a
 /// slice only knows its element count; its block may be larger).
 ///
-/// `classes` may name blocks that were freed to the pool without passing through the
-/// cache (scratch slices): the pool keeps that memory (release threshold: max), so the
-/// address can only come back from this pool, which records its class anew. Trimming
-/// the pool returns memory to the driver, so every trim clears `classes` (blocks still
-/// in use then are freed normally later, not cached).
+/// `classes` may name blocks that were freed to their pool without passing through the
+/// cache (scratch slices). The address may come back from that pool (this stream's, or
+/// another stream's for a block taken by [`steal`]), or, after a trim, from any
+/// allocator, as a block of another size: [`recycle`] keeps a block only when its
+/// recorded class is the class of the slice's own size, which is what every block this
+/// stream handed out has. Every trim of this stream's pool clears `classes` (blocks
+/// still in use then are freed normally later, not cached).
 #[derive(Default)]
 struct BlockCache {
+    /// Blocks idle on every stream: this stream's, or another's ([`steal`]).
     free: HashMap<usize, Vec<sys::CUdeviceptr>>,
+    /// Blocks freed inside an op's `run` on this stream's actor ([`in_op_run`]): kernels
+    /// the op enqueued may still use them, so they are handed out on this stream only
+    /// (where the next user is ordered after those kernels), never to another.
+    local: HashMap<usize, Vec<sys::CUdeviceptr>>,
     bytes: usize,
     classes: HashMap<sys::CUdeviceptr, usize>,
     /// Set when the stream is unregistered: nothing is cached any more.
@@ -151,7 +176,18 @@ struct BlockCache {
 }
 
 impl BlockCache {
+    /// A block of `class` for this cache's own stream.
     fn take(&mut self, class: usize) -> Option<sys::CUdeviceptr> {
+        let p = match self.local.get_mut(&class).and_then(Vec::pop) {
+            Some(p) => p,
+            None => self.free.get_mut(&class)?.pop()?,
+        };
+        self.bytes -= class;
+        Some(p)
+    }
+
+    /// A block of `class` idle on every stream (for another stream: [`steal`]).
+    fn take_shared(&mut self, class: usize) -> Option<sys::CUdeviceptr> {
         let p = self.free.get_mut(&class)?.pop()?;
         self.bytes -= class;
         Some(p)
@@ -162,15 +198,26 @@ impl BlockCache {
         !self.closed && class <= CACHE_MAX_BLOCK && self.bytes + class <= CACHE_MAX_BYTES
     }
 
-    /// Keeps `ptr` (the caller checked [`BlockCache::has_room`]).
-    fn put(&mut self, class: usize, ptr: sys::CUdeviceptr) {
-        self.free.entry(class).or_default().push(ptr);
+    /// Keeps `ptr` (the caller checked [`BlockCache::has_room`]); `shared`: whether it
+    /// is idle on every stream (else it is handed out on this stream only).
+    fn put(&mut self, class: usize, ptr: sys::CUdeviceptr, shared: bool) {
+        let list = if shared {
+            &mut self.free
+        } else {
+            &mut self.local
+        };
+        list.entry(class).or_default().push(ptr);
         self.bytes += class;
     }
 
     fn drain(&mut self) -> Vec<sys::CUdeviceptr> {
         self.bytes = 0;
-        let blocks: Vec<sys::CUdeviceptr> = self.free.drain().flat_map(|(_, v)| v).collect();
+        let blocks: Vec<sys::CUdeviceptr> = self
+            .free
+            .drain()
+            .chain(self.local.drain())
+            .flat_map(|(_, v)| v)
+            .collect();
         for p in &blocks {
             self.classes.remove(p);
         }
@@ -236,7 +283,13 @@ pub(crate) fn unregister(mem: StdArc<StreamMem>, stream: &CudaStream) {
     // The frees done before the pool's trim (`StreamPool::drop`): a trim leaves memory
     // whose free is still enqueued in the pool, which is kept as a spare.
     let _ = stream.synchronize();
+    let ordinal = stream.context().ordinal();
     drop(mem);
+    // Blocks this stream took from other streams went back to their pools above; an
+    // actor that exited before this one left its pool trimmed on the spare list, where
+    // those frees landed after its trim: trim the spares again, or that memory stays
+    // mapped (GPU run d2: 264 MiB after a stress run's teardown, against 8 before).
+    super::pool::trim_spare(ordinal);
 }
 
 /// Returns `mem`'s unused pool memory to the driver (after its cached blocks were freed
@@ -282,13 +335,16 @@ fn recycle<T: Send + 'static>(mem: &StreamMem, s: CudaSlice<T>) {
         let (ptr, _sync) = s.device_ptr(&stream);
         ptr
     };
+    let shared = !IN_RUN.with(|c| c.get());
     let mut cache = mem.cache.lock().unwrap_or_else(|p| p.into_inner());
-    // Only blocks this stream's pool handed out (of a known class) are kept.
+    // Only blocks this stream handed out are kept: of a recorded class, the class of
+    // the slice's own size (see `BlockCache`: a stale entry names another size).
     match cache.classes.get(&ptr).copied() {
-        Some(class) if class >= s.num_bytes() && cache.has_room(class) => {
+        Some(class) if class == class_of(s.num_bytes()) && cache.has_room(class) => {
             // The block stays allocated; the cache owns it from here (the module docs
-            // say why its next user on this stream cannot race an earlier one).
-            cache.put(class, s.leak());
+            // say why its next user cannot race an earlier one). Dropped inside an op's
+            // run, it may still be in use on this stream: this stream's alone then.
+            cache.put(class, s.leak(), shared);
             mem.device
                 .counters
                 .block_bytes
@@ -417,9 +473,16 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take(class);
-        if let Some(ptr) = cached.or_else(|| steal(mem, class)) {
+        let (cached, stolen) = match cached {
+            Some(p) => (Some(p), false),
+            None => (steal(mem, class), true),
+        };
+        if let Some(ptr) = cached {
             let c = &mem.device.counters;
             c.block_hits.fetch_add(1, Ordering::Relaxed);
+            if stolen {
+                c.block_steals.fetch_add(1, Ordering::Relaxed);
+            }
             c.block_bytes.fetch_sub(class as u64, Ordering::Relaxed);
             // SAFETY: `ptr` is a block of `class` >= `bytes` bytes allocated from this
             // stream's pool and owned by the cache alone; it passes to the slice, which
@@ -482,30 +545,31 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
 /// Taking an idle block from a neighbour first, a stream allocates only when no
 /// stream of its device keeps a free block of the class.
 ///
-/// A cached block is used by no kernel on any stream (module docs: it reaches a cache
-/// only after every op that used it was seen complete, or after its stream was
-/// synchronized), and its stream-ordered allocation completed before its first user
-/// ran, so it may be handed out on any stream of its device. The block stays memory of
+/// Only blocks of the shared lists are taken: those are used by no kernel on any
+/// stream (module docs: they reached the cache after every op that used them was seen
+/// complete, or after their stream was synchronized; a block dropped inside an op's run
+/// is kept apart, [`in_op_run`]), and their stream-ordered allocation completed before
+/// their first user ran, so they may be handed out on any stream of the device. The block stays memory of
 /// the pool it came from; freed, it goes back there, from whichever stream frees it.
 /// One cache lock is held at a time.
 fn steal(mem: &StdArc<StreamMem>, class: usize) -> Option<sys::CUdeviceptr> {
+    // Nothing of this size is ever cached, or nothing at all is now.
+    if class > CACHE_MAX_BLOCK || mem.device.counters.block_bytes.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
     for other in mem.device.live() {
         if StdArc::ptr_eq(&other, mem) {
             continue;
         }
         let ptr = {
             let mut cache = other.cache.lock().unwrap_or_else(|p| p.into_inner());
-            let ptr = cache.take(class);
+            let ptr = cache.take_shared(class);
             if let Some(p) = ptr {
                 cache.classes.remove(&p);
             }
             ptr
         };
         if let Some(ptr) = ptr {
-            mem.device
-                .counters
-                .block_steals
-                .fetch_add(1, Ordering::Relaxed);
             mem.cache
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -590,14 +654,45 @@ mod tests {
     fn cache_hands_back_blocks_of_the_class_and_accounts_bytes() {
         let mut c = BlockCache::default();
         assert!(c.take(GRANULE).is_none());
-        c.put(GRANULE, 0x1000);
-        c.put(2 * GRANULE, 0x2000);
+        c.put(GRANULE, 0x1000, true);
+        c.put(2 * GRANULE, 0x2000, true);
         assert_eq!(c.bytes, 3 * GRANULE);
         assert_eq!(c.take(2 * GRANULE), Some(0x2000));
         assert!(c.take(2 * GRANULE).is_none(), "a block is handed out once");
         assert_eq!(c.bytes, GRANULE);
         assert_eq!(c.take(GRANULE), Some(0x1000));
         assert_eq!(c.bytes, 0);
+    }
+
+    #[test]
+    fn blocks_freed_inside_a_run_stay_with_their_stream() {
+        let mut c = BlockCache::default();
+        c.put(GRANULE, 0x1000, false);
+        assert!(
+            c.take_shared(GRANULE).is_none(),
+            "another stream never gets a block dropped inside an op's run"
+        );
+        c.put(GRANULE, 0x2000, true);
+        assert_eq!(c.take_shared(GRANULE), Some(0x2000));
+        assert_eq!(c.bytes, GRANULE);
+        assert_eq!(c.take(GRANULE), Some(0x1000), "its own stream does");
+        assert_eq!(c.bytes, 0);
+        assert!(c.take(GRANULE).is_none());
+    }
+
+    #[test]
+    fn the_in_run_mark_nests_and_is_restored() {
+        let get = || IN_RUN.with(|c| c.get());
+        assert!(!get());
+        in_op_run(|| {
+            assert!(get());
+            in_op_run(|| assert!(get()));
+            assert!(get(), "an inner run leaves the outer mark");
+        });
+        assert!(!get());
+        let r = std::panic::catch_unwind(|| in_op_run(|| panic!("op panicked")));
+        assert!(r.is_err());
+        assert!(!get(), "a panicking run clears the mark");
     }
 
     #[test]
@@ -618,10 +713,12 @@ mod tests {
         let mut c = BlockCache::default();
         c.classes.insert(0x1000, GRANULE);
         c.classes.insert(0x3000, GRANULE); // in use, not cached
-        c.put(GRANULE, 0x1000);
+        c.put(GRANULE, 0x1000, true);
+        c.classes.insert(0x5000, GRANULE);
+        c.put(GRANULE, 0x5000, false);
         let mut drained = c.drain();
         drained.sort_unstable();
-        assert_eq!(drained, [0x1000]);
+        assert_eq!(drained, [0x1000, 0x5000], "shared and local blocks");
         assert_eq!(c.bytes, 0);
         assert!(c.take(GRANULE).is_none());
         assert!(!c.classes.contains_key(&0x1000));

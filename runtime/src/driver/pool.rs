@@ -8,8 +8,9 @@
 //! trims it only when an allocation fails for lack of memory.
 //!
 //! Each stream actor also owns a pool of its own ([`StreamPool`], see `alloc.rs` for
-//! why and how it is used). Memory kept by one stream's pool is not reused by another
-//! until it is trimmed, which the out-of-memory path does for every pool.
+//! why and how it is used). Free memory inside one stream's pool is not reused by
+//! another until it is trimmed, which the out-of-memory path does for every pool; the
+//! blocks a stream's cache keeps can be (`alloc.rs`, `steal`).
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex as StdMutex};
