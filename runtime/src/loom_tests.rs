@@ -1,5 +1,5 @@
-//! Loom models of the protocols in `storage.rs`, `completion.rs`, `mailbox.rs`, `gate.rs`
-//! and `driver/parking.rs`, driven directly (no actors), so each model is small and
+//! Loom models of the protocols in `storage.rs`, `completion.rs`, `mailbox.rs`, `gate.rs`,
+//! `driver/parking.rs` and `driver/alloc.rs` (the block caches' lending), driven directly (no actors), so each model is small and
 //! checks one protocol precisely. The end-to-end models are in
 //! `runtime/tests/loom_runtime.rs`.
 //!
@@ -439,5 +439,59 @@ fn parking_free_never_lands_in_a_capture() {
         freed.fetch_add(parked.len(), SeqCst);
         freer.join().unwrap();
         assert_eq!(freed.load(SeqCst), 1, "freed once, not lost");
+    });
+}
+
+/// `driver/alloc.rs`: a stream short of a size class takes ("lends") an idle block from
+/// another stream's cache. Stream A's cache holds two blocks of one class: one dropped
+/// inside an op's run (kernels on A may still use it: A's alone) and one idle on every
+/// stream. While stream B lends from A, A allocates twice for itself. B never gets A's
+/// in-run block, no block is handed out twice, a lent block moves from A's classes to
+/// B's, and A's byte count matches what it still holds.
+#[test]
+fn block_cache_lends_only_idle_blocks_once() {
+    use crate::driver::alloc::{lend, BlockCache, CacheLock};
+    const G: usize = 512;
+    const IN_RUN: u64 = 0x1000;
+    const IDLE: u64 = 0x2000;
+    loom::model(|| {
+        let a = Arc::new(CacheLock::new(BlockCache::default()));
+        let b = Arc::new(CacheLock::new(BlockCache::default()));
+        {
+            let mut g = crate::sync::lock(&a);
+            g.classes.insert(IN_RUN, G);
+            g.put(G, IN_RUN, false);
+            g.classes.insert(IDLE, G);
+            g.put(G, IDLE, true);
+        }
+        let (a2, b2) = (a.clone(), b.clone());
+        let thief = thread::spawn(move || lend([&*a2], &b2, G));
+        let mine: Vec<u64> = (0..2)
+            .filter_map(|_| crate::sync::lock(&a).take(G))
+            .collect();
+        let lent = thief.join().unwrap();
+        assert_ne!(
+            lent,
+            Some(IN_RUN),
+            "a block dropped inside an op's run went to another stream"
+        );
+        assert!(mine.contains(&IN_RUN), "A gets its own in-run block back");
+        let mut out = mine.clone();
+        out.extend(lent);
+        let n = out.len();
+        out.sort_unstable();
+        out.dedup();
+        assert_eq!(
+            out.len(),
+            n,
+            "a block handed out twice: {mine:?} and {lent:?}"
+        );
+        assert_eq!(n, 2, "both blocks handed out, none lost: {mine:?} {lent:?}");
+        let (ga, gb) = (crate::sync::lock(&a), crate::sync::lock(&b));
+        assert_eq!(ga.bytes, 0, "A's bytes match what it holds");
+        if let Some(p) = lent {
+            assert_eq!(gb.classes.get(&p), Some(&G), "the lent block is B's now");
+            assert!(!ga.classes.contains_key(&p), "and no longer A's");
+        }
     });
 }

@@ -71,7 +71,9 @@ pub(crate) struct StreamMem {
     /// The stream's `CUstream` handle, as a number.
     stream: usize,
     pool: StreamPool,
-    cache: StdMutex<BlockCache>,
+    /// Behind the runtime's synchronization shim (`crate::sync`), so the lending
+    /// protocol ([`lend`]) is model-checked with loom (`loom_tests.rs`).
+    cache: CacheLock,
     /// The device's list of stream memories (this one among them).
     device: StdArc<DeviceMem>,
 }
@@ -162,22 +164,22 @@ pub(crate) fn in_op_run<R>(f: impl FnOnce() -> R) -> R {
 /// stream handed out has. Every trim of this stream's pool clears `classes` (blocks
 /// still in use then are freed normally later, not cached).
 #[derive(Default)]
-struct BlockCache {
+pub(crate) struct BlockCache {
     /// Blocks idle on every stream: this stream's, or another's ([`steal`]).
-    free: HashMap<usize, Vec<sys::CUdeviceptr>>,
+    pub(crate) free: HashMap<usize, Vec<sys::CUdeviceptr>>,
     /// Blocks freed inside an op's `run` on this stream's actor ([`in_op_run`]): kernels
     /// the op enqueued may still use them, so they are handed out on this stream only
     /// (where the next user is ordered after those kernels), never to another.
-    local: HashMap<usize, Vec<sys::CUdeviceptr>>,
-    bytes: usize,
-    classes: HashMap<sys::CUdeviceptr, usize>,
+    pub(crate) local: HashMap<usize, Vec<sys::CUdeviceptr>>,
+    pub(crate) bytes: usize,
+    pub(crate) classes: HashMap<sys::CUdeviceptr, usize>,
     /// Set when the stream is unregistered: nothing is cached any more.
     closed: bool,
 }
 
 impl BlockCache {
     /// A block of `class` for this cache's own stream.
-    fn take(&mut self, class: usize) -> Option<sys::CUdeviceptr> {
+    pub(crate) fn take(&mut self, class: usize) -> Option<sys::CUdeviceptr> {
         let p = match self.local.get_mut(&class).and_then(Vec::pop) {
             Some(p) => p,
             None => self.free.get_mut(&class)?.pop()?,
@@ -187,7 +189,7 @@ impl BlockCache {
     }
 
     /// A block of `class` idle on every stream (for another stream: [`steal`]).
-    fn take_shared(&mut self, class: usize) -> Option<sys::CUdeviceptr> {
+    pub(crate) fn take_shared(&mut self, class: usize) -> Option<sys::CUdeviceptr> {
         let p = self.free.get_mut(&class)?.pop()?;
         self.bytes -= class;
         Some(p)
@@ -200,7 +202,7 @@ impl BlockCache {
 
     /// Keeps `ptr` (the caller checked [`BlockCache::has_room`]); `shared`: whether it
     /// is idle on every stream (else it is handed out on this stream only).
-    fn put(&mut self, class: usize, ptr: sys::CUdeviceptr, shared: bool) {
+    pub(crate) fn put(&mut self, class: usize, ptr: sys::CUdeviceptr, shared: bool) {
         let list = if shared {
             &mut self.free
         } else {
@@ -254,7 +256,7 @@ pub(crate) fn register(
             let mem = StdArc::new(StreamMem {
                 stream: key(stream),
                 pool,
-                cache: StdMutex::new(BlockCache::default()),
+                cache: CacheLock::new(BlockCache::default()),
                 device: device.clone(),
             });
             let mut list = device.streams.lock().unwrap_or_else(|p| p.into_inner());
@@ -278,7 +280,7 @@ pub(crate) fn unregister(mem: StdArc<StreamMem>, stream: &CudaStream) {
     ACTOR_MEM.with(|m| m.borrow_mut().take());
     // Closed under the lock: a `recycle` racing this (it upgraded its handle before the
     // actor let go) then frees its block instead of caching it where no one looks.
-    mem.cache.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+    crate::sync::lock(&mem.cache).closed = true;
     free_cached(&mem, stream);
     // The frees done before the pool's trim (`StreamPool::drop`): a trim leaves memory
     // whose free is still enqueued in the pool, which is kept as a spare.
@@ -296,7 +298,7 @@ pub(crate) fn unregister(mem: StdArc<StreamMem>, stream: &CudaStream) {
 /// and the frees seen complete) and forgets the classes: trimmed addresses may come
 /// back from other allocators.
 fn trim(mem: &StreamMem) {
-    let mut cache = mem.cache.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = crate::sync::lock(&mem.cache);
     let _ = mem.pool.trim();
     cache.classes.clear();
 }
@@ -306,7 +308,7 @@ fn trim(mem: &StreamMem) {
 /// matter; a pool takes back its blocks from any stream).
 fn free_cached(mem: &StreamMem, stream: &CudaStream) {
     let (blocks, bytes) = {
-        let mut cache = mem.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = crate::sync::lock(&mem.cache);
         let bytes = cache.bytes;
         (cache.drain(), bytes)
     };
@@ -336,7 +338,7 @@ fn recycle<T: Send + 'static>(mem: &StreamMem, s: CudaSlice<T>) {
         ptr
     };
     let shared = !IN_RUN.with(|c| c.get());
-    let mut cache = mem.cache.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = crate::sync::lock(&mem.cache);
     // Only blocks this stream handed out are kept: of a recorded class, the class of
     // the slice's own size (see `BlockCache`: a stale entry names another size).
     match cache.classes.get(&ptr).copied() {
@@ -468,11 +470,7 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
     let device = device.or(own.map(|m| &*m.device));
     let class = class_of(bytes);
     if let Some(mem) = own {
-        let cached = mem
-            .cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(class);
+        let cached = mem.cache.lock_cache().take(class);
         let (cached, stolen) = match cached {
             Some(p) => (Some(p), false),
             None => (steal(mem, class), true),
@@ -500,11 +498,7 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
             // SAFETY: the pool is this stream's (registered by its actor for this
             // stream) and the stream is live (borrowed).
             let ptr = unsafe { mem.pool.alloc(class, stream.cu_stream()) }?;
-            mem.cache
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .classes
-                .insert(ptr, class);
+            mem.cache.lock_cache().classes.insert(ptr, class);
             // SAFETY: `ptr` is a fresh allocation of `class` >= `bytes` bytes, owned by
             // nothing else; the slice frees it stream-ordered on this stream, back to
             // the pool it came from, or recycles it. The caller's contract covers
@@ -557,12 +551,40 @@ fn steal(mem: &StdArc<StreamMem>, class: usize) -> Option<sys::CUdeviceptr> {
     if class > CACHE_MAX_BLOCK || mem.device.counters.block_bytes.load(Ordering::Relaxed) == 0 {
         return None;
     }
-    for other in mem.device.live() {
-        if StdArc::ptr_eq(&other, mem) {
-            continue;
-        }
+    let others: Vec<StdArc<StreamMem>> = mem
+        .device
+        .live()
+        .into_iter()
+        .filter(|o| !StdArc::ptr_eq(o, mem))
+        .collect();
+    lend(others.iter().map(|o| &o.cache), &mem.cache, class)
+}
+
+/// One stream's block cache behind its lock.
+pub(crate) type CacheLock = crate::sync::Mutex<BlockCache>;
+
+trait LockCache {
+    fn lock_cache(&self) -> crate::sync::MutexGuard<'_, BlockCache>;
+}
+impl LockCache for CacheLock {
+    fn lock_cache(&self) -> crate::sync::MutexGuard<'_, BlockCache> {
+        crate::sync::lock(self)
+    }
+}
+
+/// The lending step of [`steal`], over the caches alone: the first block of `class` idle
+/// on every stream (a shared one, [`BlockCache::take_shared`]) in `donors`' caches,
+/// taken out of its cache and its donor's classes, and recorded in `own`'s classes. One
+/// lock at a time. Model-checked with loom (`loom_tests.rs`,
+/// `block_cache_lends_only_idle_blocks_once`).
+pub(crate) fn lend<'a>(
+    donors: impl IntoIterator<Item = &'a CacheLock>,
+    own: &CacheLock,
+    class: usize,
+) -> Option<sys::CUdeviceptr> {
+    for donor in donors {
         let ptr = {
-            let mut cache = other.cache.lock().unwrap_or_else(|p| p.into_inner());
+            let mut cache = donor.lock_cache();
             let ptr = cache.take_shared(class);
             if let Some(p) = ptr {
                 cache.classes.remove(&p);
@@ -570,11 +592,7 @@ fn steal(mem: &StdArc<StreamMem>, class: usize) -> Option<sys::CUdeviceptr> {
             ptr
         };
         if let Some(ptr) = ptr {
-            mem.cache
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .classes
-                .insert(ptr, class);
+            own.lock_cache().classes.insert(ptr, class);
             return Some(ptr);
         }
     }
