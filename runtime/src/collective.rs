@@ -205,7 +205,7 @@ impl Runtime {
     /// # Ok::<(), rtx::Error>(())
     /// ```
     pub fn copy_to(&self, t: &Tensor, device: Device) -> Result<Tensor> {
-        self.check_member(t, "copy_to")?;
+        self.check_own(t, "copy_to")?;
         if t.device() == device {
             return Ok(t.clone());
         }
@@ -270,7 +270,7 @@ impl Runtime {
     /// `t` on each of `devices` (distinct devices of this runtime), in that order; on
     /// `t`'s own device, `t` itself.
     pub fn broadcast(&self, t: &Tensor, devices: &[Device]) -> Result<Vec<Tensor>> {
-        self.check_member(t, "broadcast")?;
+        self.check_own(t, "broadcast")?;
         check_distinct("broadcast", devices.iter().copied())?;
         for d in devices {
             self.comm_stream(*d, "broadcast")?;
@@ -307,7 +307,7 @@ impl Runtime {
             }
             let device = tensors[0].device();
             for (k, t) in tensors.iter().enumerate() {
-                self.check_member(t, name)?;
+                self.check_own(t, name)?;
                 if t.device() != device {
                     return Err(Error::DeviceMismatch {
                         op: name.into(),
@@ -383,17 +383,6 @@ impl Runtime {
             out.push(sub.into_outputs().unwrap_or_default());
         }
         Ok(out)
-    }
-
-    /// `t` must belong to this runtime.
-    fn check_member(&self, t: &Tensor, name: &str) -> Result<()> {
-        if t.storage().runtime != self.inner.id {
-            return Err(Error::invalid(
-                name,
-                format!("{t:?} belongs to another runtime"),
-            ));
-        }
-        Ok(())
     }
 
     /// The stream collectives of `device` run on: its communication stream, else its

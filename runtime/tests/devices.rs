@@ -254,7 +254,12 @@ fn bad_groups_fail_at_submit_with_a_typed_error() {
     ));
     let twice = rt.all_reduce(&[a.clone(), a2.clone()], sum).unwrap_err();
     assert!(twice.to_string().contains("twice"), "{twice}");
-    assert!(rt.all_reduce(&[a.clone(), foreign], sum).is_err());
+    let foreign = rt.all_reduce(&[a.clone(), foreign], sum).unwrap_err();
+    assert!(
+        matches!(foreign, Error::InvalidOp { .. })
+            && foreign.to_string().contains("another runtime"),
+        "{foreign}"
+    );
     let odd = rt.upload_to(Device::Cpu(1), &random(6, 9), [9]).unwrap();
     let a9 = rt.upload_to(Device::Cpu(0), &random(7, 9), [9]).unwrap();
     assert!(matches!(

@@ -190,6 +190,21 @@ impl Runtime {
         self.inner.counters.trace.take()
     }
 
+    /// `t` must belong to this runtime (checked for every input at submit, and by the
+    /// collectives for every member before any is submitted).
+    pub(crate) fn check_own(&self, t: &Tensor, name: &str) -> Result<()> {
+        if t.storage().runtime != self.inner.id {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "{t:?} belongs to another runtime (stream ids and events are per \
+                     runtime; download and upload it)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Submits an op to a chosen stream (pinning).
     pub fn submit_on<O: Op>(
         &self,
@@ -307,11 +322,8 @@ impl Runtime {
             let mut pending: SmallVec<[StreamId; 4]> = SmallVec::new();
             let mut bad = None;
             for t in &inputs {
-                if t.storage().runtime != self.inner.id {
-                    bad = Some(Error::invalid(
-                        name,
-                        format!("{t:?} belongs to another runtime (stream ids and events are per runtime; download and upload it)"),
-                    ));
+                if let Err(e) = self.check_own(t, name) {
+                    bad = Some(e);
                     break;
                 }
                 let d = t.device();
