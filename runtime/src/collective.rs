@@ -9,11 +9,26 @@
 //! reads the whole group's inputs and computes its own result, reducing in the order of
 //! the group (member 0 first, in `f64`, rounded once), so the result is bitwise the same
 //! on every device and no member ever waits for another. A group of one is its own result
-//! and enqueues nothing. Groups over several CUDA devices need NCCL, which is not bound
+//! and enqueues nothing there.
+//!
+//! On the CUDA backend every group runs through NCCL (loaded at run time, like the other
+//! CUDA libraries: `libnccl.so` on the library path; a group of one too where NCCL is
+//! found, else it is its own result as on the CPU): member `m`
+//! is rank `m` of a communicator over the group's devices, made by that device's
+//! communication actor the first time the group is used (cudarc's `Comm` is `!Send`: it
+//! lives on its actor) from an id the runtime keeps per group, and reads only its own
+//! device's tensors. NCCL requires every rank to issue a communicator's collectives in
+//! one order: each collective submits all its members under the runtime's group lock,
+//! and each communication actor runs its mailbox in order. Copies between CUDA devices
+//! ([`Runtime::copy_to`], [`Runtime::broadcast`]) need peer copies, which are not built
 //! yet (`docs/multi-gpu.md`): they fail at submit with [`Error::InvalidOp`].
 //!
 //! [`Backend::CpuDevices`]: crate::Backend::CpuDevices
 
+use std::collections::HashMap;
+
+use cudarc::driver::DeviceRepr;
+use cudarc::nccl::safe::{Comm, Id, NcclType};
 use rayon::prelude::*;
 
 use crate::buffer::{Buffer, Element};
@@ -60,14 +75,136 @@ impl Kind {
 }
 
 /// One member of a collective (or one copy): runs on `device`, reads every source
-/// tensor (`sources[member][k]`), writes one output per `k`.
+/// tensor (`sources[member][k]`; through NCCL, only its own), writes one output per `k`.
 struct Member {
     kind: Kind,
-    /// Which member this is (its share, for `ReduceScatter`).
+    /// Which member this is (its share, for `ReduceScatter`; its NCCL rank).
     index: usize,
     device: Device,
     sources: Vec<Vec<Tensor>>,
     specs: Vec<TensorSpec>,
+    /// The NCCL group (CUDA backend).
+    nccl: Option<NcclGroup>,
+}
+
+/// A group's devices in member order (its communicator's key on every communication
+/// actor) and the id its communicators are made from.
+#[derive(Clone, Copy)]
+struct NcclGroup {
+    key: GroupKey,
+    id: Id,
+}
+
+/// Up to 16 device ordinals of a group, in member order, and how many there are.
+type GroupKey = ([u32; MAX_GROUP], usize);
+/// The most devices an NCCL group of one runtime spans here.
+const MAX_GROUP: usize = 16;
+
+/// The runtime-wide state of the collectives (`Inner::collectives`): its lock is the
+/// group lock; the NCCL id of each CUDA device group seen so far.
+#[derive(Default)]
+pub(crate) struct Groups {
+    ids: HashMap<GroupKey, Id>,
+}
+
+/// The NCCL communicators of one communication actor, by group (`StreamCx::ext`).
+#[derive(Default)]
+struct Comms(HashMap<GroupKey, Comm>);
+
+impl Drop for Comms {
+    fn drop(&mut self) {
+        // cudarc's `Comm` panics when `ncclCommAbort` fails (a device that faulted, say):
+        // at the actor's teardown that must not unwind out of the actor.
+        for (_, comm) in self.0.drain() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(comm)));
+        }
+    }
+}
+
+fn nccl_error(call: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Nccl {
+        call: call.into(),
+        message: format!("{e:?}"),
+    }
+}
+
+fn nccl_op(op: ReduceOp) -> cudarc::nccl::safe::ReduceOp {
+    match op {
+        ReduceOp::Sum => cudarc::nccl::safe::ReduceOp::Sum,
+        ReduceOp::Avg => cudarc::nccl::safe::ReduceOp::Avg,
+        ReduceOp::Max => cudarc::nccl::safe::ReduceOp::Max,
+    }
+}
+
+/// Whether the NCCL library can be loaded (it is looked up at run time, not linked).
+fn nccl_present() -> bool {
+    // SAFETY: only tries to open the library by its usual names; no symbol is called.
+    unsafe { cudarc::nccl::sys::is_culib_present() }
+}
+
+impl Member {
+    /// Member `index`'s work through its device's communicator (CUDA backend).
+    fn run_nccl(&mut self, cx: &mut ExecCx<'_>, g: NcclGroup) -> Result<()> {
+        let scx = cx.cuda()?;
+        let stream = scx.stream().clone();
+        let taken = scx.ext::<Comms>(|_| Ok(Comms::default()))?.0.remove(&g.key);
+        let comm = match taken {
+            Some(c) => c,
+            // The first collective of this group on this device: the communicator's
+            // rank joins (NCCL returns once every rank of the group has).
+            None => Comm::from_rank(stream, self.index, g.key.1, g.id)
+                .map_err(|e| nccl_error("ncclCommInitRank", e))?,
+        };
+        let r = self.nccl_outputs(cx, &comm);
+        cx.cuda()?
+            .ext::<Comms>(|_| Ok(Comms::default()))?
+            .0
+            .insert(g.key, comm);
+        r
+    }
+
+    fn nccl_outputs(&self, cx: &mut ExecCx<'_>, comm: &Comm) -> Result<()> {
+        let own = &self.sources[self.index];
+        for (k, t) in own.iter().enumerate() {
+            let n = self.specs[k].shape.numel();
+            let out = match self.specs[k].dtype {
+                DType::F32 => nccl_one::<f32>(self.kind, comm, cx, t, n)?,
+                DType::F16 => nccl_one::<half::f16>(self.kind, comm, cx, t, n)?,
+                DType::BF16 => nccl_one::<half::bf16>(self.kind, comm, cx, t, n)?,
+                DType::I32 => nccl_one::<i32>(self.kind, comm, cx, t, n)?,
+                DType::U32 => nccl_one::<u32>(self.kind, comm, cx, t, n)?,
+            };
+            cx.set_output(k, out)?;
+        }
+        Ok(())
+    }
+}
+
+/// One NCCL call: `t` (this member's tensor) into a new output of `n` elements, on the
+/// communicator's stream (this actor's).
+fn nccl_one<T: Element + NcclType + DeviceRepr>(
+    kind: Kind,
+    comm: &Comm,
+    cx: &mut ExecCx<'_>,
+    t: &Tensor,
+    n: usize,
+) -> Result<Buffer> {
+    let mut out = cx.cuda()?.alloc::<T>(n)?;
+    let input = cx.input(t)?;
+    let src = input.cuda::<T>()?;
+    let status = match kind {
+        Kind::AllReduce(op) => comm.all_reduce(src, &mut out, &nccl_op(op)),
+        Kind::ReduceScatter(op) => comm.reduce_scatter(src, &mut out, &nccl_op(op)),
+        Kind::AllGather => comm.all_gather(src, &mut out),
+        Kind::Broadcast => {
+            return Err(Error::invalid(
+                kind.name(),
+                "copies between CUDA devices are not built yet",
+            ))
+        }
+    };
+    status.map_err(|e| nccl_error(kind.name(), e))?;
+    Ok(Buffer::from_cuda(out))
 }
 
 impl Op for Member {
@@ -79,6 +216,10 @@ impl Op for Member {
         Some(self.device)
     }
     fn inputs(&self) -> Vec<&Tensor> {
+        if self.nccl.is_some() {
+            // Through NCCL a member reads only its own device's tensors.
+            return self.sources[self.index].iter().collect();
+        }
         self.sources.iter().flatten().collect()
     }
     fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
@@ -98,10 +239,13 @@ impl Op for Member {
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         if !matches!(cx.backend(), BackendCx::Cpu) {
-            return Err(Error::invalid(
-                self.kind.name(),
-                "collectives across CUDA devices need NCCL, which rtx does not bind yet",
-            ));
+            let Some(g) = self.nccl else {
+                return Err(Error::invalid(
+                    self.kind.name(),
+                    "copies between CUDA devices are not built yet",
+                ));
+            };
+            return self.run_nccl(cx, g);
         }
         for k in 0..self.specs.len() {
             let bufs = self
@@ -217,6 +361,7 @@ impl Runtime {
             device,
             sources: vec![vec![t.clone()]],
             specs: vec![TensorSpec::like(t)],
+            nccl: None,
         };
         let out = self
             .submit_on(stream, op)
@@ -358,18 +503,56 @@ impl Runtime {
                 Ok(TensorSpec::new(Shape::new(dims), t.dtype()))
             })
             .collect::<Result<Vec<_>>>()?;
-        if n == 1 {
-            // A group of one is its own result.
+        let cuda = matches!(self.inner.backend, BackendState::Cuda(_));
+        if n == 1 && (!cuda || !nccl_present()) {
+            // A group of one is its own result (on CUDA with NCCL, a one-rank
+            // communicator's: the same values, in new tensors).
             return Ok(vec![first.clone()]);
         }
         let streams = group
             .iter()
-            .map(|m| {
-                let d = m[0].device();
-                self.cpu_only(name, d)?;
-                self.comm_stream(d, name)
-            })
+            .map(|m| self.comm_stream(m[0].device(), name))
             .collect::<Result<Vec<StreamId>>>()?;
+        let mut key: GroupKey = ([0; MAX_GROUP], n);
+        if cuda {
+            if n > MAX_GROUP {
+                return Err(Error::invalid(
+                    name,
+                    format!("a group of {n} devices: at most {MAX_GROUP}"),
+                ));
+            }
+            for (m, tensors) in group.iter().enumerate() {
+                match tensors[0].device() {
+                    Device::Cuda(o) => key.0[m] = o as u32,
+                    d => return Err(Error::invalid(name, format!("{d} is not a CUDA device"))),
+                }
+            }
+            if !nccl_present() {
+                return Err(nccl_error(
+                    name,
+                    "the NCCL library (libnccl.so) was not found on the library path",
+                ));
+            }
+        }
+        // The group lock, held while the members are submitted (module docs).
+        let mut groups = self
+            .inner
+            .collectives
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let nccl = if cuda {
+            let id = match groups.ids.get(&key) {
+                Some(id) => *id,
+                None => {
+                    let id = Id::new().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
+                    groups.ids.insert(key, id);
+                    id
+                }
+            };
+            Some(NcclGroup { key, id })
+        } else {
+            None
+        };
         let mut out = Vec::with_capacity(n);
         for (index, stream) in streams.into_iter().enumerate() {
             let op = Member {
@@ -378,10 +561,12 @@ impl Runtime {
                 device: group[index][0].device(),
                 sources: group.to_vec(),
                 specs: specs.clone(),
+                nccl,
             };
             let sub = self.submit_on(stream, op).map_err(|e| e.error)?;
             out.push(sub.into_outputs().unwrap_or_default());
         }
+        drop(groups);
         Ok(out)
     }
 

@@ -91,6 +91,10 @@ pub enum Error {
         status: CublasStatus,
         message: String,
     },
+    /// An NCCL call failed (a collective on the CUDA backend), or the NCCL library was
+    /// not found.
+    #[error("NCCL error in {call}: {message}")]
+    Nccl { call: String, message: String },
     /// A cuDNN call failed with `status` (`message`: cuDNN's description).
     #[error("cuDNN error in {call}: {message}")]
     Cudnn {

@@ -14,9 +14,11 @@
 //! ([`DeviceParallel::max_divergence`] checks it). No host round trip inside a step.
 //!
 //! On the CPU backend, [`Backend::CpuDevices`](rtx_runtime::Backend::CpuDevices) gives
-//! the devices; across CUDA devices the collectives need NCCL, which rtx does not bind
-//! yet (`docs/multi-gpu.md`), so a runtime over several GPUs fails at the first step's
-//! all-reduce with a typed error. On one device it is the plain single-device step.
+//! the devices. Across CUDA devices the collectives run through NCCL, but copies
+//! between CUDA devices (which set every replica to replica 0's parameters) are not
+//! built yet (`docs/multi-gpu.md`), so a runtime over several GPUs fails at
+//! construction with a typed error. On one device it is the single-device step (its
+//! all-reduces those of a one-rank communicator on CUDA, where NCCL is found).
 
 use rtx_ops::cast;
 use rtx_runtime::{DType, Device, Error, ReduceOp, Result, Runtime, StreamId, Tensor};

@@ -281,6 +281,7 @@ impl Assembled {
                 closed: AtomicBool::new(false),
                 gate: crate::gate::Gate::default(),
                 threads: Mutex::new(self.started.threads),
+                collectives: Default::default(),
             }),
         };
         super::ergonomic::register(&rt);

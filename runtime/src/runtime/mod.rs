@@ -58,6 +58,10 @@ pub(crate) struct Inner {
     /// and its waiter would hang).
     pub(crate) gate: Gate,
     pub(crate) threads: Mutex<Vec<thread::JoinHandle<()>>>,
+    /// The collectives' group lock and the NCCL ids of the device groups seen so far
+    /// (`collective.rs`): a collective submits all its members under it, so every
+    /// communication stream receives the collectives in one order.
+    pub(crate) collectives: std::sync::Mutex<crate::collective::Groups>,
 }
 
 /// The rtx runtime: stream actors, a scheduler, and the completion machinery.
