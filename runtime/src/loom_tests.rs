@@ -1,5 +1,5 @@
 //! Loom models of the protocols in `storage.rs`, `completion.rs`, `mailbox.rs`, `gate.rs`,
-//! `driver/parking.rs` and `driver/alloc.rs` (the block caches' lending), driven directly (no actors), so each model is small and
+//! `driver/parking.rs` and `driver/block_cache.rs` (the block caches' lending), driven directly (no actors), so each model is small and
 //! checks one protocol precisely. The end-to-end models are in
 //! `runtime/tests/loom_runtime.rs`.
 //!
@@ -442,7 +442,7 @@ fn parking_free_never_lands_in_a_capture() {
     });
 }
 
-/// `driver/alloc.rs`: a stream short of a size class takes ("lends") an idle block from
+/// `driver/block_cache.rs`: a stream short of a size class takes ("lends") an idle block from
 /// another stream's cache. Stream A's cache holds two blocks of one class: one dropped
 /// inside an op's run (kernels on A may still use it: A's alone) and one idle on every
 /// stream. While stream B lends from A, A allocates twice for itself. B never gets A's
@@ -450,7 +450,7 @@ fn parking_free_never_lands_in_a_capture() {
 /// B's, and A's byte count matches what it still holds.
 #[test]
 fn block_cache_lends_only_idle_blocks_once() {
-    use crate::driver::alloc::{lend, BlockCache, CacheLock};
+    use crate::driver::block_cache::{lend, BlockCache, CacheLock};
     const G: usize = 512;
     const IN_RUN: u64 = 0x1000;
     const IDLE: u64 = 0x2000;

@@ -16,6 +16,7 @@
 //! - `parking.rs`: frees from other threads held back while their stream is captured.
 
 pub(crate) mod alloc;
+pub(crate) mod block_cache;
 pub(crate) mod capture;
 mod device;
 pub(crate) mod event;
