@@ -1,6 +1,6 @@
 //! Loom models of the protocols in `storage.rs`, `completion.rs`, `mailbox.rs`, `gate.rs`,
-//! `driver/parking.rs` and `driver/block_cache.rs` (the block caches' lending), driven directly (no actors), so each model is small and
-//! checks one protocol precisely. The end-to-end models are in
+//! `driver/parking.rs` and `driver/block_cache.rs` (the block caches' lending), driven
+//! directly (no actors), so each model is small and checks one protocol precisely. The end-to-end models are in
 //! `runtime/tests/loom_runtime.rs`.
 //!
 //! Run with

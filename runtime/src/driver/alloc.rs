@@ -408,8 +408,10 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
                 c.block_steals.fetch_add(1, Ordering::Relaxed);
             }
             c.block_bytes.fetch_sub(class as u64, Ordering::Relaxed);
-            // SAFETY: `ptr` is a block of `class` >= `bytes` bytes allocated from this
-            // stream's pool and owned by the cache alone; it passes to the slice, which
+            // SAFETY: `ptr` is a block of `class` >= `bytes` bytes from a pool of this
+            // device (this stream's, or another stream's for a lent block: `steal`),
+            // owned by the cache alone and used by no kernel that is not ordered before
+            // this stream's next work (module docs); it passes to the slice, which
             // frees or recycles it. The caller's contract covers initialization.
             return Ok(unsafe { stream.upgrade_device_ptr::<T>(ptr, n) });
         }
@@ -469,9 +471,9 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
 /// stream (module docs: they reached the cache after every op that used them was seen
 /// complete, or after their stream was synchronized; a block dropped inside an op's run
 /// is kept apart, [`in_op_run`]), and their stream-ordered allocation completed before
-/// their first user ran, so they may be handed out on any stream of the device. The block stays memory of
-/// the pool it came from; freed, it goes back there, from whichever stream frees it.
-/// One cache lock is held at a time.
+/// their first user ran, so they may be handed out on any stream of the device. The
+/// block stays memory of the pool it came from; freed, it goes back there, from
+/// whichever stream frees it. One cache lock is held at a time.
 fn steal(mem: &StdArc<StreamMem>, class: usize) -> Option<sys::CUdeviceptr> {
     // Nothing of this size is ever cached, or nothing at all is now.
     if class > CACHE_MAX_BLOCK || mem.device.counters.block_bytes.load(Ordering::Relaxed) == 0 {
