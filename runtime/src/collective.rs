@@ -36,7 +36,7 @@ use crate::device::{Device, StreamId, StreamKind};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::op::{BackendCx, Cost, ExecCx, Op, Plan, PlanCx, TensorSpec};
-use crate::runtime::{BackendState, Runtime};
+use crate::runtime::{BackendState, GroupKey, Runtime, MAX_GROUP};
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 
@@ -93,18 +93,6 @@ struct Member {
 struct NcclGroup {
     key: GroupKey,
     id: Id,
-}
-
-/// Up to 16 device ordinals of a group, in member order, and how many there are.
-type GroupKey = ([u32; MAX_GROUP], usize);
-/// The most devices an NCCL group of one runtime spans here.
-const MAX_GROUP: usize = 16;
-
-/// The runtime-wide state of the collectives (`Inner::collectives`): its lock is the
-/// group lock; the NCCL id of each CUDA device group seen so far.
-#[derive(Default)]
-pub(crate) struct Groups {
-    ids: HashMap<GroupKey, Id>,
 }
 
 /// The NCCL communicators of one communication actor, by group (`StreamCx::ext`).

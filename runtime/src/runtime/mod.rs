@@ -61,7 +61,21 @@ pub(crate) struct Inner {
     /// The collectives' group lock and the NCCL ids of the device groups seen so far
     /// (`collective.rs`): a collective submits all its members under it, so every
     /// communication stream receives the collectives in one order.
-    pub(crate) collectives: std::sync::Mutex<crate::collective::Groups>,
+    pub(crate) collectives: std::sync::Mutex<Groups>,
+}
+
+/// Up to [`MAX_GROUP`] device ordinals of a collective's group, in member order, and how
+/// many there are.
+pub(crate) type GroupKey = ([u32; MAX_GROUP], usize);
+/// The most devices an NCCL group of one runtime spans.
+pub(crate) const MAX_GROUP: usize = 16;
+
+/// The runtime-wide state of the collectives (`Inner::collectives`, used by
+/// `collective.rs`): its lock is the group lock.
+#[derive(Default)]
+pub(crate) struct Groups {
+    /// The NCCL id of each CUDA device group seen so far.
+    pub(crate) ids: std::collections::HashMap<GroupKey, cudarc::nccl::safe::Id>,
 }
 
 /// The rtx runtime: stream actors, a scheduler, and the completion machinery.
