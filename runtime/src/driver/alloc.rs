@@ -49,7 +49,7 @@ use std::sync::{Arc as StdArc, Weak};
 
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DeviceRepr};
 
-use super::block_cache::{lend, BlockCache, CacheLock, LockCache};
+use super::block_cache::{lend, BlockCache, CacheLock};
 use super::parking::Parking;
 use super::pool::{MemPool, StreamPool};
 use crate::error::{Error, Result};
@@ -396,7 +396,7 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
     let device = device.or(own.map(|m| &*m.device));
     let class = class_of(bytes);
     if let Some(mem) = own {
-        let cached = mem.cache.lock_cache().take(class);
+        let cached = crate::sync::lock(&mem.cache).take(class);
         let (cached, stolen) = match cached {
             Some(p) => (Some(p), false),
             None => (steal(mem, class), true),
@@ -426,7 +426,7 @@ pub(crate) unsafe fn alloc_in<T: DeviceRepr>(
             // SAFETY: the pool is this stream's (registered by its actor for this
             // stream) and the stream is live (borrowed).
             let ptr = unsafe { mem.pool.alloc(class, stream.cu_stream()) }?;
-            mem.cache.lock_cache().classes.insert(ptr, class);
+            crate::sync::lock(&mem.cache).classes.insert(ptr, class);
             // SAFETY: `ptr` is a fresh allocation of `class` >= `bytes` bytes, owned by
             // nothing else; the slice frees it stream-ordered on this stream, back to
             // the pool it came from, or recycles it. The caller's contract covers

@@ -85,15 +85,6 @@ impl BlockCache {
 /// One stream's block cache behind its lock.
 pub(crate) type CacheLock = crate::sync::Mutex<BlockCache>;
 
-pub(crate) trait LockCache {
-    fn lock_cache(&self) -> crate::sync::MutexGuard<'_, BlockCache>;
-}
-impl LockCache for CacheLock {
-    fn lock_cache(&self) -> crate::sync::MutexGuard<'_, BlockCache> {
-        crate::sync::lock(self)
-    }
-}
-
 /// The lending step of `alloc::steal`, over the caches alone: the first block of `class` idle
 /// on every stream (a shared one, [`BlockCache::take_shared`]) in `donors`' caches,
 /// taken out of its cache and its donor's classes, and recorded in `own`'s classes. One
@@ -106,7 +97,7 @@ pub(crate) fn lend<'a>(
 ) -> Option<sys::CUdeviceptr> {
     for donor in donors {
         let ptr = {
-            let mut cache = donor.lock_cache();
+            let mut cache = crate::sync::lock(donor);
             let ptr = cache.take_shared(class);
             if let Some(p) = ptr {
                 cache.classes.remove(&p);
@@ -114,7 +105,7 @@ pub(crate) fn lend<'a>(
             ptr
         };
         if let Some(ptr) = ptr {
-            own.lock_cache().classes.insert(ptr, class);
+            crate::sync::lock(own).classes.insert(ptr, class);
             return Some(ptr);
         }
     }
