@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use crate::bench_util::*;
-use crate::streams::{chain_inputs, chain_weight, CHAIN_N};
+use crate::streams::{chain_inputs, chain_weight, stacked_inputs, CHAIN_N};
 use rtx::ops::elementwise as ew;
 use rtx::ops::gemm::{linear, matmul, Activation};
 use rtx::{DType, Runtime, Tensor};
@@ -118,4 +118,48 @@ pub fn suite_streams_graph(_rt: &Runtime) {
             );
         }
     }
+}
+
+/// The 8 chains as one stacked `linear` per step (`suite_streams_stacked`), the 200 ops
+/// captured as one graph on one stream; wall time of one launch to the downloaded
+/// result.
+pub fn suite_streams_stacked_graph(_rt: &Runtime) {
+    let n = CHAIN_N;
+    let rt = Runtime::builder().streams(1).build().expect("runtime");
+    let (w, x0) = stacked_inputs(&rt, &chain_weight(n), n);
+    let mut graph = rt
+        .capture(|g| {
+            let mut x = g.input(&x0)?;
+            for _ in 0..200 {
+                x = g.submit(linear(&x, &w, None, Activation::Relu))?;
+            }
+            g.output(&x)?;
+            Ok(())
+        })
+        .expect("capture");
+    let mut run = || {
+        let t = Instant::now();
+        let mut l = graph.launch(&[&x0]).expect("launch");
+        let launched = t.elapsed().as_secs_f64() * 1e3;
+        std::hint::black_box(l.to_vec::<rtx::bf16>(0).expect("chain"));
+        (t.elapsed().as_secs_f64() * 1e3, launched)
+    };
+    run();
+    let (mut t, mut sub): (Vec<f64>, Vec<f64>) = (0..9).map(|_| run()).unzip();
+    let ms = median(&mut t);
+    let (lo, hi) = t
+        .iter()
+        .fold((f64::MAX, 0f64), |(a, b), &v| (a.min(v), b.max(v)));
+    let extra = [
+        ("min_ms", lo),
+        ("max_ms", hi),
+        ("launch_ms", median(&mut sub)),
+    ];
+    emit(
+        "streams_8x200_stacked_linear_relu_1_graph",
+        ms,
+        0.0,
+        8.0 * 200.0 * 2.0 * (n * n * n) as f64,
+        &extra,
+    );
 }

@@ -24,12 +24,12 @@ mod train;
 use std::time::Instant;
 
 use bench_util::*;
-use graphs::{suite_chain_graph, suite_streams_graph};
+use graphs::{suite_chain_graph, suite_streams_graph, suite_streams_stacked_graph};
 use rtx::ops::conv::{conv2d, Conv2dOpts, Layout};
 use rtx::ops::gemm::{gemm_plan_cache_stats, matmul};
 use rtx::ops::{conv, elementwise as ew, reduce, softmax};
 use rtx::{Backend, DType, Runtime};
-use streams::{suite_convtiny, suite_rawstreams, suite_streams};
+use streams::{suite_convtiny, suite_rawstreams, suite_streams, suite_streams_stacked};
 
 fn suite_ew(rt: &Runtime) {
     let host = random_f32(1 << 28, 1);
@@ -462,11 +462,17 @@ fn main() {
             "reduce" => suite_reduce(&rt),
             "chain" => suite_chain(&rt),
             "chaingraph" => suite_chain_graph(&rt),
-            "streamsgraph" => suite_streams_graph(&rt),
+            "streamsgraph" => {
+                suite_streams_graph(&rt);
+                suite_streams_stacked_graph(&rt);
+            }
             "gemm" => suite_gemm(&rt),
             "conv" => suite_conv(&rt),
             "convtiny" => suite_convtiny(&rt),
-            "streams" => suite_streams(&rt),
+            "streams" => {
+                suite_streams(&rt);
+                suite_streams_stacked(&rt);
+            }
             "speedup" => suite_speedup(&rt),
             "attention" => suite_attention(&rt),
             "train" => train::suite_train(&rt),

@@ -34,6 +34,64 @@ pub(crate) fn chain_inputs(rt: &Runtime, scale: &[f32], n: usize) -> (Vec<Tensor
     (ws, x0)
 }
 
+/// The same weights and starting inputs stacked (bf16 `[8, n, n]` each): chain c is
+/// layer c, for `linear`'s stacked form.
+pub(crate) fn stacked_inputs(rt: &Runtime, scale: &[f32], n: usize) -> (Tensor, Tensor) {
+    let w: Vec<f32> = (0..8).flat_map(|_| scale.iter().copied()).collect();
+    let x: Vec<f32> = (0..8).flat_map(|c| random_f32(n * n, 10 + c)).collect();
+    (
+        upload(rt, &w, &[8, n, n], DType::BF16),
+        upload(rt, &x, &[8, n, n], DType::BF16),
+    )
+}
+
+/// The 8 chains as one stacked `linear` (`w` `[8, 256, 256]`, relu fused) per step on
+/// one stream: 200 ops, PyTorch's stacked `bmm` form in one op a step. Wall time to the
+/// downloaded result (one `[8, 256, 256]` tensor).
+pub fn suite_streams_stacked(_rt: &Runtime) {
+    let n = CHAIN_N;
+    let rt = Runtime::builder().streams(1).build().expect("runtime");
+    let (w, x0) = stacked_inputs(&rt, &chain_weight(n), n);
+    let run = || {
+        let t = Instant::now();
+        let mut x = x0.clone();
+        for _ in 0..200 {
+            x = rt
+                .submit(linear(&x, &w, None, Activation::Relu))
+                .expect("submit")
+                .outputs()
+                .cloned()
+                .expect("out");
+        }
+        let submitted = t.elapsed().as_secs_f64() * 1e3;
+        std::hint::black_box(
+            rt.to_vec::<rtx::bf16>(&x)
+                .expect("download")
+                .wait()
+                .expect("chain"),
+        );
+        (t.elapsed().as_secs_f64() * 1e3, submitted)
+    };
+    run();
+    let (mut t, mut sub): (Vec<f64>, Vec<f64>) = (0..9).map(|_| run()).unzip();
+    let ms = median(&mut t);
+    let (lo, hi) = t
+        .iter()
+        .fold((f64::MAX, 0f64), |(a, b), &v| (a.min(v), b.max(v)));
+    let extra = [
+        ("min_ms", lo),
+        ("max_ms", hi),
+        ("submit_ms", median(&mut sub)),
+    ];
+    emit(
+        "streams_8x200_stacked_linear_relu_1",
+        ms,
+        0.0,
+        8.0 * 200.0 * 2.0 * (n * n * n) as f64,
+        &extra,
+    );
+}
+
 /// 8 independent chains of 200 steps of (GEMM 256³ bf16 + relu), chain c pinned to
 /// stream c % k, submitted step by step from one thread; wall time to the last result.
 /// Two forms: `matmul` then an in-place `relu_` (two ops per step, as PyTorch eager

@@ -408,6 +408,7 @@ def suite_streams():
     # The harness's case names (two rtx forms x 1, 2, 4, 8 streams) all get PyTorch's best.
     # Their graph forms (`benches/graphs.rs`, `<case>_graph`) too.
     cases = [f"streams_8x200_{f}_{k}" for f in ("gemm256_relu", "linear_relu") for k in (1, 2, 4, 8)]
+    cases += ["streams_8x200_stacked_linear_relu_1"]  # rtx's stacked linear (benches/streams.rs)
     cases += [f"{c}_graph" for c in cases]
     emit_best(cases, forms, 0.0, flops, lines_for_forms="streams_8x200", **extra)
     del graphs

@@ -228,29 +228,46 @@ fn act_ref(act: Activation, x: f64) -> f64 {
     }
 }
 
-fn linear_case<T: Element>(rt: &Runtime, label: &str, lead: &[usize], k: usize, n: usize) {
+/// `linear` with `x` `[lead.., k]` and `w` `[n, k]`, or with `stacked` a `w` of
+/// `[lead[0], n, k]` (one layer per leading index, `x` 3-D), against f64.
+fn linear_case<T: Element>(
+    rt: &Runtime,
+    label: &str,
+    lead: &[usize],
+    k: usize,
+    n: usize,
+    stacked: bool,
+) {
     let (seed, mut r) = rng();
     let rows: usize = lead.iter().product();
+    let layers = if stacked { lead[0] } else { 1 };
+    let m = rows / layers;
     let mut xs = lead.to_vec();
     xs.push(k);
+    let ws: Vec<usize> = if stacked {
+        vec![layers, n, k]
+    } else {
+        vec![n, k]
+    };
     let x: Vec<T> = rand_vec(&mut r, rows * k, -1.0, 1.0);
-    let w: Vec<T> = rand_vec(&mut r, n * k, -1.0, 1.0);
+    let w: Vec<T> = rand_vec(&mut r, layers * n * k, -1.0, 1.0);
     let bias: Vec<T> = rand_vec(&mut r, n, -1.0, 1.0);
-    let c = Case::plain(rows, n, k, false, true);
+    let c = Case::plain(m, n, k, false, true);
     let (xf, wf) = (f64s(&x), f64s(&w));
-    let prod = reference(&c, &xf, &wf);
-    let mag = reference(&c, &abs_all(&xf), &abs_all(&wf));
+    // Layer by layer: each is a plain product of its own x rows and w.
+    let per_layer = |x: &[f64], w: &[f64]| -> Vec<f64> {
+        (0..layers)
+            .flat_map(|l| reference(&c, &x[l * m * k..][..m * k], &w[l * n * k..][..n * k]))
+            .collect()
+    };
+    let prod = per_layer(&xf, &wf);
+    let mag = per_layer(&abs_all(&xf), &abs_all(&wf));
     for act in [Activation::None, Activation::Relu, Activation::Gelu] {
         for with_bias in [false, true] {
             let bt = with_bias.then(|| upload(rt, &bias, &[n]));
             let y = run(
                 rt,
-                linear(
-                    &upload(rt, &x, &xs),
-                    &upload(rt, &w, &[n, k]),
-                    bt.as_ref(),
-                    act,
-                ),
+                linear(&upload(rt, &x, &xs), &upload(rt, &w, &ws), bt.as_ref(), act),
             );
             let mut ys = lead.to_vec();
             ys.push(n);
@@ -268,7 +285,7 @@ fn linear_case<T: Element>(rt: &Runtime, label: &str, lead: &[usize], k: usize, 
             let tol = tol_for::<T>(k, false);
             assert!(
                 e <= tol,
-                "{label} {} linear {lead:?}x{k}->{n} {act:?} bias={with_bias}: error {e:e} > {tol:e} (seed {seed})",
+                "{label} {} linear {lead:?}x{k}->{n} stacked={stacked} {act:?} bias={with_bias}: error {e:e} > {tol:e} (seed {seed})",
                 T::DTYPE
             );
         }
@@ -285,9 +302,24 @@ backend_test!(linear_with_each_epilogue, |rt, label| {
         (&[33][..], 7, 1),
     ];
     for (lead, k, n) in cases {
-        linear_case::<f32>(rt, label, lead, k, n);
-        linear_case::<f16>(rt, label, lead, k, n);
-        linear_case::<bf16>(rt, label, lead, k, n);
+        linear_case::<f32>(rt, label, lead, k, n, false);
+        linear_case::<f16>(rt, label, lead, k, n, false);
+        linear_case::<bf16>(rt, label, lead, k, n, false);
+    }
+});
+
+backend_test!(stacked_linear_with_each_epilogue, |rt, label| {
+    // Layers × rows × in -> out: odd sizes, one row per layer, and the 8-chain's shape.
+    let cases = [
+        (&[3usize, 11][..], 33, 7),
+        (&[2, 1][..], 129, 33),
+        (&[5, 33][..], 7, 65),
+        (&[8, 256][..], 256, 256),
+    ];
+    for (lead, k, n) in cases {
+        linear_case::<f32>(rt, label, lead, k, n, true);
+        linear_case::<f16>(rt, label, lead, k, n, true);
+        linear_case::<bf16>(rt, label, lead, k, n, true);
     }
 });
 
@@ -547,6 +579,24 @@ backend_test!(
         assert!(e.into_op().into_inputs().2.unwrap().same_storage(&bias));
         let e = rt
             .submit(linear(&t(&[2, 8]), &t(&[5, 7]), None, Activation::None))
+            .unwrap_err();
+        expect_shape(&e.error);
+        // stacked linear: the layers of x and w differ; a bias per layer
+        let (xs, ws) = (t(&[3, 2, 8]), t(&[4, 5, 8]));
+        let e = rt
+            .submit(linear(&xs, &ws, None, Activation::Relu))
+            .unwrap_err();
+        expect_shape(&e.error);
+        assert!(e.error.to_string().contains("stacked"), "{}", e.error);
+        let (gx, gw, _) = e.into_op().into_inputs();
+        assert!(gx.same_storage(&xs) && gw.same_storage(&ws));
+        let e = rt
+            .submit(linear(
+                &t(&[4, 2, 8]),
+                &ws,
+                Some(&t(&[4, 5])),
+                Activation::None,
+            ))
             .unwrap_err();
         expect_shape(&e.error);
         let hb = upload(rt, &[f16::ONE; 5], &[5]);

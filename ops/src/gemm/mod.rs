@@ -34,7 +34,7 @@ use rtx_runtime::{
 };
 
 use self::cuda::GemmArgs;
-use self::shape::{float_dtype, linear_dims, matmul_dims, GemmDims};
+use self::shape::{float_dtype, matmul_dims, stacked_linear_dims, GemmDims};
 use crate::cpu_util::{to_f32_cow, with_f32_out, Float};
 use crate::kernels::{cpu_out, float_dispatch};
 
@@ -192,6 +192,12 @@ impl Op for Matmul {
 /// epilogue (`BIAS`, `RELU_BIAS`, `GELU_BIAS`, or `RELU`/`GELU` without bias) fused into
 /// the GEMM. GELU is the tanh approximation.
 ///
+/// **Stacked layers**: with `w` `[s, out, in]` and `x` `[s, rows, in]`, layer `i` is
+/// `act(x[i] · w[i]ᵀ + bias)`, all `s` in one batched GEMM with the epilogue fused (the
+/// bias `[out]` is shared by the layers); the output is `[s, rows, out]`. It is what
+/// `torch.bmm` followed by the activation computes for same-shape models, in one op.
+/// The training forms ([`linear_train`], [`linear_backward`]) take the 2-D `w` only.
+///
 /// # Examples
 ///
 /// ```
@@ -204,6 +210,13 @@ impl Op for Matmul {
 /// let b = rt.upload(&[0.5f32, 0.0], [2])?;
 /// let y = rt.submit(linear(&x, &w, Some(&b), Activation::Relu)).map_err(|e| e.error)?.wait()?;
 /// assert_eq!(rt.to_vec::<f32>(&y)?.wait()?, vec![0.0, 0.0]);
+///
+/// // Two stacked layers of one output each, one row each: [1, 2]·[1, 0] and [3, 4]·[0, -1].
+/// let xs = rt.upload(&[1.0f32, 2.0, 3.0, 4.0], [2, 1, 2])?;
+/// let ws = rt.upload(&[1.0f32, 0.0, 0.0, -1.0], [2, 1, 2])?;
+/// let y = rt.submit(linear(&xs, &ws, None, Activation::Relu)).map_err(|e| e.error)?.wait()?;
+/// assert_eq!(y.dims(), &[2, 1, 1]);
+/// assert_eq!(rt.to_vec::<f32>(&y)?.wait()?, vec![1.0, 0.0]);
 /// # Ok::<(), rtx::Error>(())
 /// ```
 pub struct Linear {
@@ -245,7 +258,7 @@ impl Linear {
 
     fn dims(&self) -> Result<GemmDims> {
         let bias = self.bias.as_ref().map(|b| b.shape());
-        linear_dims(self.name(), self.x.shape(), self.w.shape(), bias)
+        stacked_linear_dims(self.name(), self.x.shape(), self.w.shape(), bias)
     }
 }
 

@@ -101,14 +101,57 @@ pub(crate) fn linear_dims(
     w: &Shape,
     bias: Option<&Shape>,
 ) -> Result<GemmDims> {
+    linear_dims_of(op, x, w, bias, false)
+}
+
+/// As [`linear_dims`], and also the stacked form: `w` `[s, n, k]` with `x` `[s, m, k]`,
+/// `s` independent layers in one batched product, the bias `[n]` shared by all.
+pub(crate) fn stacked_linear_dims(
+    op: &str,
+    x: &Shape,
+    w: &Shape,
+    bias: Option<&Shape>,
+) -> Result<GemmDims> {
+    linear_dims_of(op, x, w, bias, true)
+}
+
+fn linear_dims_of(
+    op: &str,
+    x: &Shape,
+    w: &Shape,
+    bias: Option<&Shape>,
+    stacked: bool,
+) -> Result<GemmDims> {
     let (xd, wd) = (x.dims(), w.dims());
+    if stacked && wd.len() == 3 {
+        if xd.len() != 3 || xd[0] != wd[0] {
+            let detail = format!(
+                "a stacked w [{}, out_features, in_features] takes x [{}, rows, in_features]",
+                wd[0], wd[0]
+            );
+            return Err(Error::shape(op, x, w, detail));
+        }
+        let flat_x = Shape::new(xd[1..].to_vec());
+        let flat_w = Shape::new(wd[1..].to_vec());
+        let one = linear_dims_of(op, &flat_x, &flat_w, bias, false)?;
+        let dims = GemmDims {
+            batch: wd[0],
+            a_bs: one.m * one.k,
+            b_bs: one.n * one.k,
+            out: Shape::new(vec![wd[0], one.m, one.n]),
+            ..one
+        };
+        check_sizes(op, &dims)?;
+        return Ok(dims);
+    }
     if xd.is_empty() || wd.len() != 2 {
-        return Err(Error::shape(
-            op,
-            x,
-            w,
-            "linear takes x [.., in_features] and w [out_features, in_features]",
-        ));
+        let detail = if stacked {
+            "linear takes x [.., in_features] and w [out_features, in_features], or x \
+             [layers, rows, in_features] and a stacked w [layers, out_features, in_features]"
+        } else {
+            "linear takes x [.., in_features] and w [out_features, in_features]"
+        };
+        return Err(Error::shape(op, x, w, detail));
     }
     let k = xd[xd.len() - 1];
     let (n, kw) = (wd[0], wd[1]);
@@ -219,5 +262,33 @@ mod tests {
         assert_eq!(d.out.dims(), [2, 3, 5]);
         assert!(linear_dims("l", &s(&[2, 8]), &s(&[5, 7]), None).is_err());
         assert!(linear_dims("l", &s(&[2, 8]), &s(&[5, 8]), Some(&s(&[4]))).is_err());
+    }
+
+    #[test]
+    fn stacked_linear_shapes() {
+        let d = stacked_linear_dims("l", &s(&[4, 3, 8]), &s(&[4, 5, 8]), Some(&s(&[5]))).unwrap();
+        assert_eq!(
+            (d.batch, d.m, d.n, d.k, d.a_bs, d.b_bs),
+            (4, 3, 5, 8, 24, 40)
+        );
+        assert_eq!(d.out.dims(), [4, 3, 5]);
+        // The 2-D form is unchanged.
+        let d = stacked_linear_dims("l", &s(&[2, 3, 8]), &s(&[5, 8]), None).unwrap();
+        assert_eq!((d.batch, d.m, d.out.dims()), (1, 6, &[2, 3, 5][..]));
+        let e = |x: &[usize], w: &[usize], b: Option<&[usize]>| {
+            let b = b.map(s);
+            stacked_linear_dims("l", &s(x), &s(w), b.as_ref())
+        };
+        for bad in [
+            e(&[3, 3, 8], &[4, 5, 8], None),          // layers differ
+            e(&[4, 2, 3, 8], &[4, 5, 8], None),       // x not 3-D
+            e(&[4, 3, 7], &[4, 5, 8], None),          // in_features differ
+            e(&[4, 3, 8], &[4, 5, 8], Some(&[4, 5])), // a bias per layer
+            e(&[4, 3, 8], &[2, 4, 5, 8], None),       // w 4-D
+        ] {
+            assert!(matches!(bad, Err(Error::ShapeMismatch { .. })), "{bad:?}");
+        }
+        // linear_train / linear_backward keep the 2-D form only.
+        assert!(linear_dims("l", &s(&[4, 3, 8]), &s(&[4, 5, 8]), None).is_err());
     }
 }
