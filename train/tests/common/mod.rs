@@ -4,6 +4,10 @@
 #![allow(dead_code)]
 
 pub mod reference;
+#[path = "../../../ops/tests/common/shard.rs"]
+mod shard;
+#[allow(unused_imports)] // not every test file splits its cases
+pub use shard::shard;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
