@@ -169,3 +169,15 @@ pub fn proc_per_run(before: [f64; 5], after: [f64; 5], runs: usize) -> Vec<(&'st
         .map(|(name, (b, a))| (*name, (a - b) / runs as f64))
         .collect()
 }
+
+/// One warm-up call of `run`, then `n` timed calls; `run` returns `(total_ms, part_ms)`
+/// (e.g. the whole run and its submitting or launching part). Returns the median, min
+/// and max of the totals and the median of the parts.
+pub fn warm_then_time(mut run: impl FnMut() -> (f64, f64), n: usize) -> (f64, f64, f64, f64) {
+    run();
+    let (mut t, mut part): (Vec<f64>, Vec<f64>) = (0..n).map(|_| run()).unzip();
+    let (lo, hi) = t
+        .iter()
+        .fold((f64::MAX, 0f64), |(a, b), &v| (a.min(v), b.max(v)));
+    (median(&mut t), lo, hi, median(&mut part))
+}

@@ -87,7 +87,7 @@ pub fn suite_streams_graph(_rt: &Runtime) {
                 })
                 .expect("capture");
             let inputs: Vec<&Tensor> = x0.iter().collect();
-            let mut run = || {
+            let run = || {
                 let t = Instant::now();
                 let mut l = graph.launch(&inputs).expect("launch");
                 let launched = t.elapsed().as_secs_f64() * 1e3;
@@ -96,16 +96,11 @@ pub fn suite_streams_graph(_rt: &Runtime) {
                 }
                 (t.elapsed().as_secs_f64() * 1e3, launched)
             };
-            run();
-            let (mut t, mut sub): (Vec<f64>, Vec<f64>) = (0..9).map(|_| run()).unzip();
-            let ms = median(&mut t);
-            let (lo, hi) = t
-                .iter()
-                .fold((f64::MAX, 0f64), |(a, b), &v| (a.min(v), b.max(v)));
+            let (ms, lo, hi, sub) = warm_then_time(run, 9);
             let extra = [
                 ("min_ms", lo),
                 ("max_ms", hi),
-                ("launch_ms", median(&mut sub)),
+                ("launch_ms", sub),
                 ("segments", graph.segments() as f64),
             ];
             let form = if fused { "linear_relu" } else { "gemm256_relu" };
@@ -137,24 +132,15 @@ pub fn suite_streams_stacked_graph(_rt: &Runtime) {
             Ok(())
         })
         .expect("capture");
-    let mut run = || {
+    let run = || {
         let t = Instant::now();
         let mut l = graph.launch(&[&x0]).expect("launch");
         let launched = t.elapsed().as_secs_f64() * 1e3;
         std::hint::black_box(l.to_vec::<rtx::bf16>(0).expect("chain"));
         (t.elapsed().as_secs_f64() * 1e3, launched)
     };
-    run();
-    let (mut t, mut sub): (Vec<f64>, Vec<f64>) = (0..9).map(|_| run()).unzip();
-    let ms = median(&mut t);
-    let (lo, hi) = t
-        .iter()
-        .fold((f64::MAX, 0f64), |(a, b), &v| (a.min(v), b.max(v)));
-    let extra = [
-        ("min_ms", lo),
-        ("max_ms", hi),
-        ("launch_ms", median(&mut sub)),
-    ];
+    let (ms, lo, hi, sub) = warm_then_time(run, 9);
+    let extra = [("min_ms", lo), ("max_ms", hi), ("launch_ms", sub)];
     emit(
         "streams_8x200_stacked_linear_relu_1_graph",
         ms,

@@ -72,17 +72,8 @@ pub fn suite_streams_stacked(_rt: &Runtime) {
         );
         (t.elapsed().as_secs_f64() * 1e3, submitted)
     };
-    run();
-    let (mut t, mut sub): (Vec<f64>, Vec<f64>) = (0..9).map(|_| run()).unzip();
-    let ms = median(&mut t);
-    let (lo, hi) = t
-        .iter()
-        .fold((f64::MAX, 0f64), |(a, b), &v| (a.min(v), b.max(v)));
-    let extra = [
-        ("min_ms", lo),
-        ("max_ms", hi),
-        ("submit_ms", median(&mut sub)),
-    ];
+    let (ms, lo, hi, sub) = warm_then_time(run, 9);
+    let extra = [("min_ms", lo), ("max_ms", hi), ("submit_ms", sub)];
     emit(
         "streams_8x200_stacked_linear_relu_1",
         ms,
