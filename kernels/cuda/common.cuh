@@ -138,6 +138,27 @@ __device__ __forceinline__ size_t global_thread() { return (size_t)blockIdx.x * 
 __device__ __forceinline__ size_t global_threads() { return (size_t)gridDim.x * blockDim.x; }
 __device__ __forceinline__ unsigned lane_id() { return threadIdx.x & 31u; }
 
+// ---- programmatic dependent launch (sm_90 and newer) ----------------------------------
+
+// A kernel the host launches as a programmatic dependent (the launch attribute
+// PROGRAMMATIC_STREAM_SERIALIZATION; `launch_direct` in rtx-ops does with
+// `Settings::programmatic_launch`) may start while the kernel before it on the stream
+// still runs: it must call `wait_prior_grid()` before it reads or writes global memory,
+// which returns once that kernel has completed and its writes are visible.
+// `allow_next_grid()` lets the next such kernel start early (it still waits for this
+// one to complete before touching memory). Launched the ordinary way, or compiled for an
+// architecture before sm_90, both are no-ops.
+__device__ __forceinline__ void wait_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- reductions -----------------------------------------------------------------------
 
 // NaN-propagating max/min (PyTorch semantics): NaN wins.

@@ -286,22 +286,28 @@ __device__ __forceinline__ void strided_any(const T* a, const T* b, T* y, size_t
 
 // ---- entry points --------------------------------------------------------------------
 
+// Every entry point may be launched as a programmatic dependent (common.cuh): it waits
+// for the kernel before it first, then lets the next one start.
 #define RTX_UNARY(op, Op, dt, T)                                                               \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK) ew_##op##_##dt(const T* x, T* y, size_t n) { \
+        wait_prior_grid(); allow_next_grid();                                                  \
         unary<Op, T>(x, y, n);                                                                 \
     }
 
 #define RTX_BINARY(op, Op, dt, T)                                                              \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
         ew_##op##_##dt(const T* a, const T* b, T* y, size_t n) {                               \
+        wait_prior_grid(); allow_next_grid();                                                  \
         binary<Op, T>(a, b, y, n);                                                             \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
         ewb_##op##_##dt(const T* a, const T* b, T* y, size_t n, size_t na, size_t nb) {        \
+        wait_prior_grid(); allow_next_grid();                                                  \
         bcast_any<Op, T>(a, b, y, n, na, nb);                                                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK)                                    \
         ews_##op##_##dt(const T* a, const T* b, T* y, size_t n, StridedArgs args) {            \
+        wait_prior_grid(); allow_next_grid();                                                  \
         strided_any<Op, T>(a, b, y, n, args);                                                  \
     }
 

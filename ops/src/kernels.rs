@@ -341,17 +341,30 @@ impl<T> Input<'_, T> {
 /// device's context once, at its start (`cuda/actor.rs` in rtx-runtime), and runs only
 /// that device's ops.
 ///
+/// With [`Settings::programmatic_launch`](rtx_runtime::Settings::programmatic_launch) on
+/// a device of compute capability 9.0 or newer, the launch is a programmatic dependent
+/// (`cuLaunchKernelEx` with `PROGRAMMATIC_STREAM_SERIALIZATION`): `f` may start before
+/// the kernel ahead of it on the stream has finished.
+///
 /// # Safety
 ///
 /// `params` must match `f`'s parameters in number, order and type, every pointee alive
 /// for the call (the driver copies the values at launch), and the kernel must be safe
 /// to run on what those values address (sizes, aliasing), as for cudarc's `launch`.
+/// `f` must call `wait_prior_grid()` (`kernels/cuda/common.cuh`) before it touches
+/// global memory, as every kernel of `elementwise.cu` does: launched as a programmatic
+/// dependent, that wait is what orders it after the kernel before it.
 pub(crate) unsafe fn launch_direct(
     scx: &StreamCx,
     f: &CudaFunction,
     cfg: LaunchConfig,
     params: &mut [*mut std::ffi::c_void],
 ) -> std::result::Result<(), cudarc::driver::DriverError> {
+    if scx.settings().programmatic_launch && scx.arch().0 >= 9 {
+        // SAFETY: as below; the kernel waits for its predecessor on the device (the
+        // caller's contract), so starting it early changes no result.
+        return unsafe { launch_programmatic(scx, f, cfg, params) };
+    }
     // SAFETY: the function and the stream are alive (held by `f` and `scx`) and of the
     // context current on this thread (the actor's); the parameter block's contract is
     // the caller's (see `# Safety`).
@@ -365,6 +378,49 @@ pub(crate) unsafe fn launch_direct(
             params,
         )
     }
+}
+
+/// [`launch_direct`] as a programmatic dependent launch (`cuLaunchKernelEx`).
+///
+/// # Safety
+///
+/// As [`launch_direct`].
+unsafe fn launch_programmatic(
+    scx: &StreamCx,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    params: &mut [*mut std::ffi::c_void],
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    use cudarc::driver::sys;
+    // SAFETY: the attribute is plain data; an all-zero value is valid (the union's
+    // padding), and the one field the id selects is set next.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: scx.stream().cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `config` and `attr` outlive the call (the driver reads them during it);
+    // the function and stream are alive and of this thread's context; the parameter
+    // block is the caller's contract (`launch_direct`'s `# Safety`); no `extra`.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
 }
 
 /// A parameter-block entry: a pointer to `v` (for [`launch_direct`]).

@@ -16,6 +16,7 @@
 //! | [`trace`](crate::Builder::trace) | `RTX_TRACE=1` turns on | off | Records a timeline span per op (host clock on the CPU, a pair of CUDA timing events per op on the GPU); read with [`Runtime::take_trace`](crate::Runtime::take_trace). |
 //! | [`attn_wgmma`](crate::Builder::attn_wgmma) | `RTX_ATTN_WGMMA=0` turns off | on | The attention ops use their Hopper (sm_90a, wgmma) kernels on compute capability 9.0; off, the `mma.sync` kernels everywhere. |
 //! | [`plan_cache`](crate::Builder::plan_cache) | `RTX_PLAN_CACHE=<entries>` | 256 | How many plans each stream's GEMM (cuBLASLt) and convolution (cuDNN algorithm) cache keeps; beyond it the least recently used plan is dropped (a new shape then pays its planning again). At least 1. |
+//! | [`programmatic_launch`](crate::Builder::programmatic_launch) | `RTX_PROGRAMMATIC_LAUNCH=1` turns on | off | On compute capability 9.0 and newer, the element-wise kernels launch as programmatic dependents (`cuLaunchKernelEx` with `PROGRAMMATIC_STREAM_SERIALIZATION`): each may start while the kernel before it on its stream finishes, and waits on the device for it before touching memory; in a captured graph the edge between them becomes a programmatic one. Off by default: not yet run on a GPU. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
 //! ```
@@ -63,6 +64,9 @@ pub struct Settings {
     /// with the timeline recorder on, every op is. 0: no device timing
     /// (`RTX_DEVICE_TIMING`).
     pub device_timing: u32,
+    /// The element-wise kernels launched as programmatic dependents on compute
+    /// capability 9.0 and newer (`RTX_PROGRAMMATIC_LAUNCH`); see the module docs.
+    pub programmatic_launch: bool,
 }
 
 /// The default of [`Settings::plan_cache`].
@@ -83,6 +87,7 @@ impl Default for Settings {
             trace: false,
             plan_cache: DEFAULT_PLAN_CACHE,
             device_timing: DEFAULT_DEVICE_TIMING,
+            programmatic_launch: false,
         }
     }
 }
@@ -118,6 +123,9 @@ impl Settings {
         }
         if let Some(n) = var("RTX_DEVICE_TIMING").and_then(|v| v.parse::<u32>().ok()) {
             self.device_timing = n;
+        }
+        if let Some(v) = var("RTX_PROGRAMMATIC_LAUNCH") {
+            self.programmatic_launch = v == "1";
         }
         self
     }
@@ -163,6 +171,7 @@ mod tests {
                 "RTX_ATTN_WGMMA" => Some("0"),
                 "RTX_PLAN_CACHE" => Some("3"),
                 "RTX_DEVICE_TIMING" => Some("0"),
+                "RTX_PROGRAMMATIC_LAUNCH" => Some("1"),
                 _ => None,
             }
             .map(String::from)
@@ -172,6 +181,7 @@ mod tests {
         assert!(!s.stream_pools && s.profile && !s.poison_outputs && !s.attn_wgmma);
         assert_eq!(s.plan_cache, 3);
         assert_eq!(s.device_timing, 0);
+        assert!(s.programmatic_launch && !base.programmatic_launch);
         let zero = base.with_vars(|n| (n == "RTX_PLAN_CACHE").then(|| "0".to_string()));
         assert_eq!(zero.plan_cache, 1, "a plan cache keeps at least one entry");
     }

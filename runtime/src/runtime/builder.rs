@@ -166,6 +166,14 @@ impl Builder {
         self.settings.device_timing = every;
         self
     }
+    /// On compute capability 9.0 and newer, launch the element-wise kernels as
+    /// programmatic dependents, so that each may start while the kernel before it on
+    /// its stream finishes (default off; see the [settings table](crate::settings)).
+    /// `RTX_PROGRAMMATIC_LAUNCH=1` turns it on.
+    pub fn programmatic_launch(mut self, on: bool) -> Self {
+        self.settings.programmatic_launch = on;
+        self
+    }
     /// Starts the actors.
     pub fn build(self) -> Result<Runtime> {
         let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
