@@ -3,7 +3,9 @@
 //! as the GPU sweep), the graph pipeline's losses equal the eager pipeline's (the same
 //! kernels on the same data; expected bit-equal, checked within 1e-4 relative, and
 //! counted) and its trained weights come back into the model. `RTX_TEST_SHARD=i/n` runs
-//! the models `i`, `i + n`, … only (the sanitizer runs split it over processes).
+//! the models `i`, `i + n`, … only (the sanitizer runs split it over processes); under
+//! `RTX_UNDER_SANITIZER` each pipeline takes 10 steps instead of 30 (the same kernels
+//! and graphs, a third of the launches: racecheck's host memory grows with them).
 
 mod common;
 
@@ -20,12 +22,13 @@ fn cuda_graph_pipelines_equal_eager_pipelines() {
     let Some(rt) = common::cuda() else {
         return;
     };
+    let short = std::env::var_os("RTX_UNDER_SANITIZER").is_some();
     let cfg = SweepConfig {
         dim: 64,
         batch: 128,
-        steps: 30,
+        steps: if short { 10 } else { 30 },
         width_div: 4,
-        loss_every: 5,
+        loss_every: if short { 2 } else { 5 },
         dtype: DType::BF16,
         ..SweepConfig::full()
     };
@@ -48,7 +51,7 @@ fn cuda_graph_pipelines_equal_eager_pipelines() {
         run_concurrently(std::slice::from_mut(&mut eager), &|_, _| {}).expect("eager");
         run_concurrently(std::slice::from_mut(&mut graph), &|_, _| {}).expect("graph");
         let (a, b) = (losses(&eager), losses(&graph));
-        assert_eq!(a.len(), 6, "{}", m.name);
+        assert_eq!(a.len() as u64, cfg.steps / cfg.loss_every, "{}", m.name);
         for (x, y) in a.iter().zip(&b) {
             assert!(
                 x.is_finite() && (x - y).abs() <= 1e-4 * x.abs().max(1.0),
@@ -59,7 +62,7 @@ fn cuda_graph_pipelines_equal_eager_pipelines() {
         if a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()) {
             bitwise += 1;
         }
-        assert!(a[5] < a[0], "{}: {a:?}", m.name);
+        assert!(a[a.len() - 1] < a[0], "{}: {a:?}", m.name);
         let (ea, ga) = (
             eager.evaluate(&task.eval).unwrap(),
             graph.evaluate(&task.eval).unwrap(),

@@ -27,7 +27,7 @@ pub use backward_cpu::activation_grad;
 pub use cuda::backward::linear_fused_fallbacks;
 // The CUDA helpers other families use, at their former paths.
 pub(crate) use self::cuda::{device, epilogue};
-pub use self::cuda::{gemm_lt_fallbacks, gemm_plan_cache_stats};
+pub use self::cuda::{gemm_lt_fallbacks, gemm_plan_cache_stats, gemm_tune_stats};
 
 use rtx_runtime::{
     BackendCx, Buffer, Cost, Element, ExecCx, Op, Plan, PlanCx, Result, Tensor, TensorSpec,

@@ -71,6 +71,11 @@ impl StreamCx {
     pub(crate) fn clear_before_blocking(&mut self) {
         self.before_blocking = None;
     }
+    /// Whether this actor is capturing a graph right now (`Runtime::capture`): an op
+    /// must then not synchronize, time or read back (its launches are recorded, not run).
+    pub fn capturing(&self) -> bool {
+        super::capture::active()
+    }
     /// The settings of the runtime this stream belongs to.
     pub fn settings(&self) -> &Settings {
         &self.settings

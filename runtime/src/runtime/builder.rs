@@ -174,6 +174,14 @@ impl Builder {
         self.settings.programmatic_launch = on;
         self
     }
+    /// Choose each GEMM problem's cuBLASLt algorithm by timing the heuristic's
+    /// candidates once per process (default on; off: the heuristic's first, the same
+    /// in every run; see the [settings table](crate::settings)). `RTX_GEMM_TUNE=0`
+    /// turns it off.
+    pub fn gemm_tune(mut self, on: bool) -> Self {
+        self.settings.gemm_tune = on;
+        self
+    }
     /// Starts the actors.
     pub fn build(self) -> Result<Runtime> {
         let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));

@@ -17,7 +17,8 @@
 //!   misses are counted process-wide ([`conv_algo_cache_stats`]). The search blocks
 //!   this actor once per key. Each stream searches for itself, so two streams can pick
 //!   different engines for one key, and a convolution's results can differ between
-//!   streams in the last bits (GEMMs cannot: their heuristic choice is deterministic).
+//!   streams in the last bits (GEMMs cannot: a problem's algorithm is chosen once for
+//!   the whole process).
 //! - a workspace, grown (never shrunk) to the largest need of the chosen algorithms;
 //!   the old one is freed stream-ordered, after the work that used it.
 //!

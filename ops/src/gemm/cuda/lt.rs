@@ -1,6 +1,7 @@
 //! cuBLASLt at the `result`/`sys` level: owned handles and descriptors, and a
-//! [`LtPlan`] — the matmul descriptor, the three matrix layouts and the algorithm the
-//! heuristic chose — built once per problem and replayed by [`LtPlan::launch`].
+//! [`LtPlan`] — the matmul descriptor, the three matrix layouts and the heuristic's
+//! candidate algorithms, one of them chosen (`tune.rs`) — built once per problem and
+//! replayed by [`LtPlan::launch`].
 //!
 //! cudarc's safe `CudaBlasLT::matmul` rebuilds every descriptor and reruns the
 //! heuristic on each call, and keeps its workspace private; this module exists so the
@@ -22,6 +23,7 @@ use cudarc::cublaslt::sys;
 use rtx_runtime::{DType, Result};
 
 use super::device::cublas_error;
+use super::tune::CANDIDATES;
 use crate::gemm::Activation;
 
 use sys::cublasLtMatmulDescAttributes_t as DescAttr;
@@ -248,7 +250,11 @@ pub(crate) struct LtPlan {
     b: Layout,
     /// C and D: the output.
     d: Layout,
-    algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's candidates, best predicted first (each within the workspace);
+    /// never empty.
+    algos: Vec<sys::cublasLtMatmulAlgo_t>,
+    /// The one [`LtPlan::launch`] uses (`tune.rs` may choose another than the first).
+    chosen: usize,
 }
 
 /// The device addresses of one call.
@@ -266,10 +272,11 @@ pub(crate) struct Ptrs {
 }
 
 impl LtPlan {
-    /// Builds the descriptors for `key` and asks the heuristic for its best algorithm.
-    /// `Ok(None)` when cuBLASLt has no algorithm for this problem (the caller falls
-    /// back to cuBLAS); `bias` is the bias address the heuristic sees (alignment).
-    /// Errors only when a descriptor cannot be built.
+    /// Builds the descriptors for `key` and asks the heuristic for its best algorithms
+    /// (up to [`CANDIDATES`], the first chosen). `Ok(None)` when cuBLASLt has no
+    /// algorithm for this problem (the caller falls back to cuBLAS); `bias` is the bias
+    /// address the heuristic sees (alignment). Errors only when a descriptor cannot be
+    /// built.
     pub fn new(
         handle: &LtHandle,
         key: &PlanKey,
@@ -339,11 +346,12 @@ impl LtPlan {
         pref.set(PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d)?;
         pref.set(PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d)?;
         // SAFETY: an all-zero heuristic result is a valid value of the plain-data
-        // struct (status 0 is SUCCESS); it is only read when cuBLASLt reports one.
-        let mut result: sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        // struct (status 0 is SUCCESS); only the `count` results cuBLASLt reports are read.
+        let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
+            unsafe { std::mem::zeroed() };
         let mut count = 0i32;
         // SAFETY: every descriptor, layout and the preference is live (owned above);
-        // `result` has room for the 1 requested result and `count` is writable.
+        // `results` has room for the `CANDIDATES` requested and `count` is writable.
         let status = unsafe {
             sys::cublasLtMatmulAlgoGetHeuristic(
                 handle.0,
@@ -353,8 +361,8 @@ impl LtPlan {
                 d.0,
                 d.0,
                 pref.0,
-                1,
-                &mut result,
+                CANDIDATES as i32,
+                results.as_mut_ptr(),
                 &mut count,
             )
         };
@@ -365,12 +373,16 @@ impl LtPlan {
         if status != S::CUBLAS_STATUS_SUCCESS {
             return Ok(None);
         }
-        if count < 1 || result.state != S::CUBLAS_STATUS_SUCCESS || result.workspaceSize > workspace
-        {
+        let reported = usize::try_from(count).unwrap_or(0).min(CANDIDATES);
+        let usable: Vec<&sys::cublasLtMatmulHeuristicResult_t> = results[..reported]
+            .iter()
+            .filter(|r| r.state == S::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= workspace)
+            .collect();
+        let Some(first) = usable.first() else {
             return Ok(None);
-        }
+        };
         if tracing::enabled!(tracing::Level::DEBUG) {
-            let cfg = |attr| algo_config(&result.algo, attr);
+            let cfg = |attr| algo_config(&first.algo, attr);
             use sys::cublasLtMatmulAlgoConfigAttributes_t as C;
             tracing::debug!(
                 dtype = ?key.dtype, m = key.m, n = key.n, k = key.k, batch = key.batch,
@@ -381,18 +393,31 @@ impl LtPlan {
                 splitk = cfg(C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
                 swizzle = cfg(C::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
                 cluster = cfg(C::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-                waves = result.wavesCount,
-                workspace = result.workspaceSize,
+                waves = first.wavesCount,
+                workspace = first.workspaceSize,
+                candidates = usable.len(),
                 "cuBLASLt plan"
             );
         }
+        let algos = usable.iter().map(|r| r.algo).collect();
         Ok(Some(LtPlan {
             desc,
             a,
             b,
             d,
-            algo: result.algo,
+            algos,
+            chosen: 0,
         }))
+    }
+
+    /// How many candidate algorithms the heuristic offered (at least 1).
+    pub fn candidates(&self) -> usize {
+        self.algos.len()
+    }
+
+    /// Makes candidate `i` (clamped to the last) the one [`LtPlan::launch`] uses.
+    pub fn choose(&mut self, i: usize) {
+        self.chosen = i.min(self.algos.len() - 1);
     }
 
     /// Enqueues `D = A·B (+ bias, activation)` on `stream`.
@@ -429,6 +454,24 @@ impl LtPlan {
         aux: Option<u64>,
         stream: sys::cudaStream_t,
     ) -> Result<()> {
+        // SAFETY: forwarded from the caller (same contract); `chosen` is in range.
+        unsafe { self.launch_candidate(self.chosen, handle, p, aux, stream) }
+    }
+
+    /// [`LtPlan::launch_aux`] with candidate `i` (clamped to the last) instead of the
+    /// chosen one: for timing the candidates (`tune.rs`).
+    ///
+    /// # Safety
+    /// As [`LtPlan::launch_aux`].
+    pub unsafe fn launch_candidate(
+        &self,
+        i: usize,
+        handle: &LtHandle,
+        p: &Ptrs,
+        aux: Option<u64>,
+        stream: sys::cudaStream_t,
+    ) -> Result<()> {
+        let algo = &self.algos[i.min(self.algos.len() - 1)];
         if let Some(aux) = aux {
             self.desc
                 .set(DescAttr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux)?;
@@ -439,7 +482,8 @@ impl LtPlan {
         }
         let (alpha, beta) = (1f32, 0f32);
         // SAFETY: the caller guarantees the addresses (see `# Safety`); descriptors,
-        // layouts and `algo` are live and were validated together by the heuristic;
+        // layouts and `algo` (one of the heuristic's results for them, each within the
+        // workspace) are live and were validated together by the heuristic;
         // alpha and beta are host f32 scalars matching the f32 scale type and the
         // default host pointer mode. With beta = 0, C (= D) is not read.
         unsafe {
@@ -456,7 +500,7 @@ impl LtPlan {
                 self.d.0,
                 p.d as *mut c_void,
                 self.d.0,
-                &self.algo,
+                algo,
                 p.workspace.0 as *mut c_void,
                 p.workspace.1,
                 stream,

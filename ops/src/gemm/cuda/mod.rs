@@ -18,12 +18,17 @@
 //!   ([`gemm_plan_cache_stats`]).
 //!
 //! The same key on any stream gives the same algorithm (the heuristic is a pure
-//! function of the problem), so a GEMM gives bit-identical results on every stream.
+//! function of the problem, and which of its candidates runs is decided once per
+//! process and device, `tune.rs`), so a GEMM gives bit-identical results on every
+//! stream.
 
 pub(crate) mod backward;
 pub(crate) mod device;
 pub(crate) mod epilogue;
 mod lt;
+mod tune;
+
+pub use self::tune::gemm_tune_stats;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -119,9 +124,43 @@ impl GemmState {
         })
     }
 
-    /// Enqueues the product into `d`. Returns whether the bias/activation epilogue is
-    /// still to be applied (the cuBLAS fallback has no epilogue).
-    fn run<T: Element>(&mut self, g: &GemmArgs<'_, T>, d: &mut CudaSlice<T>) -> Result<bool>
+    /// The plan key of `g` writing into `d` (shapes, flags and the pointers' alignment).
+    fn key<T: Element>(&self, g: &GemmArgs<'_, T>, d: &CudaSlice<T>) -> PlanKey {
+        let stream: &CudaStream = &self.stream;
+        let dims = g.dims;
+        PlanKey {
+            dtype: T::DTYPE,
+            m: dims.m,
+            n: dims.n,
+            k: dims.k,
+            batch: dims.batch,
+            a_bs: dims.a_bs,
+            b_bs: dims.b_bs,
+            trans_a: g.trans_a,
+            trans_b: g.trans_b,
+            bias: g.bias.is_some(),
+            act: g.act,
+            tf32: g.tf32 && T::DTYPE == DType::F32,
+            align: [
+                alignment(dptr(g.a, stream).0),
+                alignment(dptr(g.b, stream).0),
+                alignment(out_ptr(d, stream)),
+                g.bias.map_or(256, |s| alignment(dptr(s, stream).0)),
+            ],
+            fused: None,
+        }
+    }
+
+    /// Enqueues the product into `d` (`key` is [`GemmState::key`]'s). Returns whether
+    /// the bias/activation epilogue is still to be applied (the cuBLAS fallback has no
+    /// epilogue). A new plan's candidate is chosen as `tune` says (`tune.rs`).
+    fn run<T: Element>(
+        &mut self,
+        g: &GemmArgs<'_, T>,
+        d: &mut CudaSlice<T>,
+        key: PlanKey,
+        tune: Tune,
+    ) -> Result<bool>
     where
         CudaBlas: Gemm<T>,
     {
@@ -141,28 +180,6 @@ impl GemmState {
         let bias = g.bias.map(|s| dptr(s, stream));
         let bias_ptr = bias.as_ref().map(|(p, _)| *p);
         let (ws, _gw) = dptr_mut(workspace, stream);
-        let dims = g.dims;
-        let key = PlanKey {
-            dtype: T::DTYPE,
-            m: dims.m,
-            n: dims.n,
-            k: dims.k,
-            batch: dims.batch,
-            a_bs: dims.a_bs,
-            b_bs: dims.b_bs,
-            trans_a: g.trans_a,
-            trans_b: g.trans_b,
-            bias: g.bias.is_some(),
-            act: g.act,
-            tf32: g.tf32 && T::DTYPE == DType::F32,
-            align: [
-                alignment(a),
-                alignment(b),
-                alignment(out_ptr(d, stream)),
-                bias_ptr.map_or(256, alignment),
-            ],
-            fused: None,
-        };
         let (plan, hit) = plans.get_or_try_insert(key, || {
             let plan = reclaim.retry(|| LtPlan::new(lt, &key, bias_ptr, ws_len))?;
             if plan.is_none() {
@@ -185,6 +202,20 @@ impl GemmState {
                     bias: bias_ptr,
                     workspace: (ws, ws_len),
                 };
+                if !hit {
+                    let time_one = |i: usize| {
+                        // SAFETY: as the launch below (the same plan, buffers and
+                        // workspace; each candidate writes only `d`, which the chosen
+                        // one rewrites after).
+                        let launch = || unsafe {
+                            plan.launch_candidate(i, lt, &ptrs, None, stream.cu_stream() as _)
+                        };
+                        time_ms(owned_stream, launch)
+                    };
+                    let i =
+                        tune::choose(tune.ordinal, &key, plan.candidates(), tune.time, time_one);
+                    plan.choose(i);
+                }
                 // SAFETY: `a`, `b` (and `bias`) are the op's input buffers, validated at
                 // submit to hold `batch·m·k`, `batch·k·n` (or one matrix when broadcast)
                 // and `n` elements of `T`; `d` was allocated for `batch·m·n`; the
@@ -284,9 +315,50 @@ where
 {
     let len = g.dims.batch * g.dims.m * g.dims.n;
     let mut d = alloc_out::<T>(scx, len)?;
-    let pending_epilogue = scx.ext::<GemmState>(GemmState::new)?.run(&g, &mut d)?;
+    let tune = Tune::new(scx);
+    let state = scx.ext::<GemmState>(GemmState::new)?;
+    let key = state.key(&g, &d);
+    if tune.time && !state.plans.contains(&key) && tune::undecided(tune.ordinal, &key) {
+        // The candidates are about to be timed (a synchronize).
+        scx.before_blocking();
+    }
+    let state = scx.ext::<GemmState>(GemmState::new)?;
+    let pending_epilogue = state.run(&g, &mut d, key, tune)?;
     if pending_epilogue {
         epilogue::bias_act(scx, &mut d, g.bias, g.dims.n, 1, g.act)?;
     }
     Ok(d)
+}
+
+/// How a new plan's candidate is chosen (`tune.rs`): on which device, and whether
+/// timing is allowed.
+#[derive(Clone, Copy)]
+struct Tune {
+    ordinal: usize,
+    time: bool,
+}
+
+impl Tune {
+    fn new(scx: &StreamCx) -> Self {
+        static SANITIZER: std::sync::LazyLock<bool> =
+            std::sync::LazyLock::new(|| std::env::var_os("RTX_UNDER_SANITIZER").is_some());
+        Tune {
+            ordinal: scx.ordinal(),
+            time: scx.settings().gemm_tune && !scx.capturing() && !*SANITIZER,
+        }
+    }
+}
+
+/// Mean milliseconds per call of `launch` on `stream`: one warm-up call, then
+/// [`tune::REPS`] between two timing events. `None` if a call or the timing fails.
+fn time_ms(stream: &Arc<CudaStream>, mut launch: impl FnMut() -> Result<()>) -> Option<f32> {
+    use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    launch().ok()?;
+    let start = stream.record_event(Some(CU_EVENT_DEFAULT)).ok()?;
+    for _ in 0..tune::REPS {
+        launch().ok()?;
+    }
+    let end = stream.record_event(Some(CU_EVENT_DEFAULT)).ok()?;
+    end.synchronize().ok()?;
+    start.elapsed_ms(&end).ok().map(|ms| ms / tune::REPS as f32)
 }
