@@ -79,9 +79,9 @@ impl Devices {
     }
 }
 
-/// Starts the CUDA backend on devices `ords`: `cx.streams` compute streams and one copy
-/// stream per device.
-pub(crate) fn start(cx: &StartCx, ords: &[usize]) -> Result<Started<Devices>> {
+/// Starts the CUDA backend on devices `ords`: `cx.streams` compute streams, one copy
+/// stream and, with `comm`, one communication stream (the collectives) per device.
+pub(crate) fn start(cx: &StartCx, ords: &[usize], comm: bool) -> Result<Started<Devices>> {
     let mut shared = Vec::new();
     let mut devices = Vec::new();
     for &o in ords {
@@ -95,33 +95,29 @@ pub(crate) fn start(cx: &StartCx, ords: &[usize]) -> Result<Started<Devices>> {
         shared.push(d);
     }
     let n = cx.streams;
-    // Every device gets n compute actors and one copy actor.
-    let spin = actor::idle_spin(cx.settings.actor_spin, shared.len() * (n + 1));
+    // Every device gets n compute actors, one copy actor and maybe a comm actor.
+    let per = n + 1 + usize::from(comm);
+    let spin = actor::idle_spin(cx.settings.actor_spin, shared.len() * per);
     let mut streams = Vec::new();
     let mut threads = Vec::new();
     let mut copy_streams = Vec::new();
     for d in &shared {
-        for k in 0..=n {
-            let kind = if k < n {
-                StreamKind::Compute
-            } else {
-                StreamKind::Copy
+        for k in 0..per {
+            let kind = match k {
+                k if k < n => StreamKind::Compute,
+                k if k == n => StreamKind::Copy,
+                _ => StreamKind::Comm,
             };
             let id = StreamId(streams.len());
             let (tx, rx) = channel(cx.mailbox);
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let actor = cx.actor(id, d.device());
             let dev = d.clone();
-            let name = format!(
-                "rtx-cuda{}-{}{}",
-                d.ordinal,
-                if kind == StreamKind::Copy {
-                    "copy"
-                } else {
-                    "s"
-                },
-                k
-            );
+            let name = match kind {
+                StreamKind::Compute => format!("rtx-cuda{}-s{k}", d.ordinal),
+                StreamKind::Copy => format!("rtx-cuda{}-copy{k}", d.ordinal),
+                StreamKind::Comm => format!("rtx-cuda{}-comm", d.ordinal),
+            };
             let release = tx.clone();
             threads.push(spawn_named(name, move || {
                 actor::cuda_actor(rx, release, actor, dev, ready_tx, spin)

@@ -67,6 +67,8 @@ pub struct Builder {
     mailbox: usize,
     policy: Option<Arc<dyn Policy>>,
     settings: Settings,
+    /// `None`: a communication stream per device when there are several CUDA devices.
+    comm_streams: Option<bool>,
 }
 
 impl Runtime {
@@ -78,6 +80,7 @@ impl Runtime {
             mailbox: 1024,
             policy: None,
             settings: Settings::default(),
+            comm_streams: None,
         }
     }
 }
@@ -97,6 +100,16 @@ impl Builder {
     /// `submit` block and `submit_async` wait.
     pub fn mailbox(mut self, n: usize) -> Self {
         self.mailbox = n.max(1);
+        self
+    }
+    /// On CUDA, whether each device gets a communication stream of its own: an actor
+    /// that runs only the collectives (NCCL), so they overlap the compute streams'
+    /// work, ordered with it by events. Default: on when the runtime has several CUDA
+    /// devices, off with one (the collectives of a one-rank group then run on the first
+    /// compute stream). [`Backend::CpuDevices`] always has one per device; the single
+    /// CPU device never.
+    pub fn comm_streams(mut self, on: bool) -> Self {
+        self.comm_streams = Some(on);
         self
     }
     /// The placement policy (default [`Affinity`]; see `rtx-scheduler` for others).
@@ -228,7 +241,8 @@ impl Builder {
             assemble(started, BackendState::Cpu)
         };
         let cuda = |ords: &[usize]| {
-            crate::cuda::start(&cx(self.streams_or(4)), ords)
+            let comm = self.comm_streams.unwrap_or(ords.len() > 1);
+            crate::cuda::start(&cx(self.streams_or(4)), ords, comm)
                 .map(|s| assemble_with(s, BackendState::Cuda))
         };
         let rt = match want_cuda {
