@@ -341,10 +341,12 @@ impl<T> Input<'_, T> {
 /// device's context once, at its start (`cuda/actor.rs` in rtx-runtime), and runs only
 /// that device's ops.
 ///
-/// With [`Settings::programmatic_launch`](rtx_runtime::Settings::programmatic_launch) on
-/// a device of compute capability 9.0 or newer, the launch is a programmatic dependent
-/// (`cuLaunchKernelEx` with `PROGRAMMATIC_STREAM_SERIALIZATION`): `f` may start before
-/// the kernel ahead of it on the stream has finished.
+/// Inside a graph capture, with [`Settings::programmatic_launch`](rtx_runtime::Settings::programmatic_launch)
+/// on (the default) and a device of compute capability 9.0 or newer, the launch is a
+/// programmatic dependent (`cuLaunchKernelEx` with `PROGRAMMATIC_STREAM_SERIALIZATION`):
+/// in the graph, `f` may start before the kernel ahead of it has finished. Eager
+/// launches stay plain: they are bound by the host's enqueue rate, where an early start
+/// gains nothing.
 ///
 /// # Safety
 ///
@@ -360,7 +362,7 @@ pub(crate) unsafe fn launch_direct(
     cfg: LaunchConfig,
     params: &mut [*mut std::ffi::c_void],
 ) -> std::result::Result<(), cudarc::driver::DriverError> {
-    if scx.settings().programmatic_launch && scx.arch().0 >= 9 {
+    if scx.settings().programmatic_launch && scx.arch().0 >= 9 && scx.capturing() {
         // SAFETY: as below; the kernel waits for its predecessor on the device (the
         // caller's contract), so starting it early changes no result.
         return unsafe { launch_programmatic(scx, f, cfg, params) };

@@ -376,12 +376,12 @@ fn pdl_chain_ref(y: &[f64], c: &[f64], b: &[f64], w: &[f64], n: usize) -> Vec<f6
     h
 }
 
-/// Programmatic dependent launch (`Builder::programmatic_launch`, CUDA with compute
-/// capability 9.0+; elsewhere the setting changes nothing): a chain of dependent
-/// element-wise kernels around a cuBLAS GEMM, on 1 and 4 streams, eager and captured
-/// in a graph, is bitwise equal to the same chain launched the ordinary way and within
-/// tolerance of an f64 reference. A kernel that touched memory before its predecessor
-/// finished would read stale (or NaN-poisoned) values and differ.
+/// Programmatic dependent launch (`Builder::programmatic_launch`, on by default; it
+/// applies to element-wise kernels captured into graphs on compute capability 9.0+): a
+/// chain of dependent element-wise kernels around a cuBLAS GEMM, on 1 and 4 streams,
+/// eager and captured in a graph, is bitwise equal between runtimes with it on and off,
+/// and within tolerance of an f64 reference. A kernel that touched memory before its
+/// predecessor finished would read stale (or NaN-poisoned) values and differ.
 #[test]
 fn programmatic_launch_equals_plain_launch() {
     if !rtx_runtime::cuda::present_for_tests() {

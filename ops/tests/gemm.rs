@@ -616,7 +616,8 @@ backend_test!(
     }
 );
 
-/// The cuBLASLt algorithm search (`Builder::gemm_tune`, on by default; CUDA only): a new
+/// The cuBLASLt algorithm search (`Builder::gemm_tune`, experimental and off by default;
+/// CUDA only): a new
 /// batched problem submitted on every stream at once is timed (the counter moves) and
 /// every stream then runs the one recorded choice, bit-equal and within tolerance of
 /// f64; again later, and on a second runtime with tuning off, it stays bit-equal (the

@@ -16,8 +16,8 @@
 //! | [`trace`](crate::Builder::trace) | `RTX_TRACE=1` turns on | off | Records a timeline span per op (host clock on the CPU, a pair of CUDA timing events per op on the GPU); read with [`Runtime::take_trace`](crate::Runtime::take_trace). |
 //! | [`attn_wgmma`](crate::Builder::attn_wgmma) | `RTX_ATTN_WGMMA=0` turns off | on | The attention ops use their Hopper (sm_90a, wgmma) kernels on compute capability 9.0; off, the `mma.sync` kernels everywhere. |
 //! | [`plan_cache`](crate::Builder::plan_cache) | `RTX_PLAN_CACHE=<entries>` | 256 | How many plans each stream's GEMM (cuBLASLt) and convolution (cuDNN algorithm) cache keeps; beyond it the least recently used plan is dropped (a new shape then pays its planning again). At least 1. |
-//! | [`programmatic_launch`](crate::Builder::programmatic_launch) | `RTX_PROGRAMMATIC_LAUNCH=1` turns on | off | On compute capability 9.0 and newer, the element-wise kernels launch as programmatic dependents (`cuLaunchKernelEx` with `PROGRAMMATIC_STREAM_SERIALIZATION`): each may start while the kernel before it on its stream finishes, and waits on the device for it before touching memory; in a captured graph the edge between them becomes a programmatic one. Off by default: not yet run on a GPU. |
-//! | [`gemm_tune`](crate::Builder::gemm_tune) | `RTX_GEMM_TUNE=0` turns off | on | On CUDA, the first GEMM of each problem (shapes, dtype, epilogue, alignment) times up to 8 of cuBLASLt's candidate algorithms on its own buffers and keeps the fastest for the whole process (the op blocks its actor once per problem). Off, cuBLASLt's heuristic first runs: the same algorithm in every process, so results repeat bit for bit from run to run. Either way a problem runs the same algorithm on every stream. |
+//! | [`programmatic_launch`](crate::Builder::programmatic_launch) | `RTX_PROGRAMMATIC_LAUNCH=0` turns off | on | On compute capability 9.0 and newer, the element-wise kernels captured into a graph ([`Runtime::capture`](crate::Runtime::capture)) launch as programmatic dependents (`cuLaunchKernelEx` with `PROGRAMMATIC_STREAM_SERIALIZATION`): in the graph each may start while the kernel before it finishes, and waits on the device for it before touching memory (measured on the H200: a chain of 1000 tiny adds replays at 0.86 µs per op instead of 1.38). Eager launches stay plain. |
+//! | [`gemm_tune`](crate::Builder::gemm_tune) | `RTX_GEMM_TUNE=1` turns on | off | Experimental. On CUDA, the first GEMM of each problem (shapes, dtype, epilogue, alignment) times up to 8 of cuBLASLt's candidate algorithms on its own buffers and keeps the fastest for the whole process (the op blocks its actor once per problem). Measured on the H200 it chose slower algorithms than the heuristic's first (small problems time the host's enqueue rate, large ones drift with the clock), hence off. Off, cuBLASLt's heuristic first runs: the same algorithm in every process, so results repeat bit for bit from run to run. Either way a problem runs the same algorithm on every stream. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
 //! ```
@@ -65,11 +65,12 @@ pub struct Settings {
     /// with the timeline recorder on, every op is. 0: no device timing
     /// (`RTX_DEVICE_TIMING`).
     pub device_timing: u32,
-    /// The element-wise kernels launched as programmatic dependents on compute
-    /// capability 9.0 and newer (`RTX_PROGRAMMATIC_LAUNCH`); see the module docs.
+    /// The element-wise kernels captured into graphs launched as programmatic
+    /// dependents on compute capability 9.0 and newer (`RTX_PROGRAMMATIC_LAUNCH`); see
+    /// the module docs.
     pub programmatic_launch: bool,
-    /// The GEMMs' cuBLASLt algorithm chosen by timing the heuristic's candidates, once
-    /// per problem and process (`RTX_GEMM_TUNE`); see the module docs.
+    /// Experimental: the GEMMs' cuBLASLt algorithm chosen by timing the heuristic's
+    /// candidates, once per problem and process (`RTX_GEMM_TUNE`); see the module docs.
     pub gemm_tune: bool,
 }
 
@@ -91,8 +92,8 @@ impl Default for Settings {
             trace: false,
             plan_cache: DEFAULT_PLAN_CACHE,
             device_timing: DEFAULT_DEVICE_TIMING,
-            programmatic_launch: false,
-            gemm_tune: true,
+            programmatic_launch: true,
+            gemm_tune: false,
         }
     }
 }
@@ -130,10 +131,10 @@ impl Settings {
             self.device_timing = n;
         }
         if let Some(v) = var("RTX_PROGRAMMATIC_LAUNCH") {
-            self.programmatic_launch = v == "1";
+            self.programmatic_launch = v != "0";
         }
         if let Some(v) = var("RTX_GEMM_TUNE") {
-            self.gemm_tune = v != "0";
+            self.gemm_tune = v == "1";
         }
         self
     }
@@ -179,8 +180,8 @@ mod tests {
                 "RTX_ATTN_WGMMA" => Some("0"),
                 "RTX_PLAN_CACHE" => Some("3"),
                 "RTX_DEVICE_TIMING" => Some("0"),
-                "RTX_PROGRAMMATIC_LAUNCH" => Some("1"),
-                "RTX_GEMM_TUNE" => Some("0"),
+                "RTX_PROGRAMMATIC_LAUNCH" => Some("0"),
+                "RTX_GEMM_TUNE" => Some("1"),
                 _ => None,
             }
             .map(String::from)
@@ -190,8 +191,8 @@ mod tests {
         assert!(!s.stream_pools && s.profile && !s.poison_outputs && !s.attn_wgmma);
         assert_eq!(s.plan_cache, 3);
         assert_eq!(s.device_timing, 0);
-        assert!(s.programmatic_launch && !base.programmatic_launch);
-        assert!(!s.gemm_tune && base.gemm_tune);
+        assert!(!s.programmatic_launch && base.programmatic_launch);
+        assert!(s.gemm_tune && !base.gemm_tune);
         let zero = base.with_vars(|n| (n == "RTX_PLAN_CACHE").then(|| "0".to_string()));
         assert_eq!(zero.plan_cache, 1, "a plan cache keeps at least one entry");
     }

@@ -179,18 +179,18 @@ impl Builder {
         self.settings.device_timing = every;
         self
     }
-    /// On compute capability 9.0 and newer, launch the element-wise kernels as
-    /// programmatic dependents, so that each may start while the kernel before it on
-    /// its stream finishes (default off; see the [settings table](crate::settings)).
-    /// `RTX_PROGRAMMATIC_LAUNCH=1` turns it on.
+    /// On compute capability 9.0 and newer, launch the element-wise kernels captured
+    /// into graphs as programmatic dependents, so that in the graph each may start while
+    /// the kernel before it finishes (default on; see the [settings table](crate::settings)).
+    /// `RTX_PROGRAMMATIC_LAUNCH=0` turns it off.
     pub fn programmatic_launch(mut self, on: bool) -> Self {
         self.settings.programmatic_launch = on;
         self
     }
-    /// Choose each GEMM problem's cuBLASLt algorithm by timing the heuristic's
-    /// candidates once per process (default on; off: the heuristic's first, the same
-    /// in every run; see the [settings table](crate::settings)). `RTX_GEMM_TUNE=0`
-    /// turns it off.
+    /// Experimental: choose each GEMM problem's cuBLASLt algorithm by timing the
+    /// heuristic's candidates once per process (default off: the heuristic's first, the
+    /// same in every run; see the [settings table](crate::settings), which says why).
+    /// `RTX_GEMM_TUNE=1` turns it on.
     pub fn gemm_tune(mut self, on: bool) -> Self {
         self.settings.gemm_tune = on;
         self

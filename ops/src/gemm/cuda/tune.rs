@@ -3,13 +3,20 @@
 //! PyTorch's `cudnn.benchmark`).
 //!
 //! cuBLASLt's heuristic predicts; for small and batched problems its first pick is not
-//! always the fastest (a tile that leaves most SMs idle, say). With
-//! [`Settings::gemm_tune`](rtx_runtime::Settings::gemm_tune) on (the default), the first
+//! always the fastest (a tile that leaves most SMs idle, say). With the experimental
+//! [`Settings::gemm_tune`](rtx_runtime::Settings::gemm_tune) on (off by default), the first
 //! stream to plan a problem times up to [`CANDIDATES`] of the heuristic's algorithms on
 //! the op's own buffers — [`ROUNDS`] rounds of one warm-up and [`REPS`] timed launches
 //! each, a candidate's time its best round — and keeps the fastest when it beats the
 //! heuristic's first by more than [`MARGIN`]. The timing blocks that actor once per
 //! problem (it first hands over the ops it enqueued, `StreamCx::before_blocking`).
+//!
+//! Why it is off by default: on the H200 (runs f2-f3, `benches/RESULTS.md`) it chose
+//! algorithms slower than the heuristic's first, both for the 8-chain's batched
+//! 8×256³ GEMM (graph 1.03 ms against 0.93) and for 8192³ bf16 (1.62 ms against 1.37).
+//! Launches of a few µs time the host's enqueue rate rather than the kernel, and long
+//! ones drift with the clock as it ramps up; timing the candidates back to back on a
+//! stream held by a device-side wait (or in a captured graph) is the next step.
 //!
 //! The choice is recorded process-wide per (device, problem), and every stream of every
 //! runtime in the process uses the recorded one: a GEMM gives bit-identical results on
@@ -31,8 +38,8 @@ use super::lt::PlanKey;
 pub(crate) const CANDIDATES: usize = 8;
 /// Timed launches per candidate and round.
 pub(crate) const REPS: usize = 5;
-/// Rounds over the candidates; a candidate's time is its best round (noise lands on
-/// one round, not on one candidate).
+/// Rounds over the candidates, alternately forward and in reverse; a candidate's time
+/// is its best round (noise lands on one round, not on one candidate).
 const ROUNDS: usize = 2;
 /// Another candidate replaces the heuristic's first only when at least this much
 /// faster (3 %): below that, timing noise would decide.
@@ -104,12 +111,19 @@ pub(crate) fn choose(
 fn fastest(n: usize, mut time_one: impl FnMut(usize) -> Option<f32>) -> usize {
     let mut best = vec![f32::INFINITY; n];
     for round in 0..ROUNDS {
-        for (i, b) in best.iter_mut().enumerate() {
-            if round > 0 && !b.is_finite() {
+        // Every other round in reverse, so a clock that drifts during the search does
+        // not favour the candidates timed last.
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..n).collect()
+        } else {
+            (0..n).rev().collect()
+        };
+        for i in order {
+            if round > 0 && !best[i].is_finite() {
                 continue; // failed in the first round
             }
             if let Some(ms) = time_one(i) {
-                *b = b.min(ms);
+                best[i] = best[i].min(ms);
             }
         }
     }
@@ -194,8 +208,8 @@ mod tests {
         assert_eq!(first, 1);
         assert_eq!(
             timed,
-            [0, 1, 2, 3, 0, 1, 2, 3],
-            "two rounds over every candidate"
+            [0, 1, 2, 3, 3, 2, 1, 0],
+            "two rounds, the second reversed"
         );
         assert!(!undecided(dev, &k));
         // Later callers get the record without timing, even if timing would differ.
