@@ -11,7 +11,7 @@
 //! heuristic's first by more than [`MARGIN`]. The timing blocks that actor once per
 //! problem (it first hands over the ops it enqueued, `StreamCx::before_blocking`).
 //!
-//! Why it is off by default: on the H200 (runs f2-f3, `benches/RESULTS.md`) it chose
+//! Why it is off by default: on the H200 (runs f3-f4 of 2026-12-02) it chose
 //! algorithms slower than the heuristic's first, both for the 8-chain's batched
 //! 8×256³ GEMM (graph 1.03 ms against 0.93) and for 8192³ bf16 (1.62 ms against 1.37).
 //! Launches of a few µs time the host's enqueue rate rather than the kernel, and long
