@@ -4,8 +4,10 @@
 //! kernels on the same data; expected bit-equal, checked within 1e-4 relative, and
 //! counted) and its trained weights come back into the model. `RTX_TEST_SHARD=i/n` runs
 //! the models `i`, `i + n`, … only (the sanitizer runs split it over processes); under
-//! `RTX_UNDER_SANITIZER` each pipeline takes 10 steps instead of 30 (the same kernels
-//! and graphs, a third of the launches: racecheck's host memory grows with them).
+//! `RTX_UNDER_SANITIZER` each pipeline takes 4 steps instead of 30 (the same kernels
+//! and graphs, a few of the launches: racecheck's host memory grows with them, past the
+//! GPU host's 128 GiB for the widest model at 10 steps), and whether it learned is not
+//! judged.
 
 mod common;
 
@@ -26,7 +28,7 @@ fn cuda_graph_pipelines_equal_eager_pipelines() {
     let cfg = SweepConfig {
         dim: 64,
         batch: 128,
-        steps: if short { 10 } else { 30 },
+        steps: if short { 4 } else { 30 },
         width_div: 4,
         loss_every: if short { 2 } else { 5 },
         dtype: DType::BF16,
@@ -62,7 +64,9 @@ fn cuda_graph_pipelines_equal_eager_pipelines() {
         if a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()) {
             bitwise += 1;
         }
-        assert!(a[a.len() - 1] < a[0], "{}: {a:?}", m.name);
+        if !short {
+            assert!(a[a.len() - 1] < a[0], "{}: {a:?}", m.name);
+        }
         let (ea, ga) = (
             eager.evaluate(&task.eval).unwrap(),
             graph.evaluate(&task.eval).unwrap(),
