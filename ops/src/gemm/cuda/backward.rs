@@ -42,10 +42,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudarc::cublas::{CudaBlas, Gemm};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
-use rtx_runtime::{DType, Element, Result, Shape};
+use rtx_runtime::{Element, Result, Shape};
 
 use super::device::{alignment, dptr_mut};
-use super::lt::{FusedKind, Fusion, LtPlan, PlanKey, Ptrs};
+use super::lt::{FusedKind, Fusion, LtPlan, Ptrs};
 use super::{GemmArgs, GemmState, PLAN_HITS, PLAN_MISSES};
 use crate::gemm::shape::GemmDims;
 use crate::gemm::Activation;
@@ -194,26 +194,14 @@ fn gemm_fused<T: Element>(
         Extra::BgradB(p) => Some(device_addr(p, scx)),
         _ => g.bias.map(|s| device_addr(s, scx)),
     };
-    let key = PlanKey {
-        dtype: T::DTYPE,
-        m: dims.m,
-        n: dims.n,
-        k: dims.k,
-        batch: dims.batch,
-        a_bs: dims.a_bs,
-        b_bs: dims.b_bs,
-        trans_a: g.trans_a,
-        trans_b: g.trans_b,
-        bias: g.bias.is_some(),
-        act: g.act,
-        tf32: g.tf32 && T::DTYPE == DType::F32,
-        align: [alignment(a), alignment(b), 256, bias.map_or(256, alignment)],
-        fused: Some(Fusion {
+    let key = g.plan_key(
+        [alignment(a), alignment(b), 256, bias.map_or(256, alignment)],
+        Some(Fusion {
             kind,
             aux_ld: if aux.is_some() { dims.n } else { 0 },
             aux_align: aux.map_or(256, alignment),
         }),
-    };
+    );
     {
         let st = scx.ext::<GemmState>(GemmState::new)?;
         let ws_len = st.workspace.len() * 4;

@@ -78,6 +78,30 @@ pub(crate) struct GemmArgs<'a, T> {
     pub act: Activation,
 }
 
+impl<T: Element> GemmArgs<'_, T> {
+    /// The plan key of this GEMM: its shapes and flags, the pointers' alignment `align`
+    /// (our A, our B, the output, the bias) and the training epilogue `fused`, if any.
+    pub(super) fn plan_key(&self, align: [u32; 4], fused: Option<lt::Fusion>) -> PlanKey {
+        let dims = self.dims;
+        PlanKey {
+            dtype: T::DTYPE,
+            m: dims.m,
+            n: dims.n,
+            k: dims.k,
+            batch: dims.batch,
+            a_bs: dims.a_bs,
+            b_bs: dims.b_bs,
+            trans_a: self.trans_a,
+            trans_b: self.trans_b,
+            bias: self.bias.is_some(),
+            act: self.act,
+            tf32: self.tf32 && T::DTYPE == DType::F32,
+            align,
+            fused,
+        }
+    }
+}
+
 /// A stream's cuBLAS / cuBLASLt handles, workspace and plan cache.
 /// (The fields are visible to `backward.rs`, which plans the training epilogues
 /// through the same handle, workspace and cache.)
@@ -127,28 +151,13 @@ impl GemmState {
     /// The plan key of `g` writing into `d` (shapes, flags and the pointers' alignment).
     fn key<T: Element>(&self, g: &GemmArgs<'_, T>, d: &CudaSlice<T>) -> PlanKey {
         let stream: &CudaStream = &self.stream;
-        let dims = g.dims;
-        PlanKey {
-            dtype: T::DTYPE,
-            m: dims.m,
-            n: dims.n,
-            k: dims.k,
-            batch: dims.batch,
-            a_bs: dims.a_bs,
-            b_bs: dims.b_bs,
-            trans_a: g.trans_a,
-            trans_b: g.trans_b,
-            bias: g.bias.is_some(),
-            act: g.act,
-            tf32: g.tf32 && T::DTYPE == DType::F32,
-            align: [
-                alignment(dptr(g.a, stream).0),
-                alignment(dptr(g.b, stream).0),
-                alignment(out_ptr(d, stream)),
-                g.bias.map_or(256, |s| alignment(dptr(s, stream).0)),
-            ],
-            fused: None,
-        }
+        let align = [
+            alignment(dptr(g.a, stream).0),
+            alignment(dptr(g.b, stream).0),
+            alignment(out_ptr(d, stream)),
+            g.bias.map_or(256, |s| alignment(dptr(s, stream).0)),
+        ];
+        g.plan_key(align, None)
     }
 
     /// Enqueues the product into `d` (`key` is [`GemmState::key`]'s). Returns whether
