@@ -7,15 +7,18 @@
 //!
 //! ```text
 //! cargo bench --bench sweep [-- [STREAMS ...] [--eager|--graphs] [--upload|--resident]
-//!                              [--stacked|--no-stacked] [--no-step]]
+//!                              [--stacked|--no-stacked] [--no-step] [--each]]
 //!     default: streams 1 2 4 8, eager and graph rows, batches uploaded and resident,
-//!     then the stacked rows, then the step rows; --stacked: only the stacked rows
+//!     then the stacked rows, then the step rows; --stacked: only the stacked rows;
+//!     --each: only each model's step alone, eager and graph
+//!     (`sweep_each_{eager,graph}_MODEL`)
 //! ```
 //!
 //! One JSON line per stream count and form: `{"case": "sweep_rtx_streams4"` (eager) or
 //! `"sweep_rtx_graphs_streams4"` (graphs), `"samples_per_s": .., "wall_s": .., "steps":
-//! .., "batch": ..}`; the graph rows' time includes each pipeline's capture at its first
-//! step. The `_resident_` rows (`sweep_rtx_resident_streams4`,
+//! .., "batch": ..}`; the graph rows' `samples_per_s` is the steady state after every
+//! pipeline's first step (its capture), as PyTorch's graph forms time theirs after
+//! capture, and `samples_per_s_with_capture` the whole run. The `_resident_` rows (`sweep_rtx_resident_streams4`,
 //! `sweep_rtx_graphs_resident_streams4`) keep each batch on the device after its first
 //! upload (`PipelineConfig::resident`: the 8-batch epoch is uploaded once, in the first
 //! 8 steps), as PyTorch's forms keep their data on the GPU; the other rows upload every
@@ -78,18 +81,52 @@ fn sweep(n: usize, graphs: bool, resident: bool) -> rtx::Result<()> {
     drop(ps);
     let (_, mut ps) = cfg.build(&rt, &streams, 1, 32)?;
     let start = Instant::now();
+    // With graphs, every pipeline's first step (its capture, then its first launch) runs
+    // before the steady-state clock starts, as PyTorch's graph forms capture before
+    // theirs; `wall_with_capture_s` keeps the whole run's time.
+    let steady = if graphs {
+        first_steps(&mut ps)?;
+        for &s in &streams {
+            rt.mark(s)?.wait()?;
+        }
+        Instant::now()
+    } else {
+        start
+    };
+    let skipped = u64::from(graphs);
     run_concurrently(&mut ps, &|_, _| {})?;
-    let wall = start.elapsed().as_secs_f64();
-    let samples: u64 = ps.iter().map(|p| p.steps_done() * cfg.batch as u64).sum();
+    let wall = steady.elapsed().as_secs_f64();
+    let whole = start.elapsed().as_secs_f64();
+    let samples: u64 = ps
+        .iter()
+        .map(|p| p.steps_done().saturating_sub(skipped) * cfg.batch as u64)
+        .sum();
+    let all: u64 = ps.iter().map(|p| p.steps_done() * cfg.batch as u64).sum();
     println!(
-        "{{\"case\": \"{}\", \"backend\": \"{:?}\", \"samples_per_s\": {:.1}, \"wall_s\": {wall:.4}, \"steps\": {}, \"batch\": {}}}",
+        "{{\"case\": \"{}\", \"backend\": \"{:?}\", \"samples_per_s\": {:.1}, \"wall_s\": {wall:.4}, \"samples_per_s_with_capture\": {:.1}, \"wall_with_capture_s\": {whole:.4}, \"steps\": {}, \"batch\": {}}}",
         case(n, graphs, resident),
         rt.backend(),
         samples as f64 / wall,
+        all as f64 / whole,
         cfg.steps,
         cfg.batch
     );
     Ok(())
+}
+
+/// Every pipeline's first step, each on its own thread (for the graph rows: the
+/// captures run concurrently, as they would in the sweep).
+fn first_steps(ps: &mut [rtx::train::pipeline::Pipeline]) -> rtx::Result<()> {
+    std::thread::scope(|scope| {
+        let hs: Vec<_> = ps.iter_mut().map(|p| scope.spawn(move || p.step())).collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(rtx::Error::invalid("sweep", "a pipeline's first step panicked"))
+                })
+            })
+            .collect()
+    })
 }
 
 /// The stacked rows: the 8 models of one shape (`SweepConfig::stacked_spec`, 512 wide,
@@ -144,20 +181,21 @@ fn failed(case: &str, e: &rtx::Error) {
     println!("{{\"case\": \"{case}\", \"error\": \"{msg}\"}}");
 }
 
-/// Seconds per step of the sweep's smallest model alone on one stream (after its
-/// first step).
-fn step(graphs: bool) -> rtx::Result<(f64, String)> {
+/// Seconds per step of one of the sweep's models (`which`; the smallest when `None`)
+/// alone on one stream (after its first step).
+fn step(graphs: bool, which: Option<usize>) -> rtx::Result<(f64, String)> {
     let rt = Runtime::builder().streams(1).build()?;
-    let base = config(&rt, graphs, false);
+    let base = config(&rt, graphs, which.is_some());
     let cfg = SweepConfig {
         steps: STEP_STEPS + 1,
         ..base
     };
-    let m = cfg
-        .models()
-        .into_iter()
-        .min_by_key(|m| m.width * m.depth)
-        .ok_or_else(|| rtx::Error::invalid("sweep", "no models"))?;
+    let models = cfg.models();
+    let m = match which {
+        Some(i) => models.get(i).cloned(),
+        None => models.into_iter().min_by_key(|m| m.width * m.depth),
+    }
+    .ok_or_else(|| rtx::Error::invalid("sweep", "no such model"))?;
     let task = cfg.task().generate(cfg.batch * 8, cfg.batch);
     let s = rt.compute_streams(rt.device());
     let s0 = s[0];
@@ -202,7 +240,8 @@ fn main() {
         _ => vec![false, true],
     };
     let only_stacked = has("--stacked");
-    for &r in data.iter().filter(|_| !only_stacked) {
+    let only_each = has("--each");
+    for &r in data.iter().filter(|_| !only_stacked && !only_each) {
         for &n in &counts {
             for &g in &forms {
                 if let Err(e) = sweep(n, g, r) {
@@ -211,17 +250,32 @@ fn main() {
             }
         }
     }
-    if !has("--no-stacked") {
+    if !has("--no-stacked") && !only_each {
         for &g in &forms {
             if let Err(e) = stacked(g) {
                 failed(stacked_case(g), &e);
             }
         }
     }
-    if !has("--no-step") && !only_stacked {
+    if has("--each") {
+        // Each model's step alone, batches resident: where the sweep's time goes, model
+        // by model (`torch_sweep.py each` is the PyTorch side).
+        for i in 0..8 {
+            for (form, g) in [("eager", false), ("graph", true)] {
+                match step(g, Some(i)) {
+                    Ok((t, model)) => println!(
+                        "{{\"case\": \"sweep_each_{form}_{model}\", \"us_per_step\": {:.2}, \"model\": \"{model}\", \"steps\": {STEP_STEPS}}}",
+                        t * 1e6
+                    ),
+                    Err(e) => failed(&format!("sweep_each_{form}_{i}"), &e),
+                }
+            }
+        }
+    }
+    if !has("--no-step") && !only_stacked && !only_each {
         let mut times = Vec::new();
         for (case, g) in [("sweep_step_eager", false), ("sweep_step_graph", true)] {
-            match step(g) {
+            match step(g, None) {
                 Ok((t, model)) => {
                     println!(
                         "{{\"case\": \"{case}\", \"us_per_step\": {:.2}, \"model\": \"{model}\", \"steps\": {STEP_STEPS}}}",

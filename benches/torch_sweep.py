@@ -24,6 +24,9 @@ Forms (one JSON line each: {"case": "sweep_torch_<form>", "samples_per_s": ..., 
   vmap              the 8 same-shape models via torch.func.stack_module_state + vmap of
                     functional_call (grad by torch.func.grad), eager
   processes         8 processes at once, one model each (sequential eager in each)
+  each              each model's step alone on the default stream, eager and its graph
+                    replayed: {"case": "sweep_torch_each_{eager,graph}_mlp-WxD",
+                    "us_per_step": ...} (not in the default list)
 samples/s is of the whole sweep: 8 x steps x batch / wall time (the stacked forms train 8
 models of one shape, the same number of samples).
 """
@@ -344,6 +347,23 @@ def form_processes():
     emit("processes", wall)
 
 
+def form_each():
+    """Each model's step alone, eager and as its graph replayed, on the default stream:
+    µs per step over 400 steps after warm-up (and capture), for `sweep.rs --each`."""
+    for i, (w, d, kind, _, _) in enumerate(MODELS):
+        job = Job(i)
+        warm([job])
+        t = timed(lambda: [job.step() for _ in range(400)])
+        print(json.dumps({"case": f"sweep_torch_each_eager_mlp-{w}x{d}", "us_per_step": round(t / 400 * 1e6, 2),
+                          "model": f"mlp-{w}x{d}", "opt": kind}), flush=True)
+        job = Job(i, capturable=True)
+        job.capture(torch.cuda.Stream())
+        torch.cuda.synchronize()
+        t = timed(lambda: [job.replay() for _ in range(400)])
+        print(json.dumps({"case": f"sweep_torch_each_graph_mlp-{w}x{d}", "us_per_step": round(t / 400 * 1e6, 2),
+                          "model": f"mlp-{w}x{d}", "opt": kind}), flush=True)
+
+
 FORMS = {
     "sequential": form_sequential,
     "interleaved": form_interleaved,
@@ -354,11 +374,12 @@ FORMS = {
     "stacked_graph": form_stacked_graph,
     "vmap": form_vmap,
     "processes": form_processes,
+    "each": form_each,
 }
 
 
 def main():
-    want = sys.argv[1:] or list(FORMS)
+    want = sys.argv[1:] or [f for f in FORMS if f != "each"]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", file=sys.stderr, flush=True)
     for name in want:
         if name not in FORMS:

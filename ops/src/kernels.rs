@@ -367,19 +367,21 @@ pub(crate) unsafe fn launch_direct(
         // caller's contract), so starting it early changes no result.
         return unsafe { launch_programmatic(scx, f, cfg, params) };
     }
-    // SAFETY: the function and the stream are alive (held by `f` and `scx`) and of the
-    // context current on this thread (the actor's); the parameter block's contract is
-    // the caller's (see `# Safety`).
-    unsafe {
-        cudarc::driver::result::launch_kernel(
-            f.cu_function(),
-            cfg.grid_dim,
-            cfg.block_dim,
-            cfg.shared_mem_bytes,
-            scx.stream().cu_stream(),
-            params,
-        )
-    }
+    scx.timed_launch(|| {
+        // SAFETY: the function and the stream are alive (held by `f` and `scx`) and of
+        // the context current on this thread (the actor's); the parameter block's
+        // contract is the caller's (see `# Safety`).
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                scx.stream().cu_stream(),
+                params,
+            )
+        }
+    })
 }
 
 /// [`launch_direct`] as a programmatic dependent launch (`cuLaunchKernelEx`).

@@ -70,6 +70,9 @@ pub(crate) enum Phase {
     Execute,
     /// Device allocations inside `run`.
     Alloc,
+    /// Kernel launches inside `run` (CUDA: the driver's `cuLaunchKernel` calls of the
+    /// built-in kernels, [`StreamCx::timed_launch`](crate::cuda::StreamCx::timed_launch)).
+    Launch,
     /// Recording a burst's event and handing the burst to the watcher (per burst).
     Record,
     /// Publishing the outputs (CPU: completing the op and dropping it too).
@@ -88,12 +91,16 @@ pub(crate) enum Phase {
     Idle,
 }
 
-const NAMES: [&str; 12] = [
+/// The number of [`Phase`]s.
+const PHASES: usize = 13;
+
+const NAMES: [&str; PHASES] = [
     "submit",
     "inputs",
     "blocked",
     "execute",
     "alloc",
+    "launch",
     "record",
     "publish",
     "send",
@@ -118,8 +125,8 @@ pub(crate) struct Counters {
     pub(crate) pinned_bytes: AtomicU64,
     /// Whether phases are timed (the `profile` setting).
     profile: bool,
-    ns: [AtomicU64; 12],
-    count: [AtomicU64; 12],
+    ns: [AtomicU64; PHASES],
+    count: [AtomicU64; PHASES],
     /// The timeline recorder (the `trace` setting; see `trace.rs`).
     pub(crate) trace: crate::trace::Recorder,
 }

@@ -138,6 +138,18 @@ impl StreamCx {
         r
     }
 
+    /// Runs `launch` (an op's kernel launches), timing it as the `launch` phase of
+    /// [`Stats::phases`](crate::Stats::phases) when profiling is on (`RTX_PROFILE=1`);
+    /// otherwise only runs it. The built-in kernels launch through it.
+    pub fn timed_launch<R>(&self, launch: impl FnOnce() -> R) -> R {
+        let t = self.counters.clock();
+        let r = launch();
+        if let Some(t) = t {
+            self.counters.add(Phase::Launch, t.elapsed());
+        }
+        r
+    }
+
     /// The device address of a **persistent scratch buffer** of at least `n` elements
     /// of `T` for this stream, under `key` (one name per use: two buffers an op needs
     /// at once take two keys): the memory an op needs only while its kernels run
