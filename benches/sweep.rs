@@ -94,8 +94,15 @@ fn sweep(n: usize, graphs: bool, resident: bool) -> rtx::Result<()> {
         start
     };
     let skipped = u64::from(graphs);
+    if rt.settings().trace {
+        // Only the timed run's spans.
+        drop(rt.take_trace());
+    }
     run_concurrently(&mut ps, &|_, _| {})?;
     let wall = steady.elapsed().as_secs_f64();
+    if rt.settings().trace {
+        overlap(&case(n, graphs, resident), &rt.take_trace());
+    }
     let whole = start.elapsed().as_secs_f64();
     let samples: u64 = ps
         .iter()
@@ -112,6 +119,53 @@ fn sweep(n: usize, graphs: bool, resident: bool) -> rtx::Result<()> {
         cfg.batch
     );
     Ok(())
+}
+
+/// With the timeline recorder on (`RTX_TRACE=1`): how much the streams' device work
+/// overlapped during the timed run: per stream the device time its ops covered, their
+/// union over all streams, and the mean number of streams busy while any was
+/// (`sum / union`; 1.0 when the streams took turns).
+fn overlap(case: &str, spans: &[rtx::TraceSpan]) {
+    let mut by_stream: std::collections::BTreeMap<usize, Vec<(f64, f64)>> = Default::default();
+    for s in spans {
+        by_stream
+            .entry(s.stream.0)
+            .or_default()
+            .push((s.start_us, s.start_us + s.dur_us));
+    }
+    let merge = |mut v: Vec<(f64, f64)>| -> Vec<(f64, f64)> {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut out: Vec<(f64, f64)> = Vec::new();
+        for (a, b) in v {
+            match out.last_mut() {
+                Some(l) if a <= l.1 => l.1 = l.1.max(b),
+                _ => out.push((a, b)),
+            }
+        }
+        out
+    };
+    let len = |v: &[(f64, f64)]| v.iter().map(|(a, b)| b - a).sum::<f64>();
+    let mut sum = 0.0;
+    let mut all = Vec::new();
+    let mut per = Vec::new();
+    for (sid, v) in by_stream {
+        let m = merge(v);
+        let busy = len(&m);
+        sum += busy;
+        per.push(format!("\"{sid}\": {:.0}", busy));
+        all.extend(m);
+    }
+    let union = len(&merge(all));
+    let (first, last) = spans.iter().fold((f64::MAX, f64::MIN), |(a, b), s| {
+        (a.min(s.start_us), b.max(s.start_us + s.dur_us))
+    });
+    println!(
+        "{{\"case\": \"{case}_overlap\", \"spans\": {}, \"window_us\": {:.0}, \"union_us\": {union:.0}, \"sum_us\": {sum:.0}, \"mean_busy_streams\": {:.2}, \"busy_us_by_stream\": {{{}}}}}",
+        spans.len(),
+        last - first,
+        sum / union.max(1e-9),
+        per.join(", ")
+    );
 }
 
 /// Every pipeline's first step, each on its own thread (for the graph rows: the

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <thread>
 #include <vector>
 
 __global__ void add_f32(const float* a, const float* b, float* y, size_t n) {
@@ -128,6 +129,47 @@ int main() {
         CK(cuLaunchKernel(f, 1, 1, 1, 256, 1, 1, 0, s, chain, nullptr));
     });
     std::printf("floor chain host_us=%.3f e2e_us=%.3f\n", t.host_us, t.e2e_us);
+    // Several threads, each launching on its own stream at once (as rtx's actors do):
+    // µs of wall time per launch over all threads. If the driver serializes launches,
+    // this stays at the one-thread figure however many threads launch.
+    {
+        CUcontext ctx;
+        CK(cuCtxGetCurrent(&ctx));
+        for (int threads : {1, 2, 4, 8}) {
+            const int per = 10000;
+            std::vector<CUstream> ss(threads);
+            std::vector<CUdeviceptr> ys(threads);
+            for (int k = 0; k < threads; ++k) {
+                CK(cuStreamCreate(&ss[k], CU_STREAM_NON_BLOCKING));
+                CK(cuMemAlloc(&ys[k], n * 4));
+                CK(cuMemcpyHtoD(ys[k], h.data(), n * 4));
+            }
+            std::vector<double> walls;
+            for (int rep = 0; rep < 4; ++rep) {
+                auto t0 = Clock::now();
+                std::vector<std::thread> ts;
+                for (int k = 0; k < threads; ++k) {
+                    ts.emplace_back([&, k] {
+                        CK(cuCtxSetCurrent(ctx));
+                        CUdeviceptr yk = ys[k];
+                        void* args[] = {&yk, &b, &yk, &nn};
+                        for (int i = 0; i < per; ++i)
+                            CK(cuLaunchKernel(f, 1, 1, 1, 256, 1, 1, 0, ss[k], args, nullptr));
+                        CK(cuStreamSynchronize(ss[k]));
+                    });
+                }
+                for (auto& t : ts) t.join();
+                auto t1 = Clock::now();
+                if (rep > 0)
+                    walls.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() /
+                                    (double(per) * threads));
+            }
+            std::sort(walls.begin(), walls.end());
+            std::printf("floor threads=%d wall_us_per_launch=%.3f (per thread %.3f)\n", threads,
+                        walls[1], walls[1] * threads);
+        }
+    }
+
     // The host clock itself (Rust's `Instant::now` is the same CLOCK_MONOTONIC read): on
     // a virtual machine without a vDSO clock it is a system call.
     {
