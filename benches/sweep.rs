@@ -129,7 +129,7 @@ fn overlap(case: &str, spans: &[rtx::TraceSpan]) {
     let mut by_stream: std::collections::BTreeMap<usize, Vec<(f64, f64)>> = Default::default();
     for s in spans {
         by_stream
-            .entry(s.stream.0)
+            .entry(s.stream.index())
             .or_default()
             .push((s.start_us, s.start_us + s.dur_us));
     }
