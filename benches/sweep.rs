@@ -314,7 +314,9 @@ fn main() {
     if has("--each") {
         // Each model's step alone, batches resident: where the sweep's time goes, model
         // by model (`torch_sweep.py each` is the PyTorch side).
-        for i in 0..8 {
+        // SWEEP_EACH=i: model i only (for a profiler run).
+        let only: Option<usize> = std::env::var("SWEEP_EACH").ok().and_then(|v| v.parse().ok());
+        for i in (0..8).filter(|i| only.is_none_or(|o| o == *i)) {
             for (form, g) in [("eager", false), ("graph", true)] {
                 match step(g, Some(i)) {
                     Ok((t, model)) => println!(

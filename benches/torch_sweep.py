@@ -350,7 +350,10 @@ def form_processes():
 def form_each():
     """Each model's step alone, eager and as its graph replayed, on the default stream:
     µs per step over 400 steps after warm-up (and capture), for `sweep.rs --each`."""
+    only = os.environ.get("SWEEP_EACH")  # model i only (for a profiler run)
     for i, (w, d, kind, _, _) in enumerate(MODELS):
+        if only is not None and int(only) != i:
+            continue
         job = Job(i)
         warm([job])
         t = timed(lambda: [job.step() for _ in range(400)])
