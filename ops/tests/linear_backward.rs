@@ -428,14 +428,17 @@ fn backward_case<T: Element>(
 
 backend_test!(backward_matches_the_f64_formulas, |rt, label| {
     // (rows, in, out): multiples of 8 take DGELU / GELU_AUX on CUDA, the others the
-    // unfused kernels; BGRADB applies to every width. 333 rows cross several bias_grad
-    // row slices; 1 row and 1 output are the extremes.
+    // unfused kernels; BGRADB applies when out is a multiple of 8 (40, 8), the other
+    // widths take the plain GEMM and bias_grad. 333 rows cross several bias_grad row
+    // slices; 1 row and 1 output are the extremes; 512 x 128 -> 10 is the sweep's
+    // output layer.
     let cases = [
         (7, 5, 9, false),
         (64, 48, 40, true),
         (333, 33, 17, true),
         (1, 24, 1, false),
         (129, 16, 8, true),
+        (512, 128, 10, true),
     ];
     for (rows, inp, out, chained) in cases {
         backward_case::<f32>(rt, label, rows, inp, out, chained);
