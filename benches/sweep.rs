@@ -172,11 +172,17 @@ fn overlap(case: &str, spans: &[rtx::TraceSpan]) {
 /// captures run concurrently, as they would in the sweep).
 fn first_steps(ps: &mut [rtx::train::pipeline::Pipeline]) -> rtx::Result<()> {
     std::thread::scope(|scope| {
-        let hs: Vec<_> = ps.iter_mut().map(|p| scope.spawn(move || p.step())).collect();
+        let hs: Vec<_> = ps
+            .iter_mut()
+            .map(|p| scope.spawn(move || p.step()))
+            .collect();
         hs.into_iter()
             .map(|h| {
                 h.join().unwrap_or_else(|_| {
-                    Err(rtx::Error::invalid("sweep", "a pipeline's first step panicked"))
+                    Err(rtx::Error::invalid(
+                        "sweep",
+                        "a pipeline's first step panicked",
+                    ))
                 })
             })
             .collect()
@@ -315,7 +321,9 @@ fn main() {
         // Each model's step alone, batches resident: where the sweep's time goes, model
         // by model (`torch_sweep.py each` is the PyTorch side).
         // SWEEP_EACH=i: model i only (for a profiler run).
-        let only: Option<usize> = std::env::var("SWEEP_EACH").ok().and_then(|v| v.parse().ok());
+        let only: Option<usize> = std::env::var("SWEEP_EACH")
+            .ok()
+            .and_then(|v| v.parse().ok());
         for i in (0..8).filter(|i| only.is_none_or(|o| o == *i)) {
             for (form, g) in [("eager", false), ("graph", true)] {
                 match step(g, Some(i)) {

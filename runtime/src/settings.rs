@@ -18,6 +18,7 @@
 //! | [`plan_cache`](crate::Builder::plan_cache) | `RTX_PLAN_CACHE=<entries>` | 256 | How many plans each stream's GEMM (cuBLASLt) and convolution (cuDNN algorithm) cache keeps; beyond it the least recently used plan is dropped (a new shape then pays its planning again). At least 1. |
 //! | [`programmatic_launch`](crate::Builder::programmatic_launch) | `RTX_PROGRAMMATIC_LAUNCH=0` turns off | on | On compute capability 9.0 and newer, the element-wise kernels captured into a graph ([`Runtime::capture`](crate::Runtime::capture)) launch as programmatic dependents (`cuLaunchKernelEx` with `PROGRAMMATIC_STREAM_SERIALIZATION`): in the graph each may start while the kernel before it finishes, and waits on the device for it before touching memory (measured on the H200: a chain of 1000 tiny adds replays at 0.86 µs per op instead of 1.38). Eager launches stay plain. |
 //! | [`gemm_tune`](crate::Builder::gemm_tune) | `RTX_GEMM_TUNE=1` turns on | off | Experimental. On CUDA, the first GEMM of each problem (shapes, dtype, epilogue, alignment) times up to 8 of cuBLASLt's candidate algorithms on its own buffers and keeps the fastest for the whole process (the op blocks its actor once per problem). Measured on the H200 it chose slower algorithms than the heuristic's first (small problems time the host's enqueue rate, large ones drift with the clock), hence off. Off, cuBLASLt's heuristic first runs: the same algorithm in every process, so results repeat bit for bit from run to run. Either way a problem runs the same algorithm on every stream. |
+//! | [`gemm_sm_share`](crate::Builder::gemm_sm_share) | `RTX_GEMM_SM_SHARE=<n>` | 1 | On CUDA, small GEMMs (at most 2^27 multiply-adds, e.g. 512³) are planned for 1/n of the device's multiprocessors (cuBLASLt's `SM_COUNT_TARGET`, at least 8), so that the small GEMMs of n streams can run side by side instead of each filling the device in turn. 1: the whole device (cuBLASLt's default); 0: the runtime's number of compute streams per device. Larger GEMMs always plan for the whole device. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
 //! ```
@@ -72,6 +73,10 @@ pub struct Settings {
     /// Experimental: the GEMMs' cuBLASLt algorithm chosen by timing the heuristic's
     /// candidates, once per problem and process (`RTX_GEMM_TUNE`); see the module docs.
     pub gemm_tune: bool,
+    /// Small GEMMs planned for 1/n of the device's multiprocessors (`RTX_GEMM_SM_SHARE`);
+    /// 1: the whole device; 0 on the builder: the compute streams per device (a built
+    /// runtime reports the number it resolved to). See the module docs.
+    pub gemm_sm_share: u32,
 }
 
 /// The default of [`Settings::plan_cache`].
@@ -94,6 +99,7 @@ impl Default for Settings {
             device_timing: DEFAULT_DEVICE_TIMING,
             programmatic_launch: true,
             gemm_tune: false,
+            gemm_sm_share: 1,
         }
     }
 }
@@ -136,6 +142,9 @@ impl Settings {
         if let Some(v) = var("RTX_GEMM_TUNE") {
             self.gemm_tune = v == "1";
         }
+        if let Some(n) = var("RTX_GEMM_SM_SHARE").and_then(|v| v.parse::<u32>().ok()) {
+            self.gemm_sm_share = n;
+        }
         self
     }
 
@@ -147,6 +156,15 @@ impl Settings {
             static ENV: OnceLock<Settings> = OnceLock::new();
             *ENV.get_or_init(|| Settings::default().with_env())
         })
+    }
+
+    /// These settings for a runtime of `streams` compute streams per device: a
+    /// [`gemm_sm_share`](Settings::gemm_sm_share) of 0 becomes `streams`.
+    pub(crate) fn resolved(mut self, streams: usize) -> Self {
+        if self.gemm_sm_share == 0 {
+            self.gemm_sm_share = u32::try_from(streams.max(1)).unwrap_or(u32::MAX);
+        }
+        self
     }
 
     /// Makes `self` this thread's [`Settings::current`] (a stream actor, at its start).
@@ -162,6 +180,17 @@ thread_local! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zero_gemm_sm_share_resolves_to_the_stream_count() {
+        let auto = Settings {
+            gemm_sm_share: 0,
+            ..Settings::default()
+        };
+        assert_eq!(auto.resolved(6).gemm_sm_share, 6);
+        assert_eq!(auto.resolved(0).gemm_sm_share, 1);
+        assert_eq!(Settings::default().resolved(6).gemm_sm_share, 1);
+    }
 
     #[test]
     fn environment_variables_override_the_builder_values() {
@@ -182,6 +211,7 @@ mod tests {
                 "RTX_DEVICE_TIMING" => Some("0"),
                 "RTX_PROGRAMMATIC_LAUNCH" => Some("0"),
                 "RTX_GEMM_TUNE" => Some("1"),
+                "RTX_GEMM_SM_SHARE" => Some("4"),
                 _ => None,
             }
             .map(String::from)
@@ -193,6 +223,7 @@ mod tests {
         assert_eq!(s.device_timing, 0);
         assert!(!s.programmatic_launch && base.programmatic_launch);
         assert!(s.gemm_tune && !base.gemm_tune);
+        assert_eq!((s.gemm_sm_share, base.gemm_sm_share), (4, 1));
         let zero = base.with_vars(|n| (n == "RTX_PLAN_CACHE").then(|| "0".to_string()));
         assert_eq!(zero.plan_cache, 1, "a plan cache keeps at least one entry");
     }

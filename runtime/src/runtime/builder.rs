@@ -195,6 +195,14 @@ impl Builder {
         self.settings.gemm_tune = on;
         self
     }
+    /// Plan small GEMMs for 1/`n` of the device's multiprocessors, so that `n` streams'
+    /// small GEMMs can run side by side (default 1: the whole device; 0: the number of
+    /// compute streams per device; see the [settings table](crate::settings)).
+    /// `RTX_GEMM_SM_SHARE=<n>` overrides it.
+    pub fn gemm_sm_share(mut self, n: u32) -> Self {
+        self.settings.gemm_sm_share = n;
+        self
+    }
     /// Starts the actors.
     pub fn build(self) -> Result<Runtime> {
         let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
@@ -204,7 +212,7 @@ impl Builder {
             streams,
             mailbox: self.mailbox,
             policy: policy.clone(),
-            settings,
+            settings: settings.resolved(streams),
             counters: counters.clone(),
         };
         let want_cuda = match &self.backend {
@@ -255,7 +263,12 @@ impl Builder {
             Some(ords) => cuda(&ords)?,
             None => cpu(),
         };
-        Ok(rt.with(policy, settings, counters))
+        let streams = if matches!(rt.backend, BackendState::Cpu) {
+            self.streams_or(2)
+        } else {
+            self.streams_or(4)
+        };
+        Ok(rt.with(policy, settings.resolved(streams), counters))
     }
     fn streams_or(&self, d: usize) -> usize {
         if self.streams == 0 {

@@ -214,6 +214,7 @@ fn gemm_fused<T: Element>(
             aux_ld: if aux.is_some() { dims.n } else { 0 },
             aux_align: aux.map_or(256, alignment),
         }),
+        super::sm_target(scx, g),
     );
     {
         let st = scx.ext::<GemmState>(GemmState::new)?;

@@ -54,6 +54,9 @@ pub(crate) struct PlanKey {
     /// A training epilogue (aux input/output or bias gradient) replacing the one that
     /// `bias` and `act` select; see [`Fusion`].
     pub fused: Option<Fusion>,
+    /// The multiprocessors cuBLASLt plans for (`SM_COUNT_TARGET`); 0: the whole device
+    /// (see `Settings::gemm_sm_share`).
+    pub sm_target: u32,
 }
 
 /// Which training epilogue a plan uses (`backward.rs` decides where each applies).
@@ -313,6 +316,12 @@ impl LtPlan {
         )?;
         if let Some(ptr) = bias {
             desc.set(DescAttr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr)?;
+        }
+        if key.sm_target > 0 {
+            desc.set(
+                DescAttr::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                &(key.sm_target.min(i32::MAX as u32) as i32),
+            )?;
         }
         if let (Some(f), Some(ptr)) = (key.fused, aux) {
             // The aux dtype is left at its default (D's dtype: cuBLASLt takes another

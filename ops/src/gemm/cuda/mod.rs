@@ -81,7 +81,14 @@ pub(crate) struct GemmArgs<'a, T> {
 impl<T: Element> GemmArgs<'_, T> {
     /// The plan key of this GEMM: its shapes and flags, the pointers' alignment `align`
     /// (our A, our B, the output, the bias) and the training epilogue `fused`, if any.
-    pub(super) fn plan_key(&self, align: [u32; 4], fused: Option<lt::Fusion>) -> PlanKey {
+    ///
+    /// `sm_target` is [`sm_target`]'s for the stream the GEMM runs on.
+    pub(super) fn plan_key(
+        &self,
+        align: [u32; 4],
+        fused: Option<lt::Fusion>,
+        sm_target: u32,
+    ) -> PlanKey {
         let dims = self.dims;
         PlanKey {
             dtype: T::DTYPE,
@@ -98,8 +105,34 @@ impl<T: Element> GemmArgs<'_, T> {
             tf32: self.tf32 && T::DTYPE == DType::F32,
             align,
             fused,
+            sm_target,
         }
     }
+
+    /// The multiply-adds of this GEMM (saturating).
+    fn macs(&self) -> usize {
+        let d = self.dims;
+        d.batch
+            .saturating_mul(d.m)
+            .saturating_mul(d.n)
+            .saturating_mul(d.k)
+    }
+}
+
+/// GEMMs of at most this many multiply-adds (512³) are "small" for
+/// [`Settings::gemm_sm_share`](rtx_runtime::Settings::gemm_sm_share): a few µs each,
+/// bound by latency rather than by the device's throughput.
+const SMALL_GEMM_MACS: usize = 1 << 27;
+
+/// The SM count cuBLASLt plans `g` for on `scx`'s device: with a `gemm_sm_share` of
+/// n > 1, a small GEMM gets 1/n of the multiprocessors (at least 8), so that n streams'
+/// small GEMMs fit side by side; 0 (the whole device) otherwise.
+pub(super) fn sm_target<T: Element>(scx: &StreamCx, g: &GemmArgs<'_, T>) -> u32 {
+    let share = scx.settings().gemm_sm_share;
+    if share <= 1 || g.macs() > SMALL_GEMM_MACS {
+        return 0;
+    }
+    (scx.sm_count() / share).max(8)
 }
 
 /// A stream's cuBLAS / cuBLASLt handles, workspace and plan cache.
@@ -149,7 +182,7 @@ impl GemmState {
     }
 
     /// The plan key of `g` writing into `d` (shapes, flags and the pointers' alignment).
-    fn key<T: Element>(&self, g: &GemmArgs<'_, T>, d: &CudaSlice<T>) -> PlanKey {
+    fn key<T: Element>(&self, g: &GemmArgs<'_, T>, d: &CudaSlice<T>, sm_target: u32) -> PlanKey {
         let stream: &CudaStream = &self.stream;
         let align = [
             alignment(dptr(g.a, stream).0),
@@ -157,7 +190,7 @@ impl GemmState {
             alignment(out_ptr(d, stream)),
             g.bias.map_or(256, |s| alignment(dptr(s, stream).0)),
         ];
-        g.plan_key(align, None)
+        g.plan_key(align, None, sm_target)
     }
 
     /// Enqueues the product into `d` (`key` is [`GemmState::key`]'s). Returns whether
@@ -325,8 +358,9 @@ where
     let len = g.dims.batch * g.dims.m * g.dims.n;
     let mut d = alloc_out::<T>(scx, len)?;
     let tune = Tune::new(scx);
+    let sms = sm_target(scx, &g);
     let state = scx.ext::<GemmState>(GemmState::new)?;
-    let key = state.key(&g, &d);
+    let key = state.key(&g, &d, sms);
     if tune.time && !state.plans.contains(&key) && tune::undecided(tune.ordinal, &key) {
         // The candidates are about to be timed (a synchronize).
         scx.before_blocking();

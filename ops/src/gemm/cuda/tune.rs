@@ -181,6 +181,7 @@ mod tests {
             tf32: false,
             align: [256; 4],
             fused: None,
+            sm_target: 0,
         }
     }
 
