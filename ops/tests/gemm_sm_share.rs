@@ -57,7 +57,6 @@ fn products_planned_for_a_share_of_the_device_match_f64() {
     let rt = Runtime::builder()
         .backend(Backend::Cuda(vec![]))
         .streams(8)
-        .gemm_sm_share(0)
         .build()
         .expect("building a CUDA runtime");
     if std::env::var_os("RTX_GEMM_SM_SHARE").is_none() {

@@ -18,7 +18,7 @@
 //! | [`plan_cache`](crate::Builder::plan_cache) | `RTX_PLAN_CACHE=<entries>` | 256 | How many plans each stream's GEMM (cuBLASLt) and convolution (cuDNN algorithm) cache keeps; beyond it the least recently used plan is dropped (a new shape then pays its planning again). At least 1. |
 //! | [`programmatic_launch`](crate::Builder::programmatic_launch) | `RTX_PROGRAMMATIC_LAUNCH=0` turns off | on | On compute capability 9.0 and newer, the element-wise kernels captured into a graph ([`Runtime::capture`](crate::Runtime::capture)) launch as programmatic dependents (`cuLaunchKernelEx` with `PROGRAMMATIC_STREAM_SERIALIZATION`): in the graph each may start while the kernel before it finishes, and waits on the device for it before touching memory (measured on the H200: a chain of 1000 tiny adds replays at 0.86 µs per op instead of 1.38). Eager launches stay plain. |
 //! | [`gemm_tune`](crate::Builder::gemm_tune) | `RTX_GEMM_TUNE=1` turns on | off | Experimental. On CUDA, the first GEMM of each problem (shapes, dtype, epilogue, alignment) times up to 8 of cuBLASLt's candidate algorithms on its own buffers and keeps the fastest for the whole process (the op blocks its actor once per problem). Measured on the H200 it chose slower algorithms than the heuristic's first (small problems time the host's enqueue rate, large ones drift with the clock), hence off. Off, cuBLASLt's heuristic first runs: the same algorithm in every process, so results repeat bit for bit from run to run. Either way a problem runs the same algorithm on every stream. |
-//! | [`gemm_sm_share`](crate::Builder::gemm_sm_share) | `RTX_GEMM_SM_SHARE=<n>` | 1 | On CUDA, small GEMMs (at most 2^27 multiply-adds, e.g. 512³) are planned for 1/n of the device's multiprocessors (cuBLASLt's `SM_COUNT_TARGET`, at least 8), so that the small GEMMs of n streams can run side by side instead of each filling the device in turn. 1: the whole device (cuBLASLt's default); 0: the runtime's number of compute streams per device. Larger GEMMs always plan for the whole device. |
+//! | [`gemm_sm_share`](crate::Builder::gemm_sm_share) | `RTX_GEMM_SM_SHARE=<n>` | 0: the compute streams per device | On CUDA, small GEMMs (at most 2^27 multiply-adds, e.g. 512³) are planned for 1/n of the device's multiprocessors (cuBLASLt's `SM_COUNT_TARGET`, at least 8), so that the small GEMMs of n streams run side by side instead of each filling the device in turn. Measured on the H200: the 8 chains of 256³ GEMMs on 8 streams as graphs in 1.60 ms instead of 4.28, the training sweep's graphs on 8 streams 11-14 % faster. 1: the whole device for every GEMM (cuBLASLt's default; a runtime with one stream per device always plans so). A small GEMM running alone in a runtime of several streams gets fewer multiprocessors than it could use. Larger GEMMs always plan for the whole device. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
 //! ```
@@ -74,7 +74,7 @@ pub struct Settings {
     /// candidates, once per problem and process (`RTX_GEMM_TUNE`); see the module docs.
     pub gemm_tune: bool,
     /// Small GEMMs planned for 1/n of the device's multiprocessors (`RTX_GEMM_SM_SHARE`);
-    /// 1: the whole device; 0 on the builder: the compute streams per device (a built
+    /// 1: the whole device; 0 (the default): the compute streams per device (a built
     /// runtime reports the number it resolved to). See the module docs.
     pub gemm_sm_share: u32,
 }
@@ -99,7 +99,7 @@ impl Default for Settings {
             device_timing: DEFAULT_DEVICE_TIMING,
             programmatic_launch: true,
             gemm_tune: false,
-            gemm_sm_share: 1,
+            gemm_sm_share: 0,
         }
     }
 }
@@ -189,7 +189,12 @@ mod tests {
         };
         assert_eq!(auto.resolved(6).gemm_sm_share, 6);
         assert_eq!(auto.resolved(0).gemm_sm_share, 1);
-        assert_eq!(Settings::default().resolved(6).gemm_sm_share, 1);
+        assert_eq!(Settings::default().resolved(6).gemm_sm_share, 6);
+        let one = Settings {
+            gemm_sm_share: 1,
+            ..Settings::default()
+        };
+        assert_eq!(one.resolved(6).gemm_sm_share, 1);
     }
 
     #[test]
@@ -223,7 +228,7 @@ mod tests {
         assert_eq!(s.device_timing, 0);
         assert!(!s.programmatic_launch && base.programmatic_launch);
         assert!(s.gemm_tune && !base.gemm_tune);
-        assert_eq!((s.gemm_sm_share, base.gemm_sm_share), (4, 1));
+        assert_eq!((s.gemm_sm_share, base.gemm_sm_share), (4, 0));
         let zero = base.with_vars(|n| (n == "RTX_PLAN_CACHE").then(|| "0".to_string()));
         assert_eq!(zero.plan_cache, 1, "a plan cache keeps at least one entry");
     }

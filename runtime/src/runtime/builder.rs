@@ -196,8 +196,8 @@ impl Builder {
         self
     }
     /// Plan small GEMMs for 1/`n` of the device's multiprocessors, so that `n` streams'
-    /// small GEMMs can run side by side (default 1: the whole device; 0: the number of
-    /// compute streams per device; see the [settings table](crate::settings)).
+    /// small GEMMs can run side by side (default 0: the number of compute streams per
+    /// device; 1: the whole device; see the [settings table](crate::settings)).
     /// `RTX_GEMM_SM_SHARE=<n>` overrides it.
     pub fn gemm_sm_share(mut self, n: u32) -> Self {
         self.settings.gemm_sm_share = n;
