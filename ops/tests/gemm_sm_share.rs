@@ -21,11 +21,26 @@ fn a_zero_share_resolves_to_the_compute_streams_per_device() {
         .build()
         .unwrap();
     assert_eq!(rt.settings().gemm_sm_share, 3);
-    let rt = Runtime::builder().backend(Backend::Cpu).build().unwrap();
+    let rt = Runtime::builder()
+        .backend(Backend::Cpu)
+        .streams(5)
+        .build()
+        .unwrap();
+    assert_eq!(
+        rt.settings().gemm_sm_share,
+        5,
+        "the default is the stream count"
+    );
+    let rt = Runtime::builder()
+        .backend(Backend::Cpu)
+        .streams(5)
+        .gemm_sm_share(1)
+        .build()
+        .unwrap();
     assert_eq!(
         rt.settings().gemm_sm_share,
         1,
-        "the default plans for the whole device"
+        "1 plans for the whole device"
     );
 }
 
