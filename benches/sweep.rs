@@ -176,16 +176,14 @@ fn first_steps(ps: &mut [rtx::train::pipeline::Pipeline]) -> rtx::Result<()> {
             .iter_mut()
             .map(|p| scope.spawn(move || p.step()))
             .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(rtx::Error::invalid(
-                        "sweep",
-                        "a pipeline's first step panicked",
-                    ))
-                })
+        hs.into_iter().try_for_each(|h| {
+            h.join().unwrap_or_else(|_| {
+                Err(rtx::Error::invalid(
+                    "sweep",
+                    "a pipeline's first step panicked",
+                ))
             })
-            .collect()
+        })
     })
 }
 
