@@ -3,8 +3,12 @@
 
 use std::process::{Command, Output};
 
+/// The `rtx` binary: `RTX_BIN` when set (a GPU host runs the staged copy, where the
+/// build machine's path does not exist: `benches/gpu/run tests` sets it), else the one
+/// Cargo built.
 fn rtx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rtx"))
+    let bin = std::env::var_os("RTX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_rtx").into());
+    Command::new(bin)
         .args(args)
         .output()
         .expect("the rtx binary runs")
