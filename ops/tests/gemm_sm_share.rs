@@ -44,25 +44,6 @@ fn a_zero_share_resolves_to_the_compute_streams_per_device() {
     );
 }
 
-fn reference(a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
-    let (af, bf) = (f64s(a), f64s(b));
-    let mut want = vec![0.0; m * n];
-    let mut scale = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let (mut s, mut sa) = (0.0, 0.0);
-            for q in 0..k {
-                let p = af[i * k + q] * bf[q * n + j];
-                s += p;
-                sa += p.abs();
-            }
-            want[i * n + j] = s;
-            scale[i * n + j] = sa;
-        }
-    }
-    (want, scale)
-}
-
 #[test]
 fn products_planned_for_a_share_of_the_device_match_f64() {
     if !rtx_runtime::cuda::present_for_tests() {
@@ -82,7 +63,7 @@ fn products_planned_for_a_share_of_the_device_match_f64() {
     for (m, n, k) in [(256, 256, 256), (200, 72, 136), (1024, 1024, 256)] {
         let a: Vec<bf16> = rand_vec(&mut r, m * k, -1.0, 1.0);
         let b: Vec<bf16> = rand_vec(&mut r, k * n, -1.0, 1.0);
-        let (want, scale) = reference(&a, &b, m, n, k);
+        let (want, scale) = matmul_ref(&a, &b, (1, m, n, k));
         let (ta, tb) = (upload(&rt, &a, &[m, k]), upload(&rt, &b, &[k, n]));
         let subs: Vec<_> = rt
             .compute_streams(rt.device())

@@ -33,23 +33,7 @@ fn gemm_tuning_times_a_new_problem_and_every_stream_uses_its_choice() {
     let (seed, mut r) = rng();
     let a: Vec<bf16> = rand_vec(&mut r, batch * m * k, -1.0, 1.0);
     let b: Vec<bf16> = rand_vec(&mut r, batch * k * n, -1.0, 1.0);
-    let (af, bf) = (f64s(&a), f64s(&b));
-    let mut want = vec![0.0; batch * m * n];
-    let mut scale = vec![0.0; batch * m * n];
-    for p in 0..batch {
-        for i in 0..m {
-            for j in 0..n {
-                let (mut s, mut sa) = (0.0, 0.0);
-                for q in 0..k {
-                    let (x, y) = (af[(p * m + i) * k + q], bf[(p * k + q) * n + j]);
-                    s += x * y;
-                    sa += (x * y).abs();
-                }
-                want[(p * m + i) * n + j] = s;
-                scale[(p * m + i) * n + j] = sa;
-            }
-        }
-    }
+    let (want, scale) = matmul_ref(&a, &b, (batch, m, n, k));
     let on_every_stream = |rt: &Runtime| -> Vec<Vec<f64>> {
         let (ta, tb) = (
             upload(rt, &a, &[batch, m, k]),

@@ -110,6 +110,34 @@ pub fn rel_err_scaled(out: &[f64], reference: &[f64], scale: &[f64]) -> f64 {
 }
 
 /// Element-wise magnitudes (for the `scale` of [`rel_err_scaled`]).
+/// The f64 reference of a batched row-major product `[batch, m, k] · [batch, k, n]`
+/// and, per element, the sum of the products' magnitudes (the scale for
+/// [`rel_err_scaled`]).
+pub fn matmul_ref<T: Element>(
+    a: &[T],
+    b: &[T],
+    (batch, m, n, k): (usize, usize, usize, usize),
+) -> (Vec<f64>, Vec<f64>) {
+    let (af, bf) = (f64s(a), f64s(b));
+    let mut want = vec![0.0; batch * m * n];
+    let mut scale = vec![0.0; batch * m * n];
+    for p in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut sa) = (0.0, 0.0);
+                for q in 0..k {
+                    let x = af[(p * m + i) * k + q] * bf[(p * k + q) * n + j];
+                    s += x;
+                    sa += x.abs();
+                }
+                want[(p * m + i) * n + j] = s;
+                scale[(p * m + i) * n + j] = sa;
+            }
+        }
+    }
+    (want, scale)
+}
+
 pub fn abs_all(x: &[f64]) -> Vec<f64> {
     x.iter().map(|v| v.abs()).collect()
 }

@@ -208,6 +208,8 @@ impl Builder {
         let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));
         let settings = self.settings.with_env();
         let counters = StdArc::new(Counters::new(settings.profile).with_trace(settings.trace));
+        // Compute streams per device: 2 on the CPU, 4 on CUDA unless set.
+        let (cpu_streams, cuda_streams) = (self.streams_or(2), self.streams_or(4));
         let cx = |streams: usize| StartCx {
             streams,
             mailbox: self.mailbox,
@@ -241,16 +243,14 @@ impl Builder {
         };
         let cpu = || {
             let started = match self.backend {
-                Backend::CpuDevices(n) => {
-                    crate::cpu::start(&cx(self.streams_or(2)), n.max(1), true)
-                }
-                _ => crate::cpu::start(&cx(self.streams_or(2)), 1, false),
+                Backend::CpuDevices(n) => crate::cpu::start(&cx(cpu_streams), n.max(1), true),
+                _ => crate::cpu::start(&cx(cpu_streams), 1, false),
             };
             assemble(started, BackendState::Cpu)
         };
         let cuda = |ords: &[usize]| {
             let comm = self.comm_streams.unwrap_or(ords.len() > 1);
-            crate::cuda::start(&cx(self.streams_or(4)), ords, comm)
+            crate::cuda::start(&cx(cuda_streams), ords, comm)
                 .map(|s| assemble_with(s, BackendState::Cuda))
         };
         let rt = match want_cuda {
@@ -264,9 +264,9 @@ impl Builder {
             None => cpu(),
         };
         let streams = if matches!(rt.backend, BackendState::Cpu) {
-            self.streams_or(2)
+            cpu_streams
         } else {
-            self.streams_or(4)
+            cuda_streams
         };
         Ok(rt.with(policy, settings.resolved(streams), counters))
     }
