@@ -256,9 +256,52 @@ backend_test!(donation_reuses_only_unique_memory, |rt, label| {
     each_dtype!(donation(rt, label));
 });
 
+// A chain of in-place adds on one stream, submitted without waiting: each operand is the
+// previous op's output, whose producer is still running on CUDA (64 MiB per add, far
+// slower on the device than a submit). The producer's own keep-alive does not count
+// against donation (`runtime/src/storage.rs`, rule 3), so on CUDA no step allocates:
+// the block caches see no request after the first op.
+backend_test!(chain_donates_while_the_producer_runs, |rt, label| {
+    let (seed, mut r) = rng();
+    let n = (1usize << 24) + 3;
+    let steps = 12;
+    let a = rand_vec::<f32>(&mut r, n, -1.0, 1.0);
+    let b = rand_vec::<f32>(&mut r, n, -1.0, 1.0);
+    let tb = upload(rt, &b, &[n]);
+    let s = rt.compute_streams(rt.device())[0];
+    let mut x = rt
+        .submit_on(s, ew::add_(upload(rt, &a, &[n]), &tb))
+        .unwrap()
+        .into_outputs()
+        .unwrap();
+    rt.reset_stats();
+    for _ in 1..steps {
+        x = rt
+            .submit_on(s, ew::add_(x, &tb))
+            .unwrap()
+            .into_outputs()
+            .unwrap();
+    }
+    let got = download::<f32>(rt, &x);
+    let st = rt.stats().block_cache;
+    if label.starts_with("cuda") {
+        assert_eq!(
+            st.hits + st.misses,
+            0,
+            "{label}: the chain allocated ({st:?}): a step did not write in place"
+        );
+    }
+    let want: Vec<f64> = a
+        .iter()
+        .zip(&b)
+        .map(|(&x, &y)| x as f64 + steps as f64 * y as f64)
+        .collect();
+    check::<f32>(&got, &want, &format!("{label} chain"), seed);
+});
+
 /// A unique, computed input is written in place on the CPU backend (deterministic there:
-/// an uploaded tensor has no pending producer). On CUDA the producer's keep-alive may
-/// still hold the memory, so there reuse is only likely, not certain.
+/// an uploaded tensor has no pending producer). On CUDA,
+/// `chain_donates_while_the_producer_runs` counts the allocations instead.
 #[test]
 fn cpu_donation_writes_in_place() {
     let rt = Runtime::cpu(1);

@@ -87,6 +87,8 @@ impl Drop for Envelope {
     fn drop(&mut self) {
         for s in &self.outputs {
             s.fail(Error::Shutdown);
+            // Before the handles go (with the fields, after this): see `storage.rs`.
+            s.release_producer();
         }
         self.load.sub(self.est_ns);
         // `completion` (a guard) completes with `Shutdown` if still held.

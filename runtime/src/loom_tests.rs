@@ -55,14 +55,12 @@ impl Wake for Signal {
     }
 }
 
+fn pending_storage() -> Storage {
+    Storage::pending(DType::F32, 1, Device::Cpu(0), Some(StreamId(0)), 0)
+}
+
 fn pending() -> Arc<Storage> {
-    Arc::new(Storage::pending(
-        DType::F32,
-        1,
-        Device::Cpu(0),
-        Some(StreamId(0)),
-        0,
-    ))
+    Arc::new(pending_storage())
 }
 
 fn host(v: f32) -> Ready {
@@ -132,7 +130,7 @@ fn storage_donation_races_reader() {
         s.publish(host(5.0));
         let s2 = s.clone();
         let reader = thread::spawn(move || s2.try_ready().unwrap().map(|r| value(&r)));
-        let took = s.take_unique();
+        let took = s.take_buffer_for_test();
         let read = reader.join().unwrap();
         match (took, read) {
             (Some(b), Err(_)) => assert_eq!(b.cpu::<f32>().unwrap()[0], 5.0),
@@ -147,6 +145,60 @@ fn storage_donation_races_reader() {
             (Some(_), Ok(v)) => assert_eq!(v, 5.0),
             (None, Err(e)) => panic!("donation declined but the reader saw {e}"),
         }
+    });
+}
+
+/// Donation while the producing op's envelope still holds the storage (rule 3): the
+/// envelope's handle is not counted while its flag is set, and the envelope clears the
+/// flag (under the slot's lock) before its handle goes. With another user handle alive
+/// the whole time, no interleaving of the envelope's release with the donation check may
+/// donate; once that handle and the envelope are gone, the donor's handle is the last
+/// and donation takes the buffer.
+#[test]
+fn storage_donation_ignores_only_the_producer_handle() {
+    loom::model(|| {
+        let donor = Arc::new(pending_storage().held_by_producer());
+        donor.publish(host(2.0));
+        let envelope = donor.clone();
+        let other = donor.clone();
+        let producer = thread::spawn(move || {
+            envelope.release_producer();
+            drop(envelope);
+        });
+        let took = Storage::take_unique(&donor);
+        assert!(
+            took.is_none(),
+            "donated while another handle to the storage was alive"
+        );
+        producer.join().unwrap();
+        assert!(
+            matches!(donor.try_ready(), Some(Ok(_))),
+            "a declined donation lost the buffer"
+        );
+        drop(other);
+        let took = Storage::take_unique(&donor).expect("the last handle donates");
+        assert_eq!(took.cpu::<f32>().unwrap()[0], 2.0);
+    });
+}
+
+/// With only the donor's handle and the producer's envelope, the donation succeeds while
+/// the envelope holds its flag or after it has gone, and declines only in between; it
+/// never loses the buffer.
+#[test]
+fn storage_donation_during_producer_release() {
+    loom::model(|| {
+        let donor = Arc::new(pending_storage().held_by_producer());
+        donor.publish(host(4.0));
+        let envelope = donor.clone();
+        let producer = thread::spawn(move || {
+            envelope.release_producer();
+            drop(envelope);
+        });
+        match Storage::take_unique(&donor) {
+            Some(b) => assert_eq!(b.cpu::<f32>().unwrap()[0], 4.0),
+            None => assert!(matches!(donor.try_ready(), Some(Ok(_)))),
+        }
+        producer.join().unwrap();
     });
 }
 

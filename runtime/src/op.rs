@@ -8,6 +8,7 @@ use crate::dtype::DType;
 use crate::error::{CaptureHazard, Error, Result};
 use crate::settings::Settings;
 use crate::shape::Shape;
+use crate::storage::Storage;
 use crate::tensor::Tensor;
 
 /// The storages an op declared in `inputs`, by address (inline up to 8: no allocation
@@ -296,18 +297,19 @@ impl<'a> ExecCx<'a> {
         }
     }
     /// Takes a donated input's memory for in-place use, if `t` is the last handle to it
-    /// (rule 3 of the storage protocol, `runtime/src/storage.rs`). Returns `None` when
-    /// another handle or a pending reader can still see it: then allocate instead. The
+    /// (rule 3 of the storage protocol, `runtime/src/storage.rs`; the producing op's own
+    /// keep-alive does not count, so this works while that op still runs). Returns `None`
+    /// when another handle or a pending reader can still see it: then allocate instead. The
     /// tensor is unusable afterwards. On CUDA, memory produced on another stream is
     /// bound to this op's stream: dropped by the op (say, as it fails), it is freed
     /// stream-ordered after the kernels the op enqueued, never handed to another
     /// stream's next allocation while they may still use it.
     pub fn donate(&mut self, t: &mut Tensor) -> Option<Buffer> {
         // A graph replays its ops again and again: their inputs stay its own.
-        if self.slots.is_some() || !t.is_unique() {
+        if self.slots.is_some() {
             return None;
         }
-        let taken = t.storage().take_unique();
+        let taken = Storage::take_unique(t.storage());
         self.donated |= taken.is_some();
         match (taken, &self.backend) {
             // Memory of another stream (its producer's) would go back to that stream's

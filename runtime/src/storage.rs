@@ -13,9 +13,16 @@
 //!    `Pending` (never spinning). A consumer on another CUDA stream then makes its stream
 //!    wait on the ready event; on the CPU backend `Ready` already means computed.
 //! 3. `Ready` is immutable, except by donation: an op holding the only handle to a
-//!    storage (`Arc::strong_count == 1`, checked by the actor at execution time) may take
-//!    the buffer out (state `Donated`) and write it in place. Uniqueness means no other
-//!    tensor handle and no pending reader's keep-alive can see the memory.
+//!    storage may take the buffer out (state `Donated`) and write it in place. Checked by
+//!    the actor at execution time, under the slot's lock: no other tensor handle and no
+//!    pending reader's keep-alive can see the memory. The one handle not counted is the
+//!    producing op's own keep-alive (`producer_holds`, cleared under the same lock before
+//!    that handle goes): a consumer runs after its producer's kernels (same stream) or
+//!    makes its stream wait on the producer's event first, so writing in place is
+//!    ordered after the producer; and the memory, now the consumer's, is freed only
+//!    after the consumer's completion, which comes after the producer's. So an update
+//!    submitted right after the op that produced its operand (an optimizer step after
+//!    the previous one, a chain of element-wise ops) works in place without waiting.
 //! 4. The storage (and so the buffer) is freed when the last handle goes: user tensors,
 //!    and the keep-alives that each op holds on its inputs and outputs until its
 //!    completion is observed. Memory is therefore never freed under a running kernel.
@@ -26,7 +33,7 @@ use crate::device::{Device, StreamId};
 use crate::driver::event::PooledEvent;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering, WaitCv};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering, WaitCv};
 
 #[cfg(not(loom))]
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -90,6 +97,9 @@ pub(crate) struct Storage {
     /// Set (after the slot) once the slot has left `Pending`: a lock-free answer for
     /// `Tensor::is_published`, which submitters ask about every input.
     settled: AtomicBool,
+    /// Whether the producing op's envelope still holds a handle (rule 3): written and
+    /// read only under `slot`'s lock.
+    producer_holds: AtomicBool,
 }
 
 impl Storage {
@@ -110,8 +120,24 @@ impl Storage {
             runtime,
             slot: Mutex::new(Slot::Pending),
             settled: AtomicBool::new(false),
+            producer_holds: AtomicBool::new(false),
             cv: WaitCv::new(),
         }
+    }
+
+    /// Marks a pending storage as held by its producer's envelope until that lets go
+    /// ([`Storage::release_producer`]); donation does not count that handle (rule 3).
+    pub(crate) fn held_by_producer(self) -> Self {
+        self.producer_holds.store(true, Ordering::Relaxed);
+        self
+    }
+
+    /// The producer's envelope is about to drop its handle: from now on every handle
+    /// counts. Called before the handle goes, under the slot's lock, so that a
+    /// concurrent [`Storage::take_unique`] never subtracts a handle that is gone.
+    pub(crate) fn release_producer(&self) {
+        let _g = lock(&self.slot);
+        self.producer_holds.store(false, Ordering::Relaxed);
     }
 
     /// A storage that is ready at once (host data on the CPU backend).
@@ -183,23 +209,42 @@ impl Storage {
         }
     }
 
-    /// Takes the buffer out for in-place use (rule 3). The caller guarantees it holds the
-    /// only handle to this storage; the buffer is returned only if no transient reader
-    /// holds it either.
-    pub(crate) fn take_unique(&self) -> Option<Buffer> {
-        let mut g = lock(&self.slot);
-        if !matches!(*g, Slot::Ready(_)) {
+    /// Takes the buffer out for in-place use (rule 3), if `s` is ready and the caller's
+    /// handle is the only one besides the producer's keep-alive; the buffer is returned
+    /// only if no transient reader holds it either.
+    pub(crate) fn take_unique(s: &Arc<Storage>) -> Option<Buffer> {
+        let mut g = lock(&s.slot);
+        // Under the lock the producer's flag cannot clear, so while it is set its handle
+        // is still counted (it goes only after `release_producer`).
+        let producer = usize::from(s.producer_holds.load(Ordering::Relaxed));
+        if Arc::strong_count(s) != 1 + producer {
             return None;
         }
-        let Slot::Ready(r) = std::mem::replace(&mut *g, Slot::Donated) else {
+        Storage::take_buffer(&mut g)
+    }
+
+    /// The buffer of a `Ready` slot (the caller has checked the handles), unless a
+    /// transient reader holds it: then the slot stays `Ready`.
+    fn take_buffer(g: &mut MutexGuard<'_, Slot>) -> Option<Buffer> {
+        if !matches!(**g, Slot::Ready(_)) {
+            return None;
+        }
+        let Slot::Ready(r) = std::mem::replace(&mut **g, Slot::Donated) else {
             return None;
         };
         match Arc::try_unwrap(r.buf) {
             Ok(buf) => Some(buf),
             Err(buf) => {
-                *g = Slot::Ready(Ready { buf, mark: r.mark });
+                **g = Slot::Ready(Ready { buf, mark: r.mark });
                 None
             }
         }
+    }
+
+    /// [`Storage::take_unique`] without the handle count, for the loom model of the
+    /// buffer's transient readers.
+    #[cfg(all(test, loom))]
+    pub(crate) fn take_buffer_for_test(&self) -> Option<Buffer> {
+        Storage::take_buffer(&mut lock(&self.slot))
     }
 }

@@ -92,7 +92,8 @@ impl Tensor {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
     /// Whether this handle is the only one to its storage (so donating it lets the op
-    /// write in place).
+    /// write in place). Until the op that produced it has completed, that op's own
+    /// keep-alive counts here, though it does not stop a donation (`storage.rs`, rule 3).
     pub fn is_unique(&self) -> bool {
         Arc::strong_count(&self.storage) == 1
     }

@@ -30,7 +30,10 @@
 //!
 //! A tensor's memory is dropped when its last handle goes, and every op keeps its
 //! inputs and outputs alive until its completion has been observed, so by then no
-//! kernel on any stream uses the block. The exception is an op that fails after
+//! kernel on any stream uses the block. (A consumer may take a producer's output in
+//! place while the producer still runs, `storage.rs` rule 3: the memory is then the
+//! consumer's, kept until the consumer's completion, which the device orders after the
+//! producer's.) The exception is an op that fails after
 //! enqueueing work: its outputs are dropped only after its stream has been synchronized
 //! (`actor::execute`). A cached block is therefore idle on every stream, and is handed
 //! out on its own stream first, on another stream of its device when that one has no

@@ -465,13 +465,16 @@ impl Runtime {
             .outputs
             .iter()
             .map(|s| {
-                Arc::new(Storage::pending(
-                    s.dtype,
-                    s.shape.numel(),
-                    device,
-                    Some(stream),
-                    self.inner.id,
-                ))
+                Arc::new(
+                    Storage::pending(
+                        s.dtype,
+                        s.shape.numel(),
+                        device,
+                        Some(stream),
+                        self.inner.id,
+                    )
+                    .held_by_producer(),
+                )
             })
             .collect();
         let tensors = plan
