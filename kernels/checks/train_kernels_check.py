@@ -25,7 +25,8 @@ compared bit for bit), elementwise.cu (add, exp: only timed, at several grid siz
    16-byte vector per thread, is rtx_kernels::launch::elementwise_grid's). Rows tagged
    grid=occ (SMs x blocks per SM at the kernel's occupancy), LN_*= / CE_U= (compile-time
    variants of norm.cu / loss.cu; RTX_MT_* of optim.cu, EMB_* of embedding.cu) are
-   experiments. "copy ref" rows: a torch copy_ moving the same bytes as the case before
+   experiments (each LN_*= variant is also run through the correctness check, its rows
+   tagged [LN_*=...]). "copy ref" rows: a torch copy_ moving the same bytes as the case before
    it, in the same run (what a transfer of that size reaches). Timings put a ~1 ms GPU
    spin before each start event, so that the host's launch overhead is not timed. The per-tensor AdamW forms are bound
    here by Python's launch overhead (148 cupy launches).
@@ -190,12 +191,15 @@ def ln_chunking(rows, d):
 class LN:
     """fused: the backward as ln_bwd_fused (dx + per-block partials, grid SMs x
     fused_blocks) + ln_bwd_final, as ops/src/norm/cuda.rs does on the register path;
-    otherwise the three-kernel path (dx, part, final)."""
-    def __init__(self, mod, mode="rust", fused=True, fused_blocks=2):
+    otherwise the three-kernel path (dx, part, final). fused_nv: the module's LN_FUSED_NV
+    (vectors per thread of ln_bwd_fused; its register path needs d / V <= 256 x fused_nv,
+    else the three-kernel path is taken, as the launcher's gate would have to)."""
+    def __init__(self, mod, mode="rust", fused=True, fused_blocks=2, fused_nv=4):
         self.m = mod
         self.mode = mode
         self.fused = fused
         self.fused_blocks = fused_blocks
+        self.fused_nv = fused_nv
 
     def fwd(self, x, g, b, y, mean, rstd, eps=1e-5):
         rows, d = x.shape
@@ -207,7 +211,7 @@ class LN:
     def fused_ok(self, x):
         v = 16 // x.element_size()
         d = x.shape[1]
-        return d % v == 0 and d // v <= BLOCK * 4 and d <= 8192
+        return d % v == 0 and d // v <= BLOCK * self.fused_nv and d <= 8192
 
     def bwd(self, dy, x, mean, rstd, g, dx, dg, db, scratch):
         rows, d = x.shape
@@ -248,7 +252,7 @@ def ln_inputs(rows, d, dt):
     return x, g, b, dy
 
 
-def check_ln(ln_fused):
+def check_ln(ln_fused, tag=""):
   for ln in (ln_fused, LN(ln_fused.m, fused=False)):
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         for rows, d in ((67, 768), (33, 4096), (19, 1000), (21, 771), (9, 2048), (5, 8192), (40, 96), (7, 1)):
@@ -266,7 +270,7 @@ def check_ln(ln_fused):
             mr = xd.detach().mean(-1)
             rr = (xd.detach().var(-1, unbiased=False) + 1e-5).rsqrt()
             tol = 1e-4 if dt == torch.float32 else 2e-2
-            check("ln %s %dx%d%s" % (tname(dt), rows, d, "" if ln.fused else " 3-kernel bwd"),
+            check("%sln %s %dx%d%s" % (tag, tname(dt), rows, d, "" if ln.fused else " 3-kernel bwd"),
                   {"y": rel(y, yr), "mean": rel(mean, mr), "rstd": rel(rstd, rr),
                    "dx": rel(dx, dxr), "dg": rel(dg, dgr), "db": rel(db, dbr)}, tol)
 
@@ -752,14 +756,29 @@ def main():
                 print("old %s: %s" % (name, str(e)[:300]))
     ln_vars = []
     if "ln" in only and not args.no_bench:
+        # (norm.cu defines, ln_bwd_fused's grid in blocks per SM: its LN_FUSED_BLOCKS).
+        # LN_FUSED_NV=2: a row of bf16 d = 4096 per block (2 vectors per thread, 80 regs
+        # fit 3 blocks per SM); LN_BWD_PREFETCH: the next row's dy / x loads in flight
+        # during this row's reductions; LN_PAIR_SUM (1 by default since 2026-12-02; 0
+        # here is the earlier default): one barrier pair per row's two sums.
         for dfn, fb in (({"LN_PREFETCH": 1}, 2), ({"LN_PREFETCH": 1, "LN_MIN_BLOCKS": 3}, 2),
-                        ({"LN_MIN_BLOCKS": 2}, 2), ({"LN_FUSED_BLOCKS": 1}, 1), ({}, 4)):
+                        ({"LN_MIN_BLOCKS": 2}, 2), ({"LN_FUSED_BLOCKS": 1}, 1), ({}, 4),
+                        ({"LN_PAIR_SUM": 0}, 2),
+                        ({"LN_FUSED_NV": 2}, 2),
+                        ({"LN_FUSED_NV": 2, "LN_FUSED_BLOCKS": 3}, 3),
+                        ({"LN_FUSED_NV": 2, "LN_FUSED_BLOCKS": 3, "LN_PAIR_SUM": 1}, 3),
+                        ({"LN_BWD_PREFETCH": 1, "LN_FUSED_NV": 2}, 2),
+                        ({"LN_BWD_PREFETCH": 1, "LN_FUSED_NV": 2, "LN_PAIR_SUM": 1}, 2),
+                        ({"LN_BWD_PREFETCH": 1, "LN_FUSED_BLOCKS": 1}, 1),
+                        ({"LN_BWD_PREFETCH": 2, "LN_FUSED_NV": 2, "LN_MIN_BLOCKS": 2, "LN_PAIR_SUM": 1}, 2),
+                        ({"LN_NV": 2, "LN_PREFETCH": 1}, 2)):
             try:
                 mod = Module("norm", defines=dfn)
-                for kn in ("ln_fwd_bf16", "ln_bwd_fused_bf16"):
+                for kn in ("ln_fwd_bf16", "ln_bwd_dx_bf16", "ln_bwd_fused_bf16"):
                     print("  variant %s %s: %s" % (dfn, kn, mod.regs(kn)))
+                fnv = dfn.get("LN_FUSED_NV", dfn.get("LN_NV", 4))
                 ln_vars.append((",".join("%s=%s" % kv for kv in dfn.items()) + " fgrid=%dxSM" % fb,
-                                LN(mod, fused_blocks=fb)))
+                                LN(mod, fused_blocks=fb, fused_nv=fnv)))
             except Exception as e:  # noqa: BLE001
                 print("variant %s: %s" % (dfn, str(e)[:300]))
     ce_vars = []
@@ -811,6 +830,12 @@ def main():
                     print("CHECK ERROR %s: %r" % (flag, e), flush=True)
                     FAILS.append("check " + flag)
     if not args.no_check:
+        for tag, k in ln_vars:
+            try:
+                check_ln(k, "[%s] " % tag)
+            except Exception as e:  # noqa: BLE001
+                print("CHECK ERROR ln %s: %r" % (tag, e), flush=True)
+                FAILS.append("check ln " + tag)
         for tag, k in emb_vars:
             try:
                 check_emb(k)

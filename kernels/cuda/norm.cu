@@ -48,6 +48,27 @@
 // (a block per row, rereading the row from memory).
 // ln_bwd_part reads 16-byte vectors (V columns per thread, V row groups per block,
 // combined in shared memory in a fixed order) under the same alignment condition.
+//
+// Compile-time variants (-D; the defaults are the behaviour above; the launcher's
+// constants in ops/src/norm/cuda.rs must follow any that it adopts):
+//   LN_NV (4): most 16-byte vectors of a row per thread (sets the group size and the
+//     register-path limit nv <= blockDim.x * LN_NV). LN_MIN_BLOCKS (4): fwd / dx launch
+//     bound. LN_PREFETCH (0): fwd, the next row's loads issued before this row's
+//     reductions. LN_FUSED_BLOCKS (2): ln_bwd_fused's launch bound (its grid: SMs x it).
+//   LN_FUSED_NV (LN_NV): ln_bwd_fused's vectors per thread: its group size (ln_group
+//     with LN_FUSED_NV), its register arrays (row and partials: 4 x LN_FUSED_NV x V
+//     floats' worth) and its register-path limit nv <= blockDim.x * LN_FUSED_NV (2: bf16
+//     d = 4096 by a whole block, 2 vectors per thread; bf16 d > 4096 then writes NaN
+//     partials, so the launcher's fused gate must use LN_FUSED_NV).
+//   LN_BWD_PREFETCH (0): 1: ln_bwd_fused, 2: ln_bwd_fused and ln_bwd_dx load the next
+//     row's dy, x, mean, rstd (into registers) before this row's reductions, so that
+//     loads stay in flight through them (twice the row registers). Same results.
+//   LN_PAIR_SUM (1): the backward's two row sums (sum g, sum g * xh) reduced together,
+//     one pair of barriers instead of two; each is added in the same order, so the
+//     results are bit for bit those of 0 (the sums one after the other). On the H200
+//     (kernels/checks/train_kernels_check.py, 2026-12-02) the bf16 backward at 8192 x
+//     4096 took 0.0909 ms with it against 0.0942 without, at 8192 x 768 0.0348 against
+//     0.0355; the other variants listed there were no faster.
 
 #include "common.cuh"
 
@@ -68,6 +89,15 @@ using namespace rtx;
 #ifndef LN_FUSED_BLOCKS
 #define LN_FUSED_BLOCKS 2  // ln_bwd_fused: blocks per SM (its grid; at most 128 registers)
 #endif
+#ifndef LN_BWD_PREFETCH
+#define LN_BWD_PREFETCH 0  // 1: ln_bwd_fused, 2: and ln_bwd_dx, load the next row before reducing this one
+#endif
+#ifndef LN_FUSED_NV
+#define LN_FUSED_NV LN_NV  // ln_bwd_fused: most 16-byte vectors of a row per thread
+#endif
+#ifndef LN_PAIR_SUM
+#define LN_PAIR_SUM 1  // ln_bwd_fused, ln_bwd_dx: the row's two sums reduced together
+#endif
 
 namespace {
 
@@ -75,9 +105,9 @@ namespace {
 // blockDim.x): the fewest that hold the row at LN_NV vectors per thread, so that each
 // thread keeps several 16-byte loads in flight and a block works on blockDim.x / gn rows
 // at once. Group gi of the block is warps [gi * gn / 32, (gi + 1) * gn / 32).
-__device__ __forceinline__ unsigned ln_group(size_t nv) {
+__device__ __forceinline__ unsigned ln_group(size_t nv, unsigned per_thread = LN_NV) {
     unsigned gn = 32;
-    while (gn < blockDim.x && (size_t)gn * LN_NV < nv) gn *= 2;
+    while (gn < blockDim.x && (size_t)gn * per_thread < nv) gn *= 2;
     return gn;
 }
 
@@ -98,6 +128,22 @@ __device__ __forceinline__ float group_sum(float v, unsigned gi, unsigned gn, fl
     float t = 0.0f;
     for (unsigned k = 0; k < nw; ++k) t += sm[w0 + k];
     return t;
+}
+
+// group_sum of a and of b at once (one pair of barriers instead of two), each summed in
+// group_sum's order, so the results are bit for bit group_sum's. sm: 64 floats.
+__device__ __forceinline__ void group_sum2(float& a, float& b, unsigned gi, unsigned gn, float* sm) {
+    a = warp_reduce(a, AddOp());
+    b = warp_reduce(b, AddOp());
+    if (gn == 32) return;
+    const unsigned w0 = gi * (gn >> 5), nw = gn >> 5;
+    if (gn == blockDim.x) __syncthreads(); else group_bar(gi, gn);
+    if (lane_id() == 0) { sm[threadIdx.x >> 5] = a; sm[32 + (threadIdx.x >> 5)] = b; }
+    if (gn == blockDim.x) __syncthreads(); else group_bar(gi, gn);
+    float ta = 0.0f, tb = 0.0f;
+    for (unsigned k = 0; k < nw; ++k) { ta += sm[w0 + k]; tb += sm[32 + w0 + k]; }
+    a = ta;
+    b = tb;
 }
 
 // ---- row in registers -----------------------------------------------------------------
@@ -160,25 +206,33 @@ __device__ __forceinline__ void ln_fwd_row(const uint4* raw, const T* gamma, con
     }
 }
 
-// One row of dx by a group of `gn` threads (lane `gl`). With ACC, also adds the row's
-// dy * xh and dy to ag, ab (this thread's columns: vector gl + k * gn, element e).
-template <typename T, bool ACC>
-__device__ __forceinline__ void ln_dx_row(const T* dyr, const T* xr, const T* gamma, T* dxr, size_t nv,
-                                          float inv_d, float m, float rs, unsigned gl, unsigned gi, unsigned gn,
-                                          float* sm, float (*ag)[Ty<T>::V], float (*ab)[Ty<T>::V]) {
+// The row's dy and x vectors this thread holds (NV per thread, as ln_load_row).
+template <typename T, int NV>
+__device__ __forceinline__ void ln_load_dx(const T* dyr, const T* xr, size_t nv, unsigned gl, unsigned gn,
+                                           uint4* rdy, uint4* rx) {
     constexpr int V = Ty<T>::V;
-    uint4 rdy[LN_NV], rx[LN_NV];
 #pragma unroll
-    for (int k = 0; k < LN_NV; ++k) {
+    for (int k = 0; k < NV; ++k) {
         const size_t i = gl + (size_t)k * gn;
         if (i < nv) {
             rdy[k] = ldg16(dyr + i * V);
             rx[k] = ldg16(xr + i * V);
         }
     }
+}
+
+// One row of dx by a group of `gn` threads (lane `gl`), its dy and x already in rdy, rx
+// (ln_load_dx, NV vectors per thread). With ACC, also adds the row's dy * xh and dy to
+// ag, ab (this thread's columns: vector gl + k * gn, element e). sm: 32 floats (64 with
+// LN_PAIR_SUM).
+template <typename T, bool ACC, int NV>
+__device__ __forceinline__ void ln_dx_regs(const uint4* rdy, const uint4* rx, const T* gamma, T* dxr, size_t nv,
+                                           float inv_d, float m, float rs, unsigned gl, unsigned gi, unsigned gn,
+                                           float* sm, float (*ag)[Ty<T>::V], float (*ab)[Ty<T>::V]) {
+    constexpr int V = Ty<T>::V;
     float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
-    for (int k = 0; k < LN_NV; ++k) {
+    for (int k = 0; k < NV; ++k) {
         const size_t i = gl + (size_t)k * gn;
         if (i < nv) {
             float fd[V], fx[V], g[V];
@@ -193,10 +247,16 @@ __device__ __forceinline__ void ln_dx_row(const T* dyr, const T* xr, const T* ga
             }
         }
     }
+#if LN_PAIR_SUM
+    group_sum2(sg, sgx, gi, gn, sm);
+    const float mg = sg * inv_d;
+    const float mgx = sgx * inv_d;
+#else
     const float mg = group_sum(sg, gi, gn, sm) * inv_d;
     const float mgx = group_sum(sgx, gi, gn, sm) * inv_d;
+#endif
 #pragma unroll
-    for (int k = 0; k < LN_NV; ++k) {
+    for (int k = 0; k < NV; ++k) {
         const size_t i = gl + (size_t)k * gn;
         if (i < nv) {
             float fd[V], fx[V], g[V];
@@ -215,6 +275,104 @@ __device__ __forceinline__ void ln_dx_row(const T* dyr, const T* xr, const T* ga
             }
             store_vec<T, V>(dxr + i * V, fd);
         }
+    }
+}
+
+// One row of dx by a group of `gn` threads (lane `gl`), NV vectors per thread. With ACC, also adds the row's
+// dy * xh and dy to ag, ab (this thread's columns: vector gl + k * gn, element e).
+template <typename T, bool ACC, int NV = LN_NV>
+__device__ __forceinline__ void ln_dx_row(const T* dyr, const T* xr, const T* gamma, T* dxr, size_t nv,
+                                          float inv_d, float m, float rs, unsigned gl, unsigned gi, unsigned gn,
+                                          float* sm, float (*ag)[Ty<T>::V], float (*ab)[Ty<T>::V]) {
+    constexpr int V = Ty<T>::V;
+    uint4 rdy[NV], rx[NV];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const size_t i = gl + (size_t)k * gn;
+        if (i < nv) {
+            rdy[k] = ldg16(dyr + i * V);
+            rx[k] = ldg16(xr + i * V);
+        }
+    }
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const size_t i = gl + (size_t)k * gn;
+        if (i < nv) {
+            float fd[V], fx[V], g[V];
+            Ty<T>::unpack(rdy[k], fd);
+            Ty<T>::unpack(rx[k], fx);
+            load_vec<T, V>(gamma + i * V, g);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float gg = fd[e] * g[e];
+                sg += gg;
+                sgx += gg * (fx[e] - m) * rs;
+            }
+        }
+    }
+#if LN_PAIR_SUM
+    group_sum2(sg, sgx, gi, gn, sm);
+    const float mg = sg * inv_d;
+    const float mgx = sgx * inv_d;
+#else
+    const float mg = group_sum(sg, gi, gn, sm) * inv_d;
+    const float mgx = group_sum(sgx, gi, gn, sm) * inv_d;
+#endif
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const size_t i = gl + (size_t)k * gn;
+        if (i < nv) {
+            float fd[V], fx[V], g[V];
+            Ty<T>::unpack(rdy[k], fd);
+            Ty<T>::unpack(rx[k], fx);
+            load_vec<T, V>(gamma + i * V, g);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float gg = fd[e] * g[e];
+                const float xh = (fx[e] - m) * rs;
+                if constexpr (ACC) {
+                    ag[k][e] += fd[e] * xh;
+                    ab[k][e] += fd[e];
+                }
+                fd[e] = rs * (gg - mg - xh * mgx);
+            }
+            store_vec<T, V>(dxr + i * V, fd);
+        }
+    }
+}
+
+// LN_BWD_PREFETCH's loop: rows row0, row0 + stride, ... below rows of dx (and with ACC
+// the sums of ln_dx_regs) by a group of `gn` threads (lane `gl`), NV vectors per thread;
+// the next row's dy, x, mean and rstd are loaded before this row's reductions (twice
+// the row registers), so that loads stay in flight through them.
+template <typename T, bool ACC, int NV>
+__device__ __forceinline__ void ln_dx_rows_prefetch(const T* dy, const T* x, const float* mean, const float* rstd,
+                                           const T* gamma, T* dx, size_t rows, size_t d, size_t row0,
+                                           size_t stride, size_t nv, float inv_d, unsigned gl, unsigned gi,
+                                           unsigned gn, float* sm, float (*ag)[Ty<T>::V],
+                                           float (*ab)[Ty<T>::V]) {
+    uint4 rdy[NV], rx[NV];
+    float m = 0.0f, rs = 0.0f;
+    if (row0 < rows) {
+        ln_load_dx<T, NV>(dy + row0 * d, x + row0 * d, nv, gl, gn, rdy, rx);
+        m = __ldg(mean + row0);
+        rs = __ldg(rstd + row0);
+    }
+    for (size_t row = row0; row < rows; row += stride) {
+        uint4 ndy[NV], nx[NV];
+        float nm = 0.0f, nrs = 0.0f;
+        const size_t nr = row + stride;
+        if (nr < rows) {
+            ln_load_dx<T, NV>(dy + nr * d, x + nr * d, nv, gl, gn, ndy, nx);
+            nm = __ldg(mean + nr);
+            nrs = __ldg(rstd + nr);
+        }
+        ln_dx_regs<T, ACC, NV>(rdy, rx, gamma, dx + row * d, nv, inv_d, m, rs, gl, gi, gn, sm, ag, ab);
+#pragma unroll
+        for (int k = 0; k < NV; ++k) { rdy[k] = ndy[k]; rx[k] = nx[k]; }
+        m = nm;
+        rs = nrs;
     }
 }
 
@@ -309,13 +467,18 @@ __device__ __forceinline__ void ln_bwd_dx(const T* dy, const T* x, const float* 
     const bool vec = d % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(gamma);
     const size_t nv = d / V;
     if (vec && nv <= (size_t)blockDim.x * LN_NV) {
-        __shared__ float sm[32];
+        __shared__ float sm[LN_PAIR_SUM ? 64 : 32];
         const unsigned gn = ln_group(nv), gpb = blockDim.x / gn, gi = threadIdx.x / gn, gl = threadIdx.x % gn;
+#if LN_BWD_PREFETCH >= 2
+        ln_dx_rows_prefetch<T, false, LN_NV>(dy, x, mean, rstd, gamma, dx, rows, d, (size_t)blockIdx.x * gpb + gi,
+                                             (size_t)gridDim.x * gpb, nv, inv_d, gl, gi, gn, sm, nullptr, nullptr);
+#else
         for (size_t row = (size_t)blockIdx.x * gpb + gi; row < rows; row += (size_t)gridDim.x * gpb) {
             const size_t o = row * d;
             ln_dx_row<T, false>(dy + o, x + o, gamma, dx + o, nv, inv_d, __ldg(mean + row), __ldg(rstd + row), gl,
                                 gi, gn, sm, nullptr, nullptr);
         }
+#endif
     } else {
         for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
             const size_t o = row * d;
@@ -419,31 +582,37 @@ __device__ __forceinline__ void ln_bwd_fused(const T* dy, const T* x, const floa
     const bool vec = d % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(gamma);
     const size_t nv = d / V;
     __shared__ float red[LN_RED];
-    if (!(vec && nv <= (size_t)blockDim.x * LN_NV && d <= LN_RED)) {
+    if (!(vec && nv <= (size_t)blockDim.x * LN_FUSED_NV && d <= LN_RED)) {
         for (size_t j = threadIdx.x; j < d; j += blockDim.x) {
             part_g[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
             part_b[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
         }
         return;
     }
-    __shared__ float sm[32];
-    const unsigned gn = ln_group(nv), gpb = blockDim.x / gn, gi = threadIdx.x / gn, gl = threadIdx.x % gn;
-    float ag[LN_NV][V], ab[LN_NV][V];
+    __shared__ float sm[LN_PAIR_SUM ? 64 : 32];
+    const unsigned gn = ln_group(nv, LN_FUSED_NV), gpb = blockDim.x / gn, gi = threadIdx.x / gn,
+                   gl = threadIdx.x % gn;
+    float ag[LN_FUSED_NV][V], ab[LN_FUSED_NV][V];
 #pragma unroll
-    for (int k = 0; k < LN_NV; ++k)
+    for (int k = 0; k < LN_FUSED_NV; ++k)
 #pragma unroll
         for (int e = 0; e < V; ++e) { ag[k][e] = 0.0f; ab[k][e] = 0.0f; }
+#if LN_BWD_PREFETCH
+    ln_dx_rows_prefetch<T, true, LN_FUSED_NV>(dy, x, mean, rstd, gamma, dx, rows, d, (size_t)blockIdx.x * gpb + gi,
+                                              (size_t)gridDim.x * gpb, nv, inv_d, gl, gi, gn, sm, ag, ab);
+#else
     for (size_t row = (size_t)blockIdx.x * gpb + gi; row < rows; row += (size_t)gridDim.x * gpb) {
         const size_t o = row * d;
-        ln_dx_row<T, true>(dy + o, x + o, gamma, dx + o, nv, inv_d, __ldg(mean + row), __ldg(rstd + row), gl, gi,
-                           gn, sm, ag, ab);
+        ln_dx_row<T, true, LN_FUSED_NV>(dy + o, x + o, gamma, dx + o, nv, inv_d, __ldg(mean + row),
+                                        __ldg(rstd + row), gl, gi, gn, sm, ag, ab);
     }
+#endif
     // Groups in order: red = group 0's sums, then + group 1's, ...; then the row out.
     for (int which = 0; which < 2; ++which) {
         for (unsigned g = 0; g < gpb; ++g) {
             if (gi == g) {
 #pragma unroll
-                for (int k = 0; k < LN_NV; ++k) {
+                for (int k = 0; k < LN_FUSED_NV; ++k) {
                     const size_t i = gl + (size_t)k * gn;
                     if (i < nv) {
 #pragma unroll
