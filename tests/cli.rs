@@ -6,12 +6,27 @@ use std::process::{Command, Output};
 /// The `rtx` binary: `RTX_BIN` when set (a GPU host runs the staged copy, where the
 /// build machine's path does not exist: `benches/gpu/run tests` sets it), else the one
 /// Cargo built.
+fn bin() -> std::ffi::OsString {
+    std::env::var_os("RTX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_rtx").into())
+}
+
 fn rtx(args: &[&str]) -> Output {
-    let bin = std::env::var_os("RTX_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_rtx").into());
-    Command::new(bin)
+    Command::new(bin())
         .args(args)
         .output()
         .expect("the rtx binary runs")
+}
+
+/// The start of the usage line: clap names the program by its file name (`rtx`, or the
+/// staged copy's `bin-rtx`).
+fn usage() -> String {
+    let bin = bin();
+    let name = std::path::Path::new(&bin)
+        .file_name()
+        .expect("the binary's path names a file")
+        .to_string_lossy()
+        .into_owned();
+    format!("Usage: {name}")
 }
 
 fn text(b: &[u8]) -> String {
@@ -23,7 +38,7 @@ fn help_is_on_stdout_and_exits_0() {
     let out = rtx(&["--help"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    assert!(stdout.contains("Usage: rtx"), "no usage line in {stdout:?}");
+    assert!(stdout.contains(&usage()), "no usage line in {stdout:?}");
     for sub in ["info", "demo", "bench"] {
         assert!(
             stdout.contains(sub),
@@ -32,7 +47,7 @@ fn help_is_on_stdout_and_exits_0() {
     }
     let sub = rtx(&["demo", "--help"]);
     assert_eq!(sub.status.code(), Some(0));
-    assert!(text(&sub.stdout).contains("Usage: rtx demo"));
+    assert!(text(&sub.stdout).contains(&format!("{} demo", usage())));
 }
 
 #[test]

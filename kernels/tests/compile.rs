@@ -142,11 +142,24 @@ fn every_kernel_compiles_to_cubin_for_sm_90() {
             .collect()
     });
     let mut failures = Vec::new();
-    for (program, result) in &results {
+    for (program, result) in results {
+        // On the GPU host (CUDA 13.0's NVRTC) one program's verbose log once came back
+        // empty from the parallel batch while its CUBIN was fine: compile such a
+        // program again on its own, and say so, before judging its report.
+        let result = match result {
+            Ok(built) if built.resources().is_empty() => {
+                println!(
+                    "{}: no ptxas report from the parallel batch (log: {:?}); compiling it alone",
+                    program.name, built.log
+                );
+                compile(program, Arch::SM_90, &opts)
+            }
+            other => other,
+        };
         match result {
             Ok(built) => {
-                print_report(program, built);
-                failures.extend(check_program(program, built));
+                print_report(program, &built);
+                failures.extend(check_program(program, &built));
             }
             Err(e) => failures.push(e.to_string()),
         }

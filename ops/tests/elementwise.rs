@@ -269,10 +269,11 @@ backend_test!(chain_donates_while_the_producer_runs, |rt, label| {
     let b = rand_vec::<f32>(&mut r, n, -1.0, 1.0);
     let tb = upload(rt, &b, &[n]);
     let s = rt.compute_streams(rt.device())[0];
+    // The first step may allocate (its operand is an upload): count from after it.
     let mut x = rt
         .submit_on(s, ew::add_(upload(rt, &a, &[n]), &tb))
         .unwrap()
-        .into_outputs()
+        .wait()
         .unwrap();
     rt.reset_stats();
     for _ in 1..steps {
@@ -282,8 +283,11 @@ backend_test!(chain_donates_while_the_producer_runs, |rt, label| {
             .into_outputs()
             .unwrap();
     }
-    let got = download::<f32>(rt, &x);
+    // Every step has run on the stream's actor once its marker completes; the download
+    // comes after the count.
+    rt.mark(s).unwrap().wait().unwrap();
     let st = rt.stats().block_cache;
+    let got = download::<f32>(rt, &x);
     if label.starts_with("cuda") {
         assert_eq!(
             st.hits + st.misses,
