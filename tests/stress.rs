@@ -53,11 +53,15 @@ struct Tally {
     per_family: [usize; dag::FAMILIES],
 }
 
+/// Both runtimes plan their small GEMMs for the same share of the device (what the
+/// 8-stream runtime takes by default, `Builder::gemm_sm_share`): a different share can
+/// pick another cuBLASLt algorithm, whose rounding differs, and the check is bitwise.
 fn build(backend: &Backend, streams: usize, mailbox: usize) -> Runtime {
     Runtime::builder()
         .backend(backend.clone())
         .streams(streams)
         .mailbox(mailbox)
+        .gemm_sm_share(8)
         .build()
         .unwrap()
 }

@@ -198,7 +198,9 @@ impl Builder {
     /// Plan small GEMMs for 1/`n` of the device's multiprocessors, so that `n` streams'
     /// small GEMMs can run side by side (default 0: the number of compute streams per
     /// device; 1: the whole device; see the [settings table](crate::settings)).
-    /// `RTX_GEMM_SM_SHARE=<n>` overrides it.
+    /// `RTX_GEMM_SM_SHARE=<n>` overrides it. Two runtimes with different shares may
+    /// round small GEMMs differently (another cuBLASLt algorithm): give them the same
+    /// share where their results must be bitwise equal.
     pub fn gemm_sm_share(mut self, n: u32) -> Self {
         self.settings.gemm_sm_share = n;
         self
