@@ -93,7 +93,7 @@ pub use marker::Marker;
 pub use op::{BackendCx, BufferRef, Cost, ExecCx, Op, Outputs, Plan, PlanCx, TensorSpec};
 pub use runtime::graph::{Capture, Graph, Launch};
 pub use runtime::{Backend, BackendKind, Builder, Runtime, RuntimeInfo, Shutdown, Values};
-pub use settings::Settings;
+pub use settings::{Settings, SmallGemm};
 pub use shape::Shape;
 pub use stats::{CacheStats, PhaseStats, Stats};
 pub use submit_async::SubmitAsync;

@@ -19,6 +19,7 @@
 //! | [`programmatic_launch`](crate::Builder::programmatic_launch) | `RTX_PROGRAMMATIC_LAUNCH=0` turns off | on | On compute capability 9.0 and newer, the element-wise kernels captured into a graph ([`Runtime::capture`](crate::Runtime::capture)) launch as programmatic dependents (`cuLaunchKernelEx` with `PROGRAMMATIC_STREAM_SERIALIZATION`): in the graph each may start while the kernel before it finishes, and waits on the device for it before touching memory (measured on the H200: a chain of 1000 tiny adds replays at 0.86 µs per op instead of 1.38). Eager launches stay plain. |
 //! | [`gemm_tune`](crate::Builder::gemm_tune) | `RTX_GEMM_TUNE=1` turns on | off | Experimental. On CUDA, the first GEMM of each problem (shapes, dtype, epilogue, alignment) times up to 8 of cuBLASLt's candidate algorithms on its own buffers and keeps the fastest for the whole process (the op blocks its actor once per problem). Measured on the H200 it chose slower algorithms than the heuristic's first (small problems time the host's enqueue rate, large ones drift with the clock), hence off. Off, cuBLASLt's heuristic first runs: the same algorithm in every process, so results repeat bit for bit from run to run. Either way a problem runs the same algorithm on every stream. |
 //! | [`gemm_sm_share`](crate::Builder::gemm_sm_share) | `RTX_GEMM_SM_SHARE=<n>` | 0: the compute streams per device | On CUDA, small GEMMs (at most 2^27 multiply-adds, e.g. 512³) are planned for 1/n of the device's multiprocessors (cuBLASLt's `SM_COUNT_TARGET`, at least 8), so that the small GEMMs of n streams run side by side instead of each filling the device in turn. Measured on the H200: the 8 chains of 256³ GEMMs on 8 streams as graphs in 1.60 ms instead of 4.28, the training sweep's graphs on 8 streams 11-14 % faster. 1: the whole device for every GEMM (cuBLASLt's default; a runtime with one stream per device always plans so). A small GEMM running alone in a runtime of several streams gets fewer multiprocessors than it could use. Larger GEMMs always plan for the whole device. Another share can mean another cuBLASLt algorithm, so runtimes with different stream counts may round small GEMMs differently; give them the same share for bitwise-equal results. |
+//! | [`small_gemm`](crate::Builder::small_gemm) | `RTX_SMALL_GEMM=off\|eager\|always` (`0` off, `1` always) | [`eager`](SmallGemm::Eager) | On CUDA, small f16/bf16 `x·wᵀ` products (`linear`, `matmul` with `trans_b`; at most 2^27 multiply-adds, e.g. 512³; both inner dims multiples of 8, 16-byte aligned operands) run rtx's own tensor-core kernel (`kernels/cuda/small_gemm.cu`), launched straight through the driver, instead of `cublasLtMatmul`. Why: measured on the H200, a `cublasLtMatmul` call costs 8.7 µs of host time against 4.3 µs for a plain kernel launch, and from 8 threads at once 3.3 µs of wall time per call against 1.3 (`benches/gpu/lt_floor.cu`): eagerly, a small GEMM's cost is that host time. On the device cuBLASLt's kernels are faster (256³ in a graph: 2.8 µs against 3.7), so by default only eager products take rtx's kernel and captured ones keep cuBLASLt ([`SmallGemm`] has the choices). The kernel is the same on every stream and repeats bit for bit; with `eager` a captured small GEMM rounds differently from the same GEMM run eagerly (within the f16/bf16 rounding); `always` or `off` make the two bitwise equal. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
 //! ```
@@ -77,6 +78,48 @@ pub struct Settings {
     /// 1: the whole device; 0 (the default): the compute streams per device (a built
     /// runtime reports the number it resolved to). See the module docs.
     pub gemm_sm_share: u32,
+    /// Which small f16/bf16 products run rtx's own kernel instead of cuBLASLt
+    /// (`RTX_SMALL_GEMM`); see the module docs.
+    pub small_gemm: SmallGemm,
+}
+
+/// Where rtx's own small-GEMM kernel replaces cuBLASLt on CUDA
+/// ([`Settings::small_gemm`]; the [module docs](self) say which products qualify).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SmallGemm {
+    /// cuBLASLt runs every GEMM (`RTX_SMALL_GEMM=off` or `0`).
+    Off,
+    /// Products run eagerly take rtx's kernel (its launch costs the host less); captured
+    /// ones ([`Runtime::capture`](crate::Runtime::capture)) keep cuBLASLt, whose kernels
+    /// are faster on the device (`RTX_SMALL_GEMM=eager`).
+    #[default]
+    Eager,
+    /// Eager and captured products take rtx's kernel, so that a graph's small GEMMs are
+    /// bitwise equal to the same GEMMs run eagerly (`RTX_SMALL_GEMM=always` or `1`).
+    Always,
+}
+
+impl SmallGemm {
+    /// The value an `RTX_SMALL_GEMM` string names, if any.
+    fn parse(v: &str) -> Option<Self> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "0" | "off" => Some(Self::Off),
+            "eager" => Some(Self::Eager),
+            "1" | "always" => Some(Self::Always),
+            _ => None,
+        }
+    }
+
+    /// Whether a qualifying product takes rtx's kernel; `capturing`: it is being
+    /// recorded into a graph.
+    pub fn applies(self, capturing: bool) -> bool {
+        match self {
+            Self::Off => false,
+            Self::Eager => !capturing,
+            Self::Always => true,
+        }
+    }
 }
 
 /// The default of [`Settings::plan_cache`].
@@ -100,6 +143,7 @@ impl Default for Settings {
             programmatic_launch: true,
             gemm_tune: false,
             gemm_sm_share: 0,
+            small_gemm: SmallGemm::Eager,
         }
     }
 }
@@ -144,6 +188,9 @@ impl Settings {
         }
         if let Some(n) = var("RTX_GEMM_SM_SHARE").and_then(|v| v.parse::<u32>().ok()) {
             self.gemm_sm_share = n;
+        }
+        if let Some(v) = var("RTX_SMALL_GEMM").and_then(|v| SmallGemm::parse(&v)) {
+            self.small_gemm = v;
         }
         self
     }
@@ -217,6 +264,7 @@ mod tests {
                 "RTX_PROGRAMMATIC_LAUNCH" => Some("0"),
                 "RTX_GEMM_TUNE" => Some("1"),
                 "RTX_GEMM_SM_SHARE" => Some("4"),
+                "RTX_SMALL_GEMM" => Some("always"),
                 _ => None,
             }
             .map(String::from)
@@ -229,6 +277,23 @@ mod tests {
         assert!(!s.programmatic_launch && base.programmatic_launch);
         assert!(s.gemm_tune && !base.gemm_tune);
         assert_eq!((s.gemm_sm_share, base.gemm_sm_share), (4, 0));
+        assert_eq!(
+            (s.small_gemm, base.small_gemm),
+            (SmallGemm::Always, SmallGemm::Eager)
+        );
+        for (v, want) in [
+            ("0", SmallGemm::Off),
+            ("OFF", SmallGemm::Off),
+            ("eager", SmallGemm::Eager),
+            ("1", SmallGemm::Always),
+            ("2", SmallGemm::Eager),
+        ] {
+            let got = base.with_vars(|n| (n == "RTX_SMALL_GEMM").then(|| v.to_string()));
+            assert_eq!(got.small_gemm, want, "RTX_SMALL_GEMM={v}");
+        }
+        assert!(!SmallGemm::Off.applies(false) && !SmallGemm::Off.applies(true));
+        assert!(SmallGemm::Eager.applies(false) && !SmallGemm::Eager.applies(true));
+        assert!(SmallGemm::Always.applies(false) && SmallGemm::Always.applies(true));
         let zero = base.with_vars(|n| (n == "RTX_PLAN_CACHE").then(|| "0".to_string()));
         assert_eq!(zero.plan_cache, 1, "a plan cache keeps at least one entry");
     }

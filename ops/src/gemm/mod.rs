@@ -10,7 +10,10 @@
 //!   bias + activation kernel (`kernels/cuda/epilogue.cu`) where no library epilogue
 //!   applies, cuBLAS fallback and convolution (`epilogue.rs`); what GEMM and
 //!   convolution share: pointers, workspaces, library status codes to errors
-//!   (`device.rs`).
+//!   (`device.rs`); rtx's own kernel for small f16/bf16 `x·wᵀ` products
+//!   (`kernels/cuda/small_gemm.cu`, launched by `small.rs` instead of cuBLASLt where
+//!   [`Settings::small_gemm`](rtx_runtime::Settings::small_gemm) applies;
+//!   [`small_gemm_launches`] counts them).
 //! - `backward.rs` (+ `backward_cpu.rs`, `cuda/backward.rs`): the training forms,
 //!   [`linear_train`] (forward saving the pre-activation) and [`linear_backward`]
 //!   (`dx`, `dw`, `db`), with cuBLASLt's training epilogues on CUDA.
@@ -27,7 +30,9 @@ pub use backward_cpu::activation_grad;
 pub use cuda::backward::linear_fused_fallbacks;
 // The CUDA helpers other families use, at their former paths.
 pub(crate) use self::cuda::{device, epilogue};
-pub use self::cuda::{gemm_lt_fallbacks, gemm_plan_cache_stats, gemm_tune_stats};
+pub use self::cuda::{
+    gemm_lt_fallbacks, gemm_plan_cache_stats, gemm_tune_stats, small_gemm_launches,
+};
 
 use rtx_runtime::{
     BackendCx, Buffer, Cost, Element, ExecCx, Op, Plan, PlanCx, Result, Tensor, TensorSpec,

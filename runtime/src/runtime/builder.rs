@@ -205,6 +205,14 @@ impl Builder {
         self.settings.gemm_sm_share = n;
         self
     }
+    /// On CUDA, which small f16/bf16 products run rtx's own tensor-core kernel,
+    /// launched straight through the driver, instead of cuBLASLt (default
+    /// [`SmallGemm::Eager`](crate::SmallGemm::Eager): those run eagerly; see the [settings table](crate::settings)
+    /// for which products qualify and why). `RTX_SMALL_GEMM=off|eager|always`.
+    pub fn small_gemm(mut self, mode: crate::SmallGemm) -> Self {
+        self.settings.small_gemm = mode;
+        self
+    }
     /// Starts the actors.
     pub fn build(self) -> Result<Runtime> {
         let policy = self.policy.clone().unwrap_or_else(|| policy_arc(Affinity));

@@ -26,8 +26,10 @@ pub(crate) mod backward;
 pub(crate) mod device;
 pub(crate) mod epilogue;
 mod lt;
+mod small;
 mod tune;
 
+pub use self::small::small_gemm_launches;
 pub use self::tune::gemm_tune_stats;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -357,6 +359,15 @@ where
 {
     let len = g.dims.batch * g.dims.m * g.dims.n;
     let mut d = alloc_out::<T>(scx, len)?;
+    if small::eligible(scx, &g, &d) {
+        if scx.settings().small_gemm == rtx_runtime::SmallGemm::Eager {
+            // A capture of this op (its warm-up ran here, eagerly) records cuBLASLt,
+            // which may not allocate its handle's workspace while capturing: make it now.
+            scx.ext::<GemmState>(GemmState::new)?;
+        }
+        small::run(scx, &g, &mut d)?;
+        return Ok(d);
+    }
     let tune = Tune::new(scx);
     let sms = sm_target(scx, &g);
     let state = scx.ext::<GemmState>(GemmState::new)?;
