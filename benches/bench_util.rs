@@ -38,6 +38,33 @@ pub fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// Runs `body` between timing markers on every stream of `streams` (one before it on
+/// each, one after it on each) and returns its value and the device span in ms: from
+/// the earliest start marker to the latest end marker (CUDA events of one device; the
+/// host clock on the CPU backend). Submit only work that belongs in the span from
+/// `body`; read results back after this returns, so the span leaves the download out,
+/// as PyTorch's event-timed forms do.
+pub fn device_span<R>(rt: &Runtime, streams: &[StreamId], body: impl FnOnce() -> R) -> (R, f64) {
+    let starts: Vec<_> = streams.iter().map(|&s| rt.mark(s).expect("mark")).collect();
+    let r = body();
+    let ends: Vec<_> = streams.iter().map(|&s| rt.mark(s).expect("mark")).collect();
+    let starts: Vec<_> = starts
+        .into_iter()
+        .map(|m| m.wait().expect("marker"))
+        .collect();
+    let ends: Vec<_> = ends
+        .into_iter()
+        .map(|m| m.wait().expect("marker"))
+        .collect();
+    let mut span = 0f64;
+    for a in &starts {
+        for b in &ends {
+            span = span.max(a.elapsed_ms(b).expect("marker span"));
+        }
+    }
+    (r, span)
+}
+
 /// Median over `samples` of the per-op time (ms) of `batch` back-to-back ops made by
 /// `make`, on one stream, between two markers; after a warm-up of up to 3 ops. See
 /// [`time_with`] for how the samples are laid out and what they measure.

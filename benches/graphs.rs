@@ -87,10 +87,14 @@ pub fn suite_streams_graph(_rt: &Runtime) {
                 })
                 .expect("capture");
             let inputs: Vec<&Tensor> = x0.iter().collect();
+            let mut device = Vec::new();
             let run = || {
                 let t = Instant::now();
-                let mut l = graph.launch(&inputs).expect("launch");
+                let (mut l, span) = device_span(&rt, &streams[..k], || {
+                    graph.launch(&inputs).expect("launch")
+                });
                 let launched = t.elapsed().as_secs_f64() * 1e3;
+                device.push(span);
                 for c in 0..8 {
                     std::hint::black_box(l.to_vec::<rtx::bf16>(c).expect("chain"));
                 }
@@ -101,6 +105,7 @@ pub fn suite_streams_graph(_rt: &Runtime) {
                 ("min_ms", lo),
                 ("max_ms", hi),
                 ("launch_ms", sub),
+                ("device_ms", median(&mut device[1..])),
                 ("segments", graph.segments() as f64),
             ];
             let form = if fused { "linear_relu" } else { "gemm256_relu" };
@@ -132,15 +137,23 @@ pub fn suite_streams_stacked_graph(_rt: &Runtime) {
             Ok(())
         })
         .expect("capture");
+    let s = rt.compute_streams(rt.device());
+    let mut device = Vec::new();
     let run = || {
         let t = Instant::now();
-        let mut l = graph.launch(&[&x0]).expect("launch");
+        let (mut l, span) = device_span(&rt, &s[..1], || graph.launch(&[&x0]).expect("launch"));
         let launched = t.elapsed().as_secs_f64() * 1e3;
+        device.push(span);
         std::hint::black_box(l.to_vec::<rtx::bf16>(0).expect("chain"));
         (t.elapsed().as_secs_f64() * 1e3, launched)
     };
     let (ms, lo, hi, sub) = warm_then_time(run, 9);
-    let extra = [("min_ms", lo), ("max_ms", hi), ("launch_ms", sub)];
+    let extra = [
+        ("min_ms", lo),
+        ("max_ms", hi),
+        ("launch_ms", sub),
+        ("device_ms", median(&mut device[1..])),
+    ];
     emit(
         "streams_8x200_stacked_linear_relu_1_graph",
         ms,

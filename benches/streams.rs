@@ -52,18 +52,23 @@ pub fn suite_streams_stacked(_rt: &Runtime) {
     let n = CHAIN_N;
     let rt = Runtime::builder().streams(1).build().expect("runtime");
     let (w, x0) = stacked_inputs(&rt, &chain_weight(n), n);
+    let s = rt.compute_streams(rt.device());
+    let mut device = Vec::new();
     let run = || {
         let t = Instant::now();
-        let mut x = x0.clone();
-        for _ in 0..200 {
-            x = rt
-                .submit(linear(&x, &w, None, Activation::Relu))
-                .expect("submit")
-                .outputs()
-                .cloned()
-                .expect("out");
-        }
-        let submitted = t.elapsed().as_secs_f64() * 1e3;
+        let ((x, submitted), span) = device_span(&rt, &s[..1], || {
+            let mut x = x0.clone();
+            for _ in 0..200 {
+                x = rt
+                    .submit_on(s[0], linear(&x, &w, None, Activation::Relu))
+                    .expect("submit")
+                    .outputs()
+                    .cloned()
+                    .expect("out");
+            }
+            (x, t.elapsed().as_secs_f64() * 1e3)
+        });
+        device.push(span);
         std::hint::black_box(
             rt.to_vec::<rtx::bf16>(&x)
                 .expect("download")
@@ -73,7 +78,12 @@ pub fn suite_streams_stacked(_rt: &Runtime) {
         (t.elapsed().as_secs_f64() * 1e3, submitted)
     };
     let (ms, lo, hi, sub) = warm_then_time(run, 9);
-    let extra = [("min_ms", lo), ("max_ms", hi), ("submit_ms", sub)];
+    let extra = [
+        ("min_ms", lo),
+        ("max_ms", hi),
+        ("device_ms", median(&mut device[1..])),
+        ("submit_ms", sub),
+    ];
     emit(
         "streams_8x200_stacked_linear_relu_1",
         ms,
@@ -118,15 +128,19 @@ pub fn suite_streams(_rt: &Runtime) {
                     .cloned()
                     .expect("out")
             };
+            let device = std::cell::RefCell::new(Vec::new());
             let run = || {
                 let t = Instant::now();
-                let mut xs = x0.clone();
-                for _ in 0..200 {
-                    for c in 0..8 {
-                        xs[c] = step(&xs[c], &ws[c], streams[c % k]);
+                let ((xs, submitted), span) = device_span(&rt, &streams[..k], || {
+                    let mut xs = x0.clone();
+                    for _ in 0..200 {
+                        for c in 0..8 {
+                            xs[c] = step(&xs[c], &ws[c], streams[c % k]);
+                        }
                     }
-                }
-                let submitted = t.elapsed().as_secs_f64() * 1e3;
+                    (xs, t.elapsed().as_secs_f64() * 1e3)
+                });
+                device.borrow_mut().push(span);
                 for x in &xs {
                     rt.to_vec::<rtx::bf16>(x)
                         .expect("download")
@@ -147,9 +161,11 @@ pub fn suite_streams(_rt: &Runtime) {
             let stats = rt.stats();
             let (hits, misses) = (stats.block_cache.hits, stats.block_cache.misses);
             let (pinned_hits, pinned_misses) = (stats.pinned_cache.hits, stats.pinned_cache.misses);
+            let mut device = device.into_inner();
             let mut extra = vec![
                 ("min_ms", lo),
                 ("max_ms", hi),
+                ("device_ms", median(&mut device[1..])),
                 ("submit_ms", median(&mut sub)),
                 ("block_cache_hits", hits as f64),
                 ("block_cache_misses", misses as f64),

@@ -390,7 +390,15 @@ fn replay_against_eager(
     let captured = small_gemm_launches() - before;
     let mut out = Vec::new();
     for _ in 0..4 {
-        let d2 = data::<bf16>(r, s);
+        // A fresh input; the weight and bias stay the captured ones.
+        let fresh = data::<bf16>(r, s);
+        let d2 = Data {
+            x: fresh.x,
+            w: d.w.clone(),
+            bias: d.bias.clone(),
+            xs: d.xs.clone(),
+            ws: d.ws.clone(),
+        };
         let x = upload(rt, &d2.x, &d2.xs);
         let got: Vec<bf16> = graph.launch(&[&x]).unwrap().to_vec::<bf16>(0).unwrap();
         let want = download::<bf16>(eager, &run_linear(eager, &d2, Activation::Relu, true, 0));

@@ -25,7 +25,10 @@ enum Inner {
 }
 
 impl Marker {
-    /// Milliseconds from `self` to `later` (both on the same stream, `later` after `self`).
+    /// Milliseconds from `self` to `later`, both of one device (`later` after `self`).
+    /// On one stream that is the stream's time between them; markers of two streams of
+    /// a device compare on its one clock (CUDA events of one context), so the span of
+    /// work spread over several streams is the earliest start to the latest end.
     pub fn elapsed_ms(&self, later: &Marker) -> Result<f64> {
         match (&self.0, &later.0) {
             (Inner::Host(a), Inner::Host(b)) => Ok(b.duration_since(*a).as_secs_f64() * 1e3),

@@ -30,6 +30,8 @@ use crate::sync::Arc;
 struct Outbox {
     wtx: crossbeam_channel::Sender<Vec<Watch>>,
     pool: StdArc<EventPool>,
+    /// Timing events: the sampled ops' pairs and the timeline's (see `timing.rs`).
+    timing: StdArc<EventPool>,
     pending: Vec<Watch>,
     open: Option<OpenBurst<Arc<PooledEvent>>>,
     counters: StdArc<Counters>,
@@ -113,6 +115,7 @@ pub(crate) fn cuda_actor(
     // The actor's own memory pool and block cache (see `driver/alloc.rs`).
     let mem = alloc::register(&dev.ctx, &stream, &dev.mem, actor.settings.stream_pools);
     let pool = EventPool::new(dev.ctx.clone());
+    let timing = EventPool::timing(dev.ctx.clone());
     let mut scx = StreamCx::new(
         stream,
         dev.clone(),
@@ -132,7 +135,7 @@ pub(crate) fn cuda_actor(
             watch(&wrx, &release, &wdev, &*policy, sid, &counters);
         })
         .expect("spawning a completion watcher thread");
-    let origin = super::timing::origin(&dev.ctx, &scx.stream, &actor.counters.trace);
+    let origin = super::timing::origin(&timing, &scx.stream, &actor.counters.trace);
     // Shared with the stream context's blocking hook: an op about to block the thread
     // (the first cuDNN search of a shape) hands over the burst of the ops before it
     // first, so their consumers on other streams do not wait for the search
@@ -140,6 +143,7 @@ pub(crate) fn cuda_actor(
     let out = Rc::new(RefCell::new(Outbox {
         wtx,
         pool,
+        timing,
         pending: Vec::with_capacity(WATCH_FLUSH),
         open: None,
         counters: actor.counters.clone(),
@@ -315,9 +319,10 @@ fn run_cuda(
         },
         &mut t,
     );
+    let events = out.borrow().timing.clone();
     let mut timing = origin.and_then(|o| {
         let detail = crate::actor::describe(&env.specs);
-        super::timing::OpTiming::start(o, &scx.stream, actor.stream, detail)
+        super::timing::OpTiming::start(o, &events, &scx.stream, actor.stream, detail)
     });
     // One op in `device_timing` is timed on the device for the policy (every op is
     // when the timeline records: `timing`).
@@ -328,7 +333,7 @@ fn run_cuda(
         o.since_sample += 1;
         if o.since_sample >= every {
             o.since_sample = 0;
-            sample = super::timing::Sample::start(&scx.stream);
+            sample = super::timing::Sample::start(&events, &scx.stream);
         }
     }
     let ex = match execute(&mut env, actor, BackendCx::Cuda(scx), declared) {
@@ -336,10 +341,10 @@ fn run_cuda(
         Err(e) => return fail_after_enqueue(env, e, &scx.stream),
     };
     if let Some(t) = timing.as_mut() {
-        t.end(&scx.stream);
+        t.end(&events, &scx.stream);
     }
     if let Some(s) = sample.as_mut() {
-        s.end(&scx.stream);
+        s.end(&events, &scx.stream);
     }
     let mut out = out.borrow_mut();
     span.record("run_us", ex.took.as_micros() as u64);

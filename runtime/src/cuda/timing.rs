@@ -6,36 +6,33 @@
 use std::sync::Arc as StdArc;
 use std::time::Instant;
 
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+use cudarc::driver::CudaStream;
 
 use crate::device::StreamId;
+use crate::driver::event::{EventPool, PooledEvent};
 use crate::trace::{Recorder, TraceSpan};
 
 /// An actor's origin: an event recorded on its (idle) stream and synchronized at the
 /// actor's start, and the recorder time of that synchronization.
 pub(super) struct Origin {
-    event: CudaEvent,
+    event: PooledEvent,
     us: f64,
 }
 
 /// The origin of the actor of `stream`, or `None` when the recorder is off or the
 /// events cannot be made (then nothing of this stream is traced).
 pub(super) fn origin(
-    ctx: &StdArc<CudaContext>,
+    pool: &StdArc<EventPool>,
     stream: &CudaStream,
     rec: &Recorder,
 ) -> Option<StdArc<Origin>> {
     if !rec.on() {
         return None;
     }
-    let made = ctx
-        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-        .and_then(|e| {
-            e.record(stream)?;
-            e.synchronize()?;
-            Ok(e)
-        });
+    let made = pool.record(stream).and_then(|e| {
+        e.event().synchronize()?;
+        Ok(e)
+    });
     match made {
         Ok(event) => Some(StdArc::new(Origin {
             event,
@@ -61,21 +58,22 @@ impl OpTiming {
     /// Records the start event on `stream` (`None` if that fails: the op is not traced).
     pub(super) fn start(
         origin: &StdArc<Origin>,
+        pool: &StdArc<EventPool>,
         stream: &CudaStream,
         id: StreamId,
         detail: String,
     ) -> Option<OpTiming> {
         Some(OpTiming {
             origin: origin.clone(),
-            pair: Sample::start(stream)?,
+            pair: Sample::start(pool, stream)?,
             stream: id,
             detail,
         })
     }
 
     /// Records the end event behind the op's launches.
-    pub(super) fn end(&mut self, stream: &CudaStream) {
-        self.pair.end(stream);
+    pub(super) fn end(&mut self, pool: &StdArc<EventPool>, stream: &CudaStream) {
+        self.pair.end(pool, stream);
     }
 
     /// Once the op has finished on the device: the device time between its events.
@@ -86,7 +84,10 @@ impl OpTiming {
     /// Once the op has finished on the device: its span, into `rec`.
     pub(super) fn resolve(self, name: &'static str, rec: &Recorder) {
         let (Ok(from_origin), Some(dur)) = (
-            self.origin.event.elapsed_ms(&self.pair.start),
+            self.origin
+                .event
+                .event()
+                .elapsed_ms(self.pair.start.event()),
             self.pair.device_time(),
         ) else {
             return;
@@ -103,38 +104,33 @@ impl OpTiming {
 
 /// A pair of timing events around an op's launches: a traced op's (`OpTiming`), or a
 /// sampled op's for the placement policy's cost model (`Settings::device_timing`).
+/// Both come from the actor's timing pool and go back to it when the pair drops (no
+/// driver call: see `driver/event.rs`).
 pub(super) struct Sample {
-    start: CudaEvent,
-    end: Option<CudaEvent>,
+    start: PooledEvent,
+    end: Option<PooledEvent>,
 }
 
 impl Sample {
     /// Records the start event on `stream` (`None` if that fails: not timed).
-    pub(super) fn start(stream: &CudaStream) -> Option<Sample> {
-        let start = stream
-            .context()
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .ok()?;
-        start.record(stream).ok()?;
+    pub(super) fn start(pool: &StdArc<EventPool>, stream: &CudaStream) -> Option<Sample> {
+        let start = pool.record(stream).ok()?;
         Some(Sample { start, end: None })
     }
 
     /// Records the end event behind the op's launches.
-    pub(super) fn end(&mut self, stream: &CudaStream) {
-        if let Ok(e) = stream
-            .context()
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-        {
-            if e.record(stream).is_ok() {
-                self.end = Some(e);
-            }
-        }
+    pub(super) fn end(&mut self, pool: &StdArc<EventPool>, stream: &CudaStream) {
+        self.end = pool.record(stream).ok();
     }
 
     /// Once the op has finished on the device: the time between the events (`None`
     /// without an end event).
     pub(super) fn device_time(&self) -> Option<std::time::Duration> {
-        let ms = self.start.elapsed_ms(self.end.as_ref()?).ok()?;
+        let ms = self
+            .start
+            .event()
+            .elapsed_ms(self.end.as_ref()?.event())
+            .ok()?;
         Some(std::time::Duration::from_secs_f64(
             f64::from(ms.max(0.0)) / 1e3,
         ))
