@@ -16,6 +16,12 @@
 //! `RTX_LOG=rtx_ops=debug` prints the library's tracing events (e.g. why a cuDNN engine
 //! was skipped) on stderr; `RTX_PROFILE=1` adds the actors' phase timers to some cases.
 
+/// With the `mimalloc` feature this program allocates through mimalloc (see the README,
+/// "Host allocator").
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench_util;
 mod graphs;
 mod streams;

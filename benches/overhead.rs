@@ -11,6 +11,12 @@
 //! with many tensors: a multi-tensor AdamW step over 148 tiny parameters (the runtime's
 //! per-tensor cost, which bounds such a step on the GPU when the kernels are fast).
 
+/// With the `mimalloc` feature this program allocates through mimalloc (see the README,
+/// "Host allocator").
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::Instant;
 
 use rtx::ops::elementwise::{self as ew, cpu, BinaryOp};

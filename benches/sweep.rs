@@ -35,6 +35,12 @@
 //! warm-up on the same runtime (kernel loads, library handles, caches), of the same
 //! form. On the CPU backend it runs the scaled-down CPU sweep, as `rtx` does.
 
+/// With the `mimalloc` feature this program allocates through mimalloc (see the README,
+/// "Host allocator").
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::Instant;
 
 use rtx::train::pipeline::run_concurrently;

@@ -1,6 +1,12 @@
 //! The `rtx` command line: `rtx` alone runs the main job (the training sweep, `cli/sweep.rs`);
 //! `rtx info`, `rtx demo`, `rtx bench` (`rtx --help` lists them).
 
+/// With the `mimalloc` feature this program allocates through mimalloc (see the README,
+/// "Host allocator").
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod cli {
     pub mod bench;
     pub mod sweep;
