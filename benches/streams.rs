@@ -141,11 +141,13 @@ pub fn suite_streams(_rt: &Runtime) {
                     (xs, t.elapsed().as_secs_f64() * 1e3)
                 });
                 device.borrow_mut().push(span);
-                for x in &xs {
-                    rt.to_vec::<rtx::bf16>(x)
-                        .expect("download")
-                        .wait()
-                        .expect("chain");
+                // The 8 downloads in flight together, then waited for.
+                let downloads: Vec<_> = xs
+                    .iter()
+                    .map(|x| rt.to_vec::<rtx::bf16>(x).expect("download"))
+                    .collect();
+                for d in downloads {
+                    std::hint::black_box(d.wait().expect("chain"));
                 }
                 (t.elapsed().as_secs_f64() * 1e3, submitted)
             };
