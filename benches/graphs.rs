@@ -90,10 +90,11 @@ pub fn suite_streams_graph(_rt: &Runtime) {
             let mut device = Vec::new();
             let run = || {
                 let t = Instant::now();
-                let (mut l, span) = device_span(&rt, &streams[..k], || {
-                    graph.launch(&inputs).expect("launch")
+                // `launched`: the host's time to launch (the span waits for the work).
+                let ((mut l, launched), span) = device_span(&rt, &streams[..k], || {
+                    let l = graph.launch(&inputs).expect("launch");
+                    (l, t.elapsed().as_secs_f64() * 1e3)
                 });
-                let launched = t.elapsed().as_secs_f64() * 1e3;
                 device.push(span);
                 // The 8 outputs' copies and downloads in flight together.
                 let outs: Vec<Tensor> = (0..8).map(|c| l.output(c).expect("output")).collect();
@@ -147,8 +148,10 @@ pub fn suite_streams_stacked_graph(_rt: &Runtime) {
     let mut device = Vec::new();
     let run = || {
         let t = Instant::now();
-        let (mut l, span) = device_span(&rt, &s[..1], || graph.launch(&[&x0]).expect("launch"));
-        let launched = t.elapsed().as_secs_f64() * 1e3;
+        let ((mut l, launched), span) = device_span(&rt, &s[..1], || {
+            let l = graph.launch(&[&x0]).expect("launch");
+            (l, t.elapsed().as_secs_f64() * 1e3)
+        });
         device.push(span);
         std::hint::black_box(l.to_vec::<rtx::bf16>(0).expect("chain"));
         (t.elapsed().as_secs_f64() * 1e3, launched)
