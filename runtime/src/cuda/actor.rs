@@ -319,10 +319,10 @@ fn run_cuda(
         },
         &mut t,
     );
-    let events = out.borrow().timing.clone();
     let mut timing = origin.and_then(|o| {
         let detail = crate::actor::describe(&env.specs);
-        super::timing::OpTiming::start(o, &events, &scx.stream, actor.stream, detail)
+        let events = &out.borrow().timing;
+        super::timing::OpTiming::start(o, events, &scx.stream, actor.stream, detail)
     });
     // One op in `device_timing` is timed on the device for the policy (every op is
     // when the timeline records: `timing`).
@@ -333,18 +333,19 @@ fn run_cuda(
         o.since_sample += 1;
         if o.since_sample >= every {
             o.since_sample = 0;
-            sample = super::timing::Sample::start(&events, &scx.stream);
+            sample = super::timing::Sample::start(&o.timing, &scx.stream);
         }
     }
     let ex = match execute(&mut env, actor, BackendCx::Cuda(scx), declared) {
         Ok(x) => x,
         Err(e) => return fail_after_enqueue(env, e, &scx.stream),
     };
+    // (Borrowed only here, not across `execute`: its blocking hook borrows `out`.)
     if let Some(t) = timing.as_mut() {
-        t.end(&events, &scx.stream);
+        t.end(&out.borrow().timing, &scx.stream);
     }
     if let Some(s) = sample.as_mut() {
-        s.end(&events, &scx.stream);
+        s.end(&out.borrow().timing, &scx.stream);
     }
     let mut out = out.borrow_mut();
     span.record("run_us", ex.took.as_micros() as u64);
