@@ -38,6 +38,18 @@ pub fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// Downloads every tensor of `xs` as bf16, the downloads in flight together, and waits
+/// for them all (the values go to `black_box`).
+pub fn download_all_bf16(rt: &Runtime, xs: &[Tensor]) {
+    let downloads: Vec<_> = xs
+        .iter()
+        .map(|x| rt.to_vec::<bf16>(x).expect("download"))
+        .collect();
+    for d in downloads {
+        std::hint::black_box(d.wait().expect("download"));
+    }
+}
+
 /// Runs `body` between timing markers on every stream of `streams` (one before it on
 /// each, one after it on each) and returns its value and the device span in ms: from
 /// the earliest start marker to the latest end marker (CUDA events of one device; the

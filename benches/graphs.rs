@@ -98,13 +98,7 @@ pub fn suite_streams_graph(_rt: &Runtime) {
                 device.push(span);
                 // The 8 outputs' copies and downloads in flight together.
                 let outs: Vec<Tensor> = (0..8).map(|c| l.output(c).expect("output")).collect();
-                let downloads: Vec<_> = outs
-                    .iter()
-                    .map(|o| rt.to_vec::<rtx::bf16>(o).expect("download"))
-                    .collect();
-                for d in downloads {
-                    std::hint::black_box(d.wait().expect("chain"));
-                }
+                download_all_bf16(&rt, &outs);
                 (t.elapsed().as_secs_f64() * 1e3, launched)
             };
             let (ms, lo, hi, sub) = warm_then_time(run, 9);

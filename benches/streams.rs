@@ -141,14 +141,7 @@ pub fn suite_streams(_rt: &Runtime) {
                     (xs, t.elapsed().as_secs_f64() * 1e3)
                 });
                 device.borrow_mut().push(span);
-                // The 8 downloads in flight together, then waited for.
-                let downloads: Vec<_> = xs
-                    .iter()
-                    .map(|x| rt.to_vec::<rtx::bf16>(x).expect("download"))
-                    .collect();
-                for d in downloads {
-                    std::hint::black_box(d.wait().expect("chain"));
-                }
+                download_all_bf16(&rt, &xs);
                 (t.elapsed().as_secs_f64() * 1e3, submitted)
             };
             run();
