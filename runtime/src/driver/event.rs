@@ -6,11 +6,13 @@
 //! Pooling matters under concurrency: `cuEventCreate` and `cuEventDestroy` take driver
 //! locks that the other actors' launches wait on (on the H200 host, with a fresh pair
 //! of events for one op in 32, the 8-chain's fused eager form on 4 streams took 8.2 ms
-//! against 5.5 ms with the sampling off: `benches/RESULTS.md`, run j2). An event goes back to its stream's pool only
-//! when the last holder drops it: the storage whose ready mark it is, the watcher, any
-//! consumer mid-wait. Re-recording an event that a consumer may still wait on would make
-//! the consumer wait on later work (and could close a cycle between streams), so a pooled
-//! event is never shared between two live marks.
+//! against 5.5 ms with the sampling off: `benches/RESULTS.md`, run j2).
+//!
+//! An event goes back to its stream's pool only when the last holder drops it: the
+//! storage whose ready mark it is, the watcher, any consumer mid-wait. Re-recording an
+//! event that a consumer may still wait on would make the consumer wait on later work
+//! (and could close a cycle between streams), so a pooled event is never shared between
+//! two live marks.
 
 use std::sync::Arc as StdArc;
 use std::sync::Mutex as StdMutex;
