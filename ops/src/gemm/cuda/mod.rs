@@ -359,13 +359,13 @@ where
 {
     let len = g.dims.batch * g.dims.m * g.dims.n;
     let mut d = alloc_out::<T>(scx, len)?;
-    if small::eligible(scx, &g, &d) {
+    if let Some(ops) = small::eligible(scx, &g, &d) {
         if scx.settings().small_gemm == rtx_runtime::SmallGemm::Eager {
             // A capture of this op (its warm-up ran here, eagerly) records cuBLASLt,
             // which may not allocate its handle's workspace while capturing: make it now.
             scx.ext::<GemmState>(GemmState::new)?;
         }
-        small::run(scx, &g, &mut d)?;
+        small::run(scx, &g, ops, &mut d)?;
         return Ok(d);
     }
     let tune = Tune::new(scx);

@@ -45,17 +45,30 @@ pub fn small_gemm_launches() -> u64 {
     LAUNCHES.load(Ordering::Relaxed)
 }
 
-/// Whether `g` writing into `d` runs on the small-GEMM kernel (see the module docs).
-pub(super) fn eligible<T: Element>(scx: &StreamCx, g: &GemmArgs<'_, T>, d: &CudaSlice<T>) -> bool {
+/// The device addresses of a product's operands (the bias's 0 when it has none).
+pub(super) struct Operands {
+    x: u64,
+    w: u64,
+    bias: u64,
+    y: u64,
+}
+
+/// The operands' addresses if `g` writing into `d` runs on the small-GEMM kernel (see
+/// the module docs), for [`run`].
+pub(super) fn eligible<T: Element>(
+    scx: &StreamCx,
+    g: &GemmArgs<'_, T>,
+    d: &CudaSlice<T>,
+) -> Option<Operands> {
     if !scx.settings().small_gemm.applies(scx.capturing())
         || !matches!(T::DTYPE, DType::F16 | DType::BF16)
     {
-        return false;
+        return None;
     }
     let dm = g.dims;
     let fits = |v: usize| i32::try_from(v).is_ok();
     if g.trans_a || !g.trans_b || g.macs() > SMALL_GEMM_MACS || dm.batch > MAX_BATCH {
-        return false;
+        return None;
     }
     if dm.batch == 0
         || dm.m == 0
@@ -64,27 +77,34 @@ pub(super) fn eligible<T: Element>(scx: &StreamCx, g: &GemmArgs<'_, T>, d: &Cuda
         || !dm.n.is_multiple_of(8)
         || !dm.k.is_multiple_of(8)
     {
-        return false;
+        return None;
     }
     // Batch strides that are multiples of 8 elements keep every item 16-byte aligned.
     if !dm.a_bs.is_multiple_of(8) || !dm.b_bs.is_multiple_of(8) {
-        return false;
+        return None;
     }
     if !fits(dm.m) || !fits(dm.n) || !fits(dm.k) {
-        return false;
+        return None;
     }
+    let ops = Operands {
+        x: device_addr(g.a, scx),
+        w: device_addr(g.b, scx),
+        bias: g.bias.map_or(0, |b| device_addr(b, scx)),
+        y: device_addr(d, scx),
+    };
     let aligned = |p: u64| p.is_multiple_of(16);
-    aligned(device_addr(g.a, scx))
-        && aligned(device_addr(g.b, scx))
-        && aligned(device_addr(d, scx))
-        && g.bias.is_none_or(|b| device_addr(b, scx) % 2 == 0)
+    (aligned(ops.x) && aligned(ops.w) && aligned(ops.y) && ops.bias.is_multiple_of(2))
+        .then_some(ops)
 }
 
-/// Enqueues `d = act(a · bᵀ + bias)` on `scx`'s stream; `g` must be [`eligible`].
+/// Enqueues `d = act(a · bᵀ + bias)` on `scx`'s stream; `ops` are what [`eligible`]
+/// returned for `g` and `d` (`d`, which the kernel writes through `ops.y`, stays
+/// borrowed for the launch).
 pub(super) fn run<T: Element>(
     scx: &mut StreamCx,
     g: &GemmArgs<'_, T>,
-    d: &mut CudaSlice<T>,
+    ops: Operands,
+    _d: &mut CudaSlice<T>,
 ) -> Result<()> {
     let dm = g.dims;
     let act = match g.act {
@@ -108,12 +128,12 @@ pub(super) fn run<T: Element>(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (mut px, mut pw, mut py) = (
-        device_addr(g.a, scx),
-        device_addr(g.b, scx),
-        device_addr(d, scx),
-    );
-    let mut pb = g.bias.map_or(0, |b| device_addr(b, scx));
+    let Operands {
+        x: mut px,
+        w: mut pw,
+        bias: mut pb,
+        y: mut py,
+    } = ops;
     // i32 by `eligible`; the batch strides in elements as i64 (`long long`).
     let (mut m, mut n, mut k) = (dm.m as i32, dm.n as i32, dm.k as i32);
     let (mut sx, mut sw, mut sb, mut sy) =
