@@ -42,6 +42,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import cupy  # noqa: E402
 
+import check_util  # noqa: E402
+
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # cupy.cuda.ExternalStream
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KDIR = os.path.join(ROOT, "kernels", "cuda")
@@ -152,20 +154,8 @@ def check(mod, full):
                         FAILS.append(name)
 
 
-def time_ms(fn, reps=30, warm=5):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-           for _ in range(reps)]
-    for a, b in evs:
-        torch.cuda._sleep(2_000_000)
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    ts = sorted(a.elapsed_time(b) for a, b in evs)
-    return ts[len(ts) // 2]
+def time_ms(fn):
+    return check_util.time_ms(fn, reps=30)
 
 
 def graph_of(fn, q):

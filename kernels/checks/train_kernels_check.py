@@ -59,6 +59,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import cupy  # noqa: E402
 
+from check_util import time_ms  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KDIR = os.path.join(ROOT, "kernels", "cuda")
 DEV = "cuda"
@@ -149,24 +151,7 @@ def poison(shape, dt):
 # ---------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------
-def time_ms(fn, reps=40, warm=5):
-    """Median of CUDA-event times of fn. Before each start event the stream gets a spin
-    of about 1 ms (torch.cuda._sleep), so that Python's launch overhead is hidden behind
-    it and the events time the GPU's work, not the host's (as the harness's queued
-    submissions do)."""
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-           for _ in range(reps)]
-    for a, b in evs:
-        torch.cuda._sleep(2_000_000)
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    ts = sorted(a.elapsed_time(b) for a, b in evs)
-    return ts[len(ts) // 2]
+# time_ms: check_util.py (shared with the other checks).
 
 
 def report(case, ours, theirs, nbytes, note=""):
