@@ -4,8 +4,8 @@
     python3 kernels/checks/train_kernels_check.py [--no-check] [--no-bench] [--old DIR]
         [--only ln,ce,adamw,ew,emb]
 
-Kernels: kernels/cuda/norm.cu (layer norm fwd / bwd: the fused backward and the
-three-kernel one), loss.cu (cross entropy fwd / bwd), optim.cu (AdamW, one launch per
+Kernels: kernels/cuda/norm.cu (layer norm fwd / bwd: the backward on the cp.async ring,
+the fused one and the three-kernel one), loss.cu (cross entropy fwd / bwd), optim.cu (AdamW, one launch per
 tensor and the multi-tensor launch), embedding.cu (lookup and the deterministic
 scatter-add: uniform, Zipf, all-equal and invalid ids; the backward run twice and
 compared bit for bit), elementwise.cu (add, exp: only timed, at several grid sizes). Each .cu is compiled with cupy's RawModule
@@ -65,6 +65,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 KDIR = os.path.join(ROOT, "kernels", "cuda")
 DEV = "cuda"
 BLOCK = 256
+FINAL_BLOCK = 1024  # ln_bwd_final's block (LN_FINAL_BLOCK in norm.cu)
 RESULTS = []   # (case, ours ms, ours TB/s, torch ms, torch TB/s, ratio, note)
 FAILS = []
 SUMMARY = {"checks": [], "bench": []}
@@ -112,10 +113,13 @@ class Module:
         return "%d regs, %d B smem, %d B local" % (a["num_regs"], a["shared_size_bytes"],
                                                     a["local_size_bytes"])
 
-    def launch(self, name, grid, args, block=BLOCK):
+    def launch(self, name, grid, args, block=BLOCK, smem=0):
         if isinstance(grid, int):
             grid = (grid, 1, 1)
-        self.fn(name)(grid, (block, 1, 1), args)
+        k = self.fn(name)
+        if smem and k.max_dynamic_shared_size_bytes < smem:
+            k.max_dynamic_shared_size_bytes = smem
+        k(grid, (block, 1, 1), args, shared_mem=smem)
 
 
 def tname(dt):
@@ -208,7 +212,7 @@ class LN:
                           (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(g), ptr(dx), ptr(pg), ptr(pb),
                            np.uint64(rows), np.uint64(d)))
             self.m.launch("ln_bwd_final_" + t, (d + 31) // 32,
-                          (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d)))
+                          (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d)), block=FINAL_BLOCK)
             return
         n_dx = "ln_bwd_dx_" + t
         self.m.launch(n_dx, max(1, min(rows, self.m.resident(n_dx, self.mode))),
@@ -220,7 +224,35 @@ class LN:
                        np.uint64(rows), np.uint64(d), np.uint64(rpc)))
         n_f = "ln_bwd_final_" + t
         grid = (d + 31) // 32
-        self.m.launch(n_f, grid, (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(chunks), np.uint64(d)))
+        self.m.launch(n_f, grid, (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(chunks), np.uint64(d)),
+                      block=FINAL_BLOCK)
+
+
+class LNPipe(LN):
+    """The launcher's choice on sm_80+ (ops/src/norm/cuda.rs): the forward as LN, the
+    backward on the register path as ln_bwd_pipe (the cp.async ring; grid SMs x blocks)
+    + ln_bwd_final. nv / s / blocks: the module's LN_BPIPE_NV / LN_BPIPE_S /
+    LN_BPIPE_BLOCKS (its dynamic shared memory follows them). The rows of fewer than 8
+    KiB take the 3-kernel path, as the launcher does, when launcher=True."""
+    def __init__(self, mod, bnv=4, bs=3, bblocks=1, launcher=False):
+        super().__init__(mod)
+        self.bnv, self.bs, self.bblocks, self.launcher = bnv, bs, bblocks, launcher
+        self.bsmem = bs * (2 * bnv * BLOCK * 16 + 8 * BLOCK) + bnv * BLOCK * 16
+
+    def bwd(self, dy, x, mean, rstd, g, dx, dg, db, scratch):
+        rows, d = x.shape
+        t = tname(x.dtype)
+        v = 16 // x.element_size()
+        if not (d % v == 0 and d // v <= BLOCK * self.bnv and d <= 8192) or (
+                self.launcher and d * x.element_size() < 8192):
+            return LN.bwd(LN(self.m, fused=False), dy, x, mean, rstd, g, dx, dg, db, scratch)
+        grid = max(1, min(rows, SMS * self.bblocks))
+        pg, pb = scratch[0][: grid * d], scratch[1][: grid * d]
+        self.m.launch("ln_bwd_pipe_" + t, grid,
+                      (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(g), ptr(dx), ptr(pg), ptr(pb),
+                       np.uint64(rows), np.uint64(d)), smem=self.bsmem)
+        self.m.launch("ln_bwd_final_" + t, (d + 31) // 32,
+                      (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d)), block=FINAL_BLOCK)
 
 
 def ln_scratch(rows, d):
@@ -282,6 +314,13 @@ def bench_ln(ln, old, variants=()):
             report("%sln fwd+bwd bf16 %dx%d" % (tag, rows, d), time_ms(fb), t_fb, 5 * xb)
             bw = time_ms(lambda: k.bwd(dy, x, mean, rstd, g, dx, dg, db, sc))
             report("%sln bwd only %dx%d" % (tag, rows, d), bw, t_fb - t_f, 3 * xb, "(torch: fb - f)")
+            if isinstance(k, LNPipe):
+                t = tname(dt)
+                grid = max(1, min(rows, SMS * k.bblocks))
+                a_f = (ptr(sc[0]), ptr(sc[1]), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d))
+                report("  of which ln_bwd_final (%d partial rows)" % grid,
+                       time_ms(lambda: k.m.launch("ln_bwd_final_" + t, (d + 31) // 32, a_f, block=FINAL_BLOCK)), float("nan"),
+                       2 * grid * d * 4)
             if tag == "3-kernel bwd ":
                 t = tname(dt)
                 n_dx = "ln_bwd_dx_" + t
@@ -746,17 +785,10 @@ def main():
         # fit 3 blocks per SM); LN_BWD_PREFETCH: the next row's dy / x loads in flight
         # during this row's reductions; LN_PAIR_SUM (1 by default since 2026-12-02; 0
         # here is the earlier default): one barrier pair per row's two sums.
-        for dfn, fb in (({"LN_PREFETCH": 1}, 2), ({"LN_PREFETCH": 1, "LN_MIN_BLOCKS": 3}, 2),
-                        ({"LN_MIN_BLOCKS": 2}, 2), ({"LN_FUSED_BLOCKS": 1}, 1), ({}, 4),
-                        ({"LN_PAIR_SUM": 0}, 2),
-                        ({"LN_FUSED_NV": 2}, 2),
-                        ({"LN_FUSED_NV": 2, "LN_FUSED_BLOCKS": 3}, 3),
-                        ({"LN_FUSED_NV": 2, "LN_FUSED_BLOCKS": 3, "LN_PAIR_SUM": 1}, 3),
-                        ({"LN_BWD_PREFETCH": 1, "LN_FUSED_NV": 2}, 2),
-                        ({"LN_BWD_PREFETCH": 1, "LN_FUSED_NV": 2, "LN_PAIR_SUM": 1}, 2),
-                        ({"LN_BWD_PREFETCH": 1, "LN_FUSED_BLOCKS": 1}, 1),
-                        ({"LN_BWD_PREFETCH": 2, "LN_FUSED_NV": 2, "LN_MIN_BLOCKS": 2, "LN_PAIR_SUM": 1}, 2),
-                        ({"LN_NV": 2, "LN_PREFETCH": 1}, 2)):
+        # Earlier variants (LN_PREFETCH, LN_MIN_BLOCKS, LN_FUSED_BLOCKS, LN_BWD_PREFETCH,
+        # LN_PAIR_SUM=0, LN_NV=2) were no faster on the H200 (runs h1-h2, 2026-12-02);
+        # the one kept here is the fastest of them at D = 4096.
+        for dfn, fb in (({"LN_FUSED_NV": 2, "LN_FUSED_BLOCKS": 3}, 3),):
             try:
                 mod = Module("norm", defines=dfn)
                 for kn in ("ln_fwd_bf16", "ln_bwd_dx_bf16", "ln_bwd_fused_bf16"):
@@ -766,6 +798,22 @@ def main():
                                 LN(mod, fused_blocks=fb, fused_nv=fnv)))
             except Exception as e:  # noqa: BLE001
                 print("variant %s: %s" % (dfn, str(e)[:300]))
+    if "ln" in only:
+        # The backward on the cp.async ring (ln_bwd_pipe): (norm.cu defines, LNPipe
+        # arguments). The first is the launcher's (sm_80+); the others were timed in
+        # 2026-12-03's runs (all slower at bf16 8192 x 4096: 1 block per SM with 4 or 5
+        # stages, 2 vectors per thread with 2 blocks per SM, 8 vectors per thread).
+        for dfn, kw in (({}, {"launcher": True}),
+                        ({"LN_BPIPE_S": 4}, {"bs": 4}),
+                        ({"LN_BPIPE_NV": 2, "LN_BPIPE_S": 4, "LN_BPIPE_BLOCKS": 2}, {"bnv": 2, "bs": 4, "bblocks": 2})):
+            try:
+                mod = Module("norm", defines=dfn)
+                print("  pipe variant %s ln_bwd_pipe_bf16: %s, %d B dynamic" % (
+                    dfn, mod.regs("ln_bwd_pipe_bf16"), LNPipe(mod, **kw).bsmem))
+                ln_vars.append(("pipe " + (",".join("%s=%s" % kv for kv in dfn.items()) or "(launcher)"),
+                                LNPipe(mod, **kw)))
+            except Exception as e:  # noqa: BLE001
+                print("pipe variant %s: %s" % (dfn, str(e)[:600]))
     ce_vars = []
     if "ce" in only and not args.no_bench:
         for u in (2, 8):
@@ -775,7 +823,7 @@ def main():
                 print("variant CE_U=%d: %s" % (u, str(e)[:300]))
     emb_vars = []
     if "emb" in only and not args.no_bench:
-        for dfn in ({"EMB_BWD_MIN_BLOCKS": 4}, {"EMB_HEAVY": 4}, {"EMB_HEAVY": 64}, {"EMB_BWD_MIN_BLOCKS": 2}):
+        for dfn in ({"EMB_BWD_MIN_BLOCKS": 4}, {"EMB_BWD_MIN_BLOCKS": 2}):
             try:
                 mod = Module("embedding", defines=dfn)
                 print("  variant %s emb_bwd_f32: %s" % (dfn, mod.regs("emb_bwd_f32")))

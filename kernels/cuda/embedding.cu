@@ -39,7 +39,8 @@
 //       size_t V, size_t D)
 //     every element of dtable [V, D] written once: the ordered sum of its bucket (0 if
 //     empty). Blocks take tiles of EMB_ROWS = 64 table rows, every ceil(V / 64)-th row
-//     (interleaved, so that the heavy buckets of frequent ids spread over blocks; grid-stride; best
+//     (interleaved, so that the heavy buckets of frequent ids spread over blocks; the
+//     tile's 128 bucket bounds read into shared memory at once; grid-stride; best
 //     ceil(V / 64) blocks, capped at the resident blocks); a bucket of at most EMB_HEAVY
 //     entries is summed by one warp, in increasing i; a larger one by the whole block:
 //     warp w sums the w-th of 8 consecutive segments of ceil(c / 8) entries (increasing
@@ -252,6 +253,9 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
     constexpr int VW = Ty<T>::V;
     constexpr int U = 4;  // vectors per lane per pass (16 or 32 accumulators)
     __shared__ float part[RTX_BLOCK / 32][32 * U * 8];
+    // The tile's bucket bounds, read once per tile (one round of loads instead of a
+    // dependent pair per row): s_k[0][j] = offsets[row j], s_k[1][j] = offsets[row j + 1].
+    __shared__ unsigned s_k[2][EMB_ROWS];
     const unsigned lane = lane_id(), warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const bool vec = D % VW == 0 && aligned16(dy) && aligned16(dtable) && blockDim.x <= RTX_BLOCK;
     const size_t nv = D / VW;
@@ -260,10 +264,16 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
     // give one block every heavy bucket to sum one after another.
     const size_t ntiles = (V + EMB_ROWS - 1) / EMB_ROWS;
     for (size_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        for (unsigned q = threadIdx.x; q < 2 * EMB_ROWS; q += blockDim.x) {
+            const unsigned j = q % EMB_ROWS, hi = q / EMB_ROWS;
+            const size_t row = tile + (size_t)j * ntiles;
+            s_k[hi][j] = row < V ? __ldg(offsets + row + hi) : 0u;
+        }
+        __syncthreads();
         for (size_t j = warp; j < EMB_ROWS; j += nw) {
             const size_t row = tile + j * ntiles;
             if (row >= V) break;
-            const unsigned k0 = __ldg(offsets + row), k1 = __ldg(offsets + row + 1);
+            const unsigned k0 = s_k[0][j], k1 = s_k[1][j];
             if (k1 - k0 > EMB_HEAVY) continue;
             T* out = dtable + row * D;
             if (vec) {
@@ -287,7 +297,7 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
         for (size_t j = 0; j < EMB_ROWS; ++j) {
             const size_t row = tile + j * ntiles;
             if (row >= V) break;
-            const unsigned k0 = __ldg(offsets + row), k1 = __ldg(offsets + row + 1);
+            const unsigned k0 = s_k[0][j], k1 = s_k[1][j];
             if (k1 - k0 <= EMB_HEAVY) continue;  // uniform over the block
             T* out = dtable + row * D;
             if (vec) {
@@ -318,6 +328,7 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
                 }
             }
         }
+        __syncthreads();  // s_k is rewritten by the next tile
     }
 }
 
@@ -345,6 +356,7 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
 
 RTX_EMB_IDX(i32, int)
 RTX_EMB_IDX(u32, unsigned)
+
 
 #define RTX_EMB_BWD(dt, T)                                                                     \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK, EMB_BWD_MIN_BLOCKS) emb_bwd_##dt(                      \

@@ -55,6 +55,11 @@ fn parity<T: Element>(rt: &Runtime, label: &str) {
         &[3, 5, 33],
         &[257, 768],
         &[4, 5000],
+        // Rows of at least 8 KiB on the register path (ln_bwd_pipe on sm_80+, else
+        // ln_bwd_fused), several rows per group so that the ring wraps: bf16 / f16 with
+        // a partial last vector per group, f32 with two groups per block.
+        &[600, 4104],
+        &[1100, 2048],
         &[1000, 3],
     ] {
         let d = *shape.last().unwrap();

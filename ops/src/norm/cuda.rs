@@ -1,15 +1,19 @@
 //! CUDA launches of `kernels/cuda/norm.cu`.
 //!
 //! The backward, when a row fits the kernels' register path (16-byte aligned rows of at
-//! most 1024 vectors of 16 bytes, d <= 8192) and is at least 8 KiB long, is two launches: `ln_bwd_fused_*` (dx, and
-//! each block's partial sums of dgamma and dbeta over its rows, so that dy and x are read
-//! once) and `ln_bwd_final_*` (the partials summed in block order). Otherwise it is three:
+//! most 1024 vectors of 16 bytes, d <= 8192) and is at least 8 KiB long, is two launches:
+//! `ln_bwd_pipe_*` (dx, and each block's partial sums of dgamma and dbeta over its rows,
+//! so that dy and x are read once, staged through a cp.async ring in 118 KiB of shared
+//! memory, one block per SM) or, where the device lacks that shared memory or cp.async
+//! (before compute capability 8.0), `ln_bwd_fused_*` (the same in registers); then
+//! `ln_bwd_final_*` (the partials summed in block order). Otherwise it is three:
 //! dx, the partial sums over chunks of rows (`ln_bwd_part_*`, rereading dy and x), and
 //! their sum in chunk order. Both are deterministic: every sum's order depends only on
 //! the shape and the device's SM count. The partials live in the stream's persistent
 //! scratch (`StreamCx::scratch`), so the backward allocates only its outputs and can be
 //! captured into a graph.
 
+use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
@@ -30,6 +34,71 @@ const FUSED_MAX_D: usize = 8192;
 const FUSED_MIN_BYTES: usize = 8192;
 /// Columns per block of `ln_bwd_final_*`.
 const FINAL_COLUMNS: usize = 32;
+/// Threads per block of `ln_bwd_final_*` (`LN_FINAL_BLOCK` in norm.cu: 32 chunk lanes x
+/// 32 columns).
+const FINAL_BLOCK: u32 = 1024;
+/// `ln_bwd_pipe_*`'s ring (`LN_BPIPE_NV`, `LN_BPIPE_S` in norm.cu): 16-byte vectors per
+/// thread and stages.
+const PIPE_NV: usize = 4;
+const PIPE_STAGES: usize = 3;
+/// Blocks per SM of `ln_bwd_pipe_*` (`LN_BPIPE_BLOCKS`, its launch bound): its grid is the
+/// SM count times this.
+const PIPE_BLOCKS_PER_SM: usize = 1;
+/// `ln_bwd_pipe_*`'s dynamic shared memory at [`BLOCK`] threads: per stage dy and x
+/// (`PIPE_NV` vectors of 16 bytes per thread each) and mean, rstd (4 bytes each), then
+/// gamma (`PIPE_NV` vectors per thread).
+const PIPE_SMEM: usize =
+    PIPE_STAGES * (2 * PIPE_NV * BLOCK as usize * 16 + 8 * BLOCK as usize) + PIPE_NV * BLOCK as usize * 16;
+
+const _: () = assert!(PIPE_NV == LN_NV, "ln_bwd_pipe takes the rows of the register path's gate");
+
+/// Per-stream state of this launcher: whether `ln_bwd_pipe_*` runs here, per float dtype
+/// (f32, f16, bf16): `None` until its first use, then whether its shared memory could be
+/// granted.
+#[derive(Default)]
+struct NormState {
+    pipe: [Option<bool>; 3],
+}
+
+fn dtype_slot(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        _ => 2,
+    }
+}
+
+/// Whether `ln_bwd_pipe_*` for `T` can run on this stream's device: compute capability
+/// 8.0 or newer (cp.async) and [`PIPE_SMEM`] bytes of dynamic shared memory granted to
+/// the function (asked for once per stream and dtype; a refusal is remembered and the
+/// backward takes `ln_bwd_fused_*`).
+fn pipe_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
+    let slot = dtype_slot(T::DTYPE);
+    if let Some(ok) = scx.ext::<NormState>(|_| Ok(NormState::default()))?.pipe[slot] {
+        return Ok(ok);
+    }
+    let ok = scx.arch().0 >= 8 && {
+        let f = kernels::function(scx, MODULE, 5, T::DTYPE, || {
+            format!("ln_bwd_pipe_{}", T::DTYPE.name())
+        })?;
+        let granted = scx.context().bind_to_thread().is_ok()
+            && f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                PIPE_SMEM as i32,
+            )
+            .is_ok();
+        if !granted {
+            tracing::debug!(
+                "layer_norm_backward: {PIPE_SMEM} bytes of shared memory refused on device {}; \
+                 using ln_bwd_fused",
+                scx.ordinal()
+            );
+        }
+        granted
+    };
+    scx.ext::<NormState>(|_| Ok(NormState::default()))?.pipe[slot] = Some(ok);
+    Ok(ok)
+}
 
 /// Enqueues the forward; returns `(y, mean, rstd)`.
 #[allow(clippy::too_many_arguments)]
@@ -143,8 +212,11 @@ fn backward_t<T: Element>(
         && d / v <= BLOCK as usize * LN_NV
         && d <= FUSED_MAX_D
         && d * std::mem::size_of::<T>() >= FUSED_MIN_BYTES;
+    let pipe = fused && pipe_ready::<T>(scx)?;
     let sms = scx.sm_count() as usize;
-    let (rpc, chunks) = if fused {
+    let (rpc, chunks) = if pipe {
+        (0, rows.min(sms * PIPE_BLOCKS_PER_SM).max(1))
+    } else if fused {
         (0, rows.min(sms * FUSED_BLOCKS_PER_SM).max(1))
     } else {
         chunking(sms, rows, d)
@@ -155,7 +227,26 @@ fn backward_t<T: Element>(
     // The stream's persistent scratch (its uses on this stream are ordered).
     let part_g = scx.scratch::<f32>("ln_bwd.part_g", scratch)?;
     let part_b = scx.scratch::<f32>("ln_bwd.part_b", scratch)?;
-    if fused {
+    if pipe {
+        let f = kernels::function(scx, MODULE, 5, T::DTYPE, || name("pipe"))?;
+        let mut lb = scx.stream().launch_builder(&f);
+        lb.arg(dy)
+            .arg(x)
+            .arg(mean)
+            .arg(rstd)
+            .arg(g)
+            .arg(&mut dx)
+            .arg(&part_g)
+            .arg(&part_b)
+            .arg(&rows)
+            .arg(&d);
+        // SAFETY: `ln_bwd_pipe_{dt}` takes `ln_bwd_fused_{dt}`'s arguments (below), with
+        // the same conditions, checked above, and the ring's PIPE_SMEM bytes of dynamic
+        // shared memory, granted to the function by pipe_ready: dx is written entirely
+        // and each block b < chunks writes part_*[b * d .. (b + 1) * d].
+        unsafe { lb.launch(config(chunks as u32, PIPE_SMEM as u32)) }
+            .map_err(|e| launch_error(BWD, e))?;
+    } else if fused {
         let f = kernels::function(scx, MODULE, 4, T::DTYPE, || name("fused"))?;
         let mut lb = scx.stream().launch_builder(&f);
         lb.arg(dy)
@@ -223,11 +314,16 @@ fn backward_t<T: Element>(
             .arg(&chunks)
             .arg(&d);
         // SAFETY: `ln_bwd_final_{dt}(const float* part_g, const float* part_b, T* dgamma,
-        // T* dbeta, size_t chunks, size_t d)`, blocks of 256 over column tiles of 32 (any
-        // grid): the partials hold chunks * d elements, written by the launches before on
-        // this stream; dgamma, dbeta d, each written.
+        // T* dbeta, size_t chunks, size_t d)`, blocks of 1024 (its launch bound) over
+        // column tiles of 32 (any grid): the partials hold chunks * d elements, written
+        // by the launches before on this stream; dgamma, dbeta d, each written.
         let blocks = d.div_ceil(FINAL_COLUMNS).clamp(1, u32::MAX as usize) as u32;
-        unsafe { lb.launch(config(blocks, 0)) }.map_err(|e| launch_error(BWD, e))?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (FINAL_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(BWD, e))?;
     }
     Ok([
         Buffer::from_cuda(dx),
