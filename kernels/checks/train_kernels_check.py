@@ -804,8 +804,7 @@ def main():
         # 2026-12-03's runs (all slower at bf16 8192 x 4096: 1 block per SM with 4 or 5
         # stages, 2 vectors per thread with 2 blocks per SM, 8 vectors per thread).
         for dfn, kw in (({}, {"launcher": True}),
-                        ({"LN_BPIPE_S": 4}, {"bs": 4}),
-                        ({"LN_BPIPE_NV": 2, "LN_BPIPE_S": 4, "LN_BPIPE_BLOCKS": 2}, {"bnv": 2, "bs": 4, "bblocks": 2})):
+                        ({"LN_BPIPE_S": 4}, {"bs": 4})):
             try:
                 mod = Module("norm", defines=dfn)
                 print("  pipe variant %s ln_bwd_pipe_bf16: %s, %d B dynamic" % (

@@ -40,7 +40,8 @@
 //     every element of dtable [V, D] written once: the ordered sum of its bucket (0 if
 //     empty). Blocks take tiles of EMB_ROWS = 64 table rows, every ceil(V / 64)-th row
 //     (interleaved, so that the heavy buckets of frequent ids spread over blocks; the
-//     tile's 128 bucket bounds read into shared memory at once; grid-stride; best
+//     tile's 128 bucket bounds read into shared memory at once, and a 64-bit mask of its
+//     heavy buckets made from them, so that the block visits only those; grid-stride; best
 //     ceil(V / 64) blocks, capped at the resident blocks); a bucket of at most EMB_HEAVY
 //     entries is summed by one warp, in increasing i; a larger one by the whole block:
 //     warp w sums the w-th of 8 consecutive segments of ceil(c / 8) entries (increasing
@@ -61,7 +62,8 @@ using namespace rtx;
 #define EMB_HEAVY 64  // buckets larger than this are summed by the whole block (H200: 64
                       // beat 4 and 16 on Zipf ids, equal on uniform ones)
 #endif
-#define EMB_ROWS 64    // table rows per block of emb_bwd (8 per warp)
+#define EMB_ROWS 64    // table rows per block of emb_bwd (8 per warp; the heavy mask is 64 bits)
+
 #ifndef EMB_BWD_MIN_BLOCKS
 #define EMB_BWD_MIN_BLOCKS 3  // emb_bwd's launch bound (at most 80 registers)
 #endif
@@ -256,6 +258,7 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
     // The tile's bucket bounds, read once per tile (one round of loads instead of a
     // dependent pair per row): s_k[0][j] = offsets[row j], s_k[1][j] = offsets[row j + 1].
     __shared__ unsigned s_k[2][EMB_ROWS];
+    __shared__ unsigned long long s_heavy;  // bit j: row j of the tile has > EMB_HEAVY entries
     const unsigned lane = lane_id(), warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const bool vec = D % VW == 0 && aligned16(dy) && aligned16(dtable) && blockDim.x <= RTX_BLOCK;
     const size_t nv = D / VW;
@@ -268,6 +271,13 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
             const unsigned j = q % EMB_ROWS, hi = q / EMB_ROWS;
             const size_t row = tile + (size_t)j * ntiles;
             s_k[hi][j] = row < V ? __ldg(offsets + row + hi) : 0u;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            const bool h0 = s_k[1][lane] - s_k[0][lane] > EMB_HEAVY;
+            const bool h1 = s_k[1][lane + 32] - s_k[0][lane + 32] > EMB_HEAVY;
+            const unsigned lo = __ballot_sync(RTX_FULL_MASK, h0), hi = __ballot_sync(RTX_FULL_MASK, h1);
+            if (lane == 0) s_heavy = ((unsigned long long)hi << 32) | lo;
         }
         __syncthreads();
         for (size_t j = warp; j < EMB_ROWS; j += nw) {
@@ -294,11 +304,10 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
                 }
             }
         }
-        for (size_t j = 0; j < EMB_ROWS; ++j) {
+        for (unsigned long long heavy = s_heavy; heavy; heavy &= heavy - 1) {  // uniform over the block
+            const size_t j = (size_t)(__ffsll((long long)heavy) - 1);
             const size_t row = tile + j * ntiles;
-            if (row >= V) break;
             const unsigned k0 = s_k[0][j], k1 = s_k[1][j];
-            if (k1 - k0 <= EMB_HEAVY) continue;  // uniform over the block
             T* out = dtable + row * D;
             if (vec) {
                 const unsigned seg = (k1 - k0 + nw - 1) / nw;
