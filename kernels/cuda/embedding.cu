@@ -21,15 +21,18 @@
 //   emb_count_{it}(const I* ids, size_t n, size_t V, unsigned* counts, unsigned* tiles,
 //       unsigned* bad)
 //     counts[V] (zeroed) gets the number of each valid id, tiles[ceil(V / 1024)] (zeroed)
-//     the number in each tile of 1024 rows; *bad (zeroed) the invalid ones.
+//     the number in each tile of 1024 rows; *bad is set to 0 (emb_scatter counts the
+//     invalid ids into it: the backward needs no memset for it).
 //   emb_scan(const unsigned* counts, const unsigned* tiles, size_t V, unsigned* offsets,
 //       unsigned* next)
 //     offsets[v] = next[v] = sum of counts[0..v], offsets[V] = the total. A block per
 //     tile of 1024 counts (grid-stride, any grid; best ceil(V / 1024)): its start is the
 //     sum of the tiles before it, then a block scan of 4 counts per thread.
-//   emb_scatter_{it}(const I* ids, size_t n, size_t V, unsigned* next, unsigned* slots)
+//   emb_scatter_{it}(const I* ids, size_t n, size_t V, unsigned* next, unsigned* slots,
+//       unsigned* bad)
 //     slots[offsets[v] ..] = the i with ids[i] == v, in an arbitrary order (atomics on
-//     the cursors next[]); grid-stride over i.
+//     the cursors next[]); each invalid id adds 1 to *bad (zeroed by emb_count);
+//     grid-stride over i.
 //   emb_order_{it}(const I* ids, size_t n, size_t V, const unsigned* offsets,
 //       const unsigned* slots, unsigned* positions)
 //     positions[offsets[v] + r] = i where r = the number of slots of bucket v holding
@@ -115,13 +118,12 @@ __device__ __forceinline__ void fwd(const T* table, const I* ids, T* y, size_t n
 template <typename I>
 __device__ __forceinline__ void count(const I* ids, size_t n, size_t V, unsigned* counts, unsigned* tiles,
                                       unsigned* bad) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *bad = 0u;  // counted by emb_scatter
     for (size_t i = global_thread(); i < n; i += global_threads()) {
         const unsigned id = valid_id(ids[i], V);
         if (id != RTX_NO_ID) {
             atomicAdd(counts + id, 1u);
             atomicAdd(tiles + id / EMB_TILE, 1u);
-        } else {
-            atomicAdd(bad, 1u);
         }
     }
 }
@@ -188,10 +190,12 @@ extern "C" __global__ void __launch_bounds__(RTX_BLOCK)
 }
 
 template <typename I>
-__device__ __forceinline__ void scatter(const I* ids, size_t n, size_t V, unsigned* next, unsigned* slots) {
+__device__ __forceinline__ void scatter(const I* ids, size_t n, size_t V, unsigned* next, unsigned* slots,
+                                        unsigned* bad) {
     for (size_t i = global_thread(); i < n; i += global_threads()) {
         const unsigned id = valid_id(ids[i], V);
         if (id != RTX_NO_ID) slots[atomicAdd(next + id, 1u)] = (unsigned)i;
+        else atomicAdd(bad, 1u);
     }
 }
 
@@ -354,8 +358,8 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
         count<I>(ids, n, V, counts, tiles, bad);                                               \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK) emb_scatter_##it(                  \
-        const I* ids, size_t n, size_t V, unsigned* next, unsigned* slots) {                   \
-        scatter<I>(ids, n, V, next, slots);                                                    \
+        const I* ids, size_t n, size_t V, unsigned* next, unsigned* slots, unsigned* bad) {    \
+        scatter<I>(ids, n, V, next, slots, bad);                                               \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK) emb_order_##it(                    \
         const I* ids, size_t n, size_t V, const unsigned* offsets, const unsigned* slots,      \

@@ -92,7 +92,8 @@ pub(super) fn backward(
 ) -> Result<(Buffer, Buffer)> {
     let (ids_ptr, icode, iname) = ids_addr(scx, ids)?;
     let n = ids.len();
-    let mut bad = zeroed(scx, 1)?;
+    // Set to 0 by emb_count and counted by emb_scatter (no memset of its own).
+    let mut bad = scx.alloc::<u32>(1)?;
     // counts[V], then the tile counts of emb_scan's tiles, zeroed by one memset.
     let tiles = rows.div_ceil(SCAN_TILE);
     let mut counts = zeroed(scx, rows + tiles)?;
@@ -115,7 +116,8 @@ pub(super) fn backward(
             .arg(&mut bad);
         // SAFETY: emb_count_{it}(const I* ids, size_t n, size_t V, unsigned* counts,
         // unsigned* tiles, unsigned* bad): n ids; `counts` holds V zeroed counters and
-        // then (at `tiles_addr`) ceil(V / 1024) zeroed tile counters; `bad` one.
+        // then (at `tiles_addr`) ceil(V / 1024) zeroed tile counters; `bad` one counter
+        // (set to 0 here).
         unsafe { lb.launch(per_id) }.map_err(|e| launch_error(name, e))?;
     }
     {
@@ -141,11 +143,13 @@ pub(super) fn backward(
             .arg(&n)
             .arg(&rows)
             .arg(&mut next)
-            .arg(&mut slots);
+            .arg(&mut slots)
+            .arg(&mut bad);
         // SAFETY: emb_scatter_{it}(const I* ids, size_t n, size_t V, unsigned* next,
-        // unsigned* slots): the cursors from emb_scan (bucket v's run [offsets[v],
-        // offsets[v + 1]) holds exactly counts[v] slots, so every cursor stays inside it);
-        // `slots` holds n entries (at least 1), one per valid id.
+        // unsigned* slots, unsigned* bad): the cursors from emb_scan (bucket v's run
+        // [offsets[v], offsets[v + 1]) holds exactly counts[v] slots, so every cursor
+        // stays inside it); `slots` holds n entries (at least 1), one per valid id; `bad`
+        // the counter emb_count set to 0.
         unsafe { lb.launch(per_id) }.map_err(|e| launch_error(name, e))?;
     }
     {
