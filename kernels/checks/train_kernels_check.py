@@ -808,8 +808,9 @@ def main():
         # arguments). The first is the launcher's (sm_80+); the others were timed in
         # 2026-12-03's runs (all slower at bf16 8192 x 4096: 1 block per SM with 4 or 5
         # stages, 2 vectors per thread with 2 blocks per SM, 8 vectors per thread).
+        # LN_STREAM=1: the forward's streaming loads and stores (a norm.cu variant).
         for dfn, kw in (({}, {"launcher": True}),
-                        ({"LN_BPIPE_S": 4}, {"bs": 4})):
+                        ({"LN_STREAM": 1}, {"launcher": True})):
             try:
                 mod = Module("norm", defines=dfn)
                 print("  pipe variant %s ln_bwd_pipe_bf16: %s, %d B dynamic" % (
