@@ -47,10 +47,13 @@ const PIPE_BLOCKS_PER_SM: usize = 1;
 /// `ln_bwd_pipe_*`'s dynamic shared memory at [`BLOCK`] threads: per stage dy and x
 /// (`PIPE_NV` vectors of 16 bytes per thread each) and mean, rstd (4 bytes each), then
 /// gamma (`PIPE_NV` vectors per thread).
-const PIPE_SMEM: usize =
-    PIPE_STAGES * (2 * PIPE_NV * BLOCK as usize * 16 + 8 * BLOCK as usize) + PIPE_NV * BLOCK as usize * 16;
+const PIPE_SMEM: usize = PIPE_STAGES * (2 * PIPE_NV * BLOCK as usize * 16 + 8 * BLOCK as usize)
+    + PIPE_NV * BLOCK as usize * 16;
 
-const _: () = assert!(PIPE_NV == LN_NV, "ln_bwd_pipe takes the rows of the register path's gate");
+const _: () = assert!(
+    PIPE_NV == LN_NV,
+    "ln_bwd_pipe takes the rows of the register path's gate"
+);
 
 /// Per-stream state of this launcher: whether `ln_bwd_pipe_*` runs here, per float dtype
 /// (f32, f16, bf16): `None` until its first use, then whether its shared memory could be
