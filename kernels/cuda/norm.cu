@@ -74,10 +74,10 @@
 //   LN_BWD_PREFETCH (0): 1: ln_bwd_fused, 2: ln_bwd_fused and ln_bwd_dx load the next
 //     row's dy, x, mean, rstd (into registers) before this row's reductions, so that
 //     loads stay in flight through them (twice the row registers). Same results.
-//   LN_STREAM (0): 1: the forward loads x with ld.global.nc.L1::no_allocate and stores y
-//     with st.global.cs. On the H200 (2026-12-03) bf16 8192 x 4096 took 0.0405 ms with
-//     it against 0.0426, but 8192 x 768 0.0114 against 0.0104: not adopted (a gate on
-//     the row length would be the next step).
+//   LN_STREAM (2): the forward loads x with ld.global.nc.L1::no_allocate and stores y
+//     with st.global.cs: 0 never, 1 always, 2 for rows of at least 8 KiB. On the H200
+//     (2026-12-03) 1 took bf16 8192 x 4096 in 0.0405 ms against 0.0426 with 0, but
+//     8192 x 768 in 0.0114 against 0.0104; hence 2.
 //   LN_PAIR_SUM (1): the backward's two row sums (sum g, sum g * xh) reduced together,
 //     one pair of barriers instead of two; each is added in the same order, so the
 //     results are bit for bit those of 0 (the sums one after the other). On the H200
@@ -164,36 +164,44 @@ __device__ __forceinline__ void group_sum2(float& a, float& b, unsigned gi, unsi
 // ---- row in registers -----------------------------------------------------------------
 
 #ifndef LN_STREAM
-#define LN_STREAM 0  // fwd: x loaded without L1 allocation, y stored with .cs (streaming)
+#define LN_STREAM 2  // fwd: 0 plain, 1 streaming loads / stores, 2 streaming for rows >= 8 KiB
 #endif
-__device__ __forceinline__ uint4 ln_ld_stream(const void* p) {
-#if LN_STREAM
+// The forward's streaming access (LN_STREAM): x loaded without L1 allocation, y stored
+// with .cs (evict first); `on` is uniform over the grid (it depends on the row length).
+__device__ __forceinline__ bool ln_stream_rows(size_t nv) {
+#if LN_STREAM == 1
+    return true;
+#elif LN_STREAM == 2
+    return nv * 16 >= 8192;
+#else
+    return false;
+#endif
+}
+__device__ __forceinline__ uint4 ln_ld_stream(const void* p, bool on) {
+    if (!on) return ldg16(p);
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
-#else
-    return ldg16(p);
-#endif
 }
-__device__ __forceinline__ void ln_st_stream(void* p, uint4 v) {
-#if LN_STREAM
+__device__ __forceinline__ void ln_st_stream(void* p, uint4 v, bool on) {
+    if (!on) {
+        st16(p, v);
+        return;
+    }
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
-#else
-    st16(p, v);
-#endif
 }
 
-// The row's vectors this thread holds: raw[k] = vector gl + k * gn (when below nv).
 template <typename T>
-__device__ __forceinline__ void ln_load_row(const T* xr, size_t nv, unsigned gl, unsigned gn, uint4* raw) {
+__device__ __forceinline__ void ln_load_row(const T* xr, size_t nv, unsigned gl, unsigned gn, uint4* raw,
+                                            bool stream = false) {
     constexpr int V = Ty<T>::V;
 #pragma unroll
     for (int k = 0; k < LN_NV; ++k) {
         const size_t i = gl + (size_t)k * gn;
-        if (i < nv) raw[k] = ln_ld_stream(xr + i * V);
+        if (i < nv) raw[k] = ln_ld_stream(xr + i * V, stream);
     }
 }
 
@@ -202,7 +210,7 @@ __device__ __forceinline__ void ln_load_row(const T* xr, size_t nv, unsigned gl,
 template <typename T>
 __device__ __forceinline__ void ln_fwd_row(const uint4* raw, const T* gamma, const T* beta, T* yr, size_t nv,
                                            float inv_d, float eps, unsigned gl, unsigned gi, unsigned gn,
-                                           float* sm, float& mu, float& r) {
+                                           float* sm, float& mu, float& r, bool stream = false) {
     constexpr int V = Ty<T>::V;
     float s = 0.0f;
 #pragma unroll
@@ -239,7 +247,7 @@ __device__ __forceinline__ void ln_fwd_row(const uint4* raw, const T* gamma, con
             load_vec<T, V>(beta + i * V, b);
 #pragma unroll
             for (int e = 0; e < V; ++e) f[e] = (f[e] - mu) * r * g[e] + b[e];
-            ln_st_stream(yr + i * V, Ty<T>::pack(f));
+            ln_st_stream(yr + i * V, Ty<T>::pack(f), stream);
         }
     }
 }
@@ -465,16 +473,17 @@ __device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta
         __shared__ float sm[32];
         const unsigned gn = ln_group(nv), gpb = blockDim.x / gn, gi = threadIdx.x / gn, gl = threadIdx.x % gn;
         const size_t stride = (size_t)gridDim.x * gpb;
+        const bool stream = ln_stream_rows(nv);
         size_t row = (size_t)blockIdx.x * gpb + gi;
 #if LN_PREFETCH
         // The next row's loads are issued before this row's reductions.
         uint4 raw[LN_NV];
-        if (row < rows) ln_load_row<T>(x + row * d, nv, gl, gn, raw);
+        if (row < rows) ln_load_row<T>(x + row * d, nv, gl, gn, raw, stream);
         for (; row < rows; row += stride) {
             uint4 nxt[LN_NV];
-            if (row + stride < rows) ln_load_row<T>(x + (row + stride) * d, nv, gl, gn, nxt);
+            if (row + stride < rows) ln_load_row<T>(x + (row + stride) * d, nv, gl, gn, nxt, stream);
             float mu, r;
-            ln_fwd_row<T>(raw, gamma, beta, y + row * d, nv, inv_d, eps, gl, gi, gn, sm, mu, r);
+            ln_fwd_row<T>(raw, gamma, beta, y + row * d, nv, inv_d, eps, gl, gi, gn, sm, mu, r, stream);
             if (gl == 0) { mean[row] = mu; rstd[row] = r; }
 #pragma unroll
             for (int k = 0; k < LN_NV; ++k) raw[k] = nxt[k];
@@ -482,9 +491,9 @@ __device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta
 #else
         for (; row < rows; row += stride) {
             uint4 raw[LN_NV];
-            ln_load_row<T>(x + row * d, nv, gl, gn, raw);
+            ln_load_row<T>(x + row * d, nv, gl, gn, raw, stream);
             float mu, r;
-            ln_fwd_row<T>(raw, gamma, beta, y + row * d, nv, inv_d, eps, gl, gi, gn, sm, mu, r);
+            ln_fwd_row<T>(raw, gamma, beta, y + row * d, nv, inv_d, eps, gl, gi, gn, sm, mu, r, stream);
             if (gl == 0) { mean[row] = mu; rstd[row] = r; }
         }
 #endif
