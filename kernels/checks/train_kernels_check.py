@@ -108,6 +108,11 @@ class Module:
         by_smem = (228 * 1024) // (smem + 1024) if smem else 8
         return SMS * max(1, min(8, by_regs, by_smem))
 
+    def final_block(self, t):
+        """ln_bwd_final's block: FINAL_BLOCK, or fewer threads where the module's kernel is
+        bound lower (an older tree's, given with --old, was launched with 256)."""
+        return min(FINAL_BLOCK, self.fn("ln_bwd_final_" + t).attributes["max_threads_per_block"])
+
     def regs(self, name):
         a = self.fn(name).attributes
         return "%d regs, %d B smem, %d B local" % (a["num_regs"], a["shared_size_bytes"],
@@ -212,7 +217,7 @@ class LN:
                           (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(g), ptr(dx), ptr(pg), ptr(pb),
                            np.uint64(rows), np.uint64(d)))
             self.m.launch("ln_bwd_final_" + t, (d + 31) // 32,
-                          (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d)), block=FINAL_BLOCK)
+                          (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d)), block=self.m.final_block(t))
             return
         n_dx = "ln_bwd_dx_" + t
         self.m.launch(n_dx, max(1, min(rows, self.m.resident(n_dx, self.mode))),
@@ -225,7 +230,7 @@ class LN:
         n_f = "ln_bwd_final_" + t
         grid = (d + 31) // 32
         self.m.launch(n_f, grid, (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(chunks), np.uint64(d)),
-                      block=FINAL_BLOCK)
+                      block=self.m.final_block(t))
 
 
 class LNPipe(LN):
@@ -252,7 +257,7 @@ class LNPipe(LN):
                       (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(g), ptr(dx), ptr(pg), ptr(pb),
                        np.uint64(rows), np.uint64(d)), smem=self.bsmem)
         self.m.launch("ln_bwd_final_" + t, (d + 31) // 32,
-                      (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d)), block=FINAL_BLOCK)
+                      (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d)), block=self.m.final_block(t))
 
 
 def ln_scratch(rows, d):
@@ -319,7 +324,7 @@ def bench_ln(ln, old, variants=()):
                 grid = max(1, min(rows, SMS * k.bblocks))
                 a_f = (ptr(sc[0]), ptr(sc[1]), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d))
                 report("  of which ln_bwd_final (%d partial rows)" % grid,
-                       time_ms(lambda: k.m.launch("ln_bwd_final_" + t, (d + 31) // 32, a_f, block=FINAL_BLOCK)), float("nan"),
+                       time_ms(lambda: k.m.launch("ln_bwd_final_" + t, (d + 31) // 32, a_f, block=k.m.final_block(t))), float("nan"),
                        2 * grid * d * 4)
             if tag == "3-kernel bwd ":
                 t = tname(dt)
