@@ -23,13 +23,14 @@
 //     register path and d <= 8192 (else it writes NaN partials).
 //   extern "C" __global__ void ln_bwd_pipe_{dt}(same arguments)
 //     ln_bwd_fused's computation (the same groups, rows and order of every sum for the
-//     same grid and vectors per thread), with dy, x, mean and rstd staged through a cp.async ring (see "the backward on a
-//     cp.async ring" below): LN_BPIPE_NV = 4 vectors per thread, LN_BPIPE_S = 3 stages,
-//     dynamic shared memory S * (2 * NV * blockDim * 16 + 8 * blockDim) + NV * blockDim *
-//     16 bytes (120832 at 256 threads), one block per SM (192 registers); grid SMs.
-//     Needs sm_80 and the register path (else NaN partials). On the H200 (bf16 8192 x
-//     4096, kernels/checks/train_kernels_check.py, 2026-12-03) the backward took 0.0732
-//     ms this way against 0.0861 through ln_bwd_fused (both with ln_bwd_final).
+//     same grid and vectors per thread), with dy, x, mean and rstd
+//     staged through a cp.async ring (norm_ring.cuh): LN_BPIPE_NV = 4 vectors per
+//     thread, LN_BPIPE_S = 3 stages, dynamic shared memory S * (2 * NV * blockDim * 16 +
+//     8 * blockDim) + NV * blockDim * 16 bytes (120832 at 256 threads), one block per
+//     SM; grid SMs. Needs sm_80 and the register path (else NaN partials). On the H200
+//     (bf16 8192 x 4096, kernels/checks/train_kernels_check.py, 2026-12-03) the backward
+//     took 0.0732 ms this way against 0.0861 through ln_bwd_fused (both with
+//     ln_bwd_final).
 // Otherwise three launches:
 //   extern "C" __global__ void ln_bwd_dx_{dt}(const T* dy, const T* x, const float* mean,
 //       const float* rstd, const T* gamma, T* dx, size_t rows, size_t d)
@@ -270,11 +271,13 @@ __device__ __forceinline__ void ln_load_dx(const T* dyr, const T* xr, size_t nv,
 // One row of dx by a group of `gn` threads (lane `gl`), its dy and x already in rdy, rx
 // (ln_load_dx, NV vectors per thread). With ACC, also adds the row's dy * xh and dy to
 // ag, ab (this thread's columns: vector gl + k * gn, element e). sm: 32 floats (64 with
-// LN_PAIR_SUM).
-template <typename T, bool ACC, int NV>
+// LN_PAIR_SUM). gamma is read from global memory, or with GK from this thread's shared
+// slots gk (its vector k at gk[k * blockDim.x], ln_bwd_pipe's layout).
+template <typename T, bool ACC, int NV, bool GK = false>
 __device__ __forceinline__ void ln_dx_regs(const uint4* rdy, const uint4* rx, const T* gamma, T* dxr, size_t nv,
                                            float inv_d, float m, float rs, unsigned gl, unsigned gi, unsigned gn,
-                                           float* sm, float (*ag)[Ty<T>::V], float (*ab)[Ty<T>::V]) {
+                                           float* sm, float (*ag)[Ty<T>::V], float (*ab)[Ty<T>::V],
+                                           const uint4* gk = nullptr) {
     constexpr int V = Ty<T>::V;
     float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
@@ -284,7 +287,8 @@ __device__ __forceinline__ void ln_dx_regs(const uint4* rdy, const uint4* rx, co
             float fd[V], fx[V], g[V];
             Ty<T>::unpack(rdy[k], fd);
             Ty<T>::unpack(rx[k], fx);
-            load_vec<T, V>(gamma + i * V, g);
+            if constexpr (GK) Ty<T>::unpack(gk[k * blockDim.x], g);
+            else load_vec<T, V>(gamma + i * V, g);
 #pragma unroll
             for (int e = 0; e < V; ++e) {
                 const float gg = fd[e] * g[e];
@@ -308,7 +312,8 @@ __device__ __forceinline__ void ln_dx_regs(const uint4* rdy, const uint4* rx, co
             float fd[V], fx[V], g[V];
             Ty<T>::unpack(rdy[k], fd);
             Ty<T>::unpack(rx[k], fx);
-            load_vec<T, V>(gamma + i * V, g);
+            if constexpr (GK) Ty<T>::unpack(gk[k * blockDim.x], g);
+            else load_vec<T, V>(gamma + i * V, g);
 #pragma unroll
             for (int e = 0; e < V; ++e) {
                 const float gg = fd[e] * g[e];
@@ -385,6 +390,38 @@ __device__ __forceinline__ void ln_dx_row(const T* dyr, const T* xr, const T* ga
             }
             store_vec<T, V>(dxr + i * V, fd);
         }
+    }
+}
+
+// The block's parameter-gradient partials out (ln_bwd_fused, ln_bwd_pipe): the groups'
+// sums ag, ab (NV vectors per thread, as ln_dx_regs adds them) are added in group order
+// into red (d floats of shared memory), then written to row blockIdx.x of part_g /
+// part_b. Every thread of the block calls it (block barriers).
+template <typename T, int NV>
+__device__ __forceinline__ void ln_write_partials(const float (*ag)[Ty<T>::V], const float (*ab)[Ty<T>::V],
+                                                  float* red, float* part_g, float* part_b, size_t nv, size_t d,
+                                                  unsigned gl, unsigned gi, unsigned gn, unsigned gpb) {
+    constexpr int V = Ty<T>::V;
+    for (int which = 0; which < 2; ++which) {
+        for (unsigned g = 0; g < gpb; ++g) {
+            if (gi == g) {
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    const size_t i = gl + (size_t)k * gn;
+                    if (i < nv) {
+#pragma unroll
+                        for (int e = 0; e < V; ++e) {
+                            const float a = which == 0 ? ag[k][e] : ab[k][e];
+                            red[i * V + e] = g == 0 ? a : red[i * V + e] + a;
+                        }
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        float* part = which == 0 ? part_g : part_b;
+        for (size_t j = threadIdx.x; j < d; j += blockDim.x) part[blockIdx.x * d + j] = red[j];
+        __syncthreads();
     }
 }
 
@@ -654,28 +691,7 @@ __device__ __forceinline__ void ln_bwd_fused(const T* dy, const T* x, const floa
                                         __ldg(rstd + row), gl, gi, gn, sm, ag, ab);
     }
 #endif
-    // Groups in order: red = group 0's sums, then + group 1's, ...; then the row out.
-    for (int which = 0; which < 2; ++which) {
-        for (unsigned g = 0; g < gpb; ++g) {
-            if (gi == g) {
-#pragma unroll
-                for (int k = 0; k < LN_FUSED_NV; ++k) {
-                    const size_t i = gl + (size_t)k * gn;
-                    if (i < nv) {
-#pragma unroll
-                        for (int e = 0; e < V; ++e) {
-                            const float a = which == 0 ? ag[k][e] : ab[k][e];
-                            red[i * V + e] = g == 0 ? a : red[i * V + e] + a;
-                        }
-                    }
-                }
-            }
-            __syncthreads();
-        }
-        float* part = which == 0 ? part_g : part_b;
-        for (size_t j = threadIdx.x; j < d; j += blockDim.x) part[blockIdx.x * d + j] = red[j];
-        __syncthreads();
-    }
+    ln_write_partials<T, LN_FUSED_NV>(ag, ab, red, part_g, part_b, nv, d, gl, gi, gn, gpb);
 }
 
 // The chunks' partials summed in chunk order, in f64. Block: up to 1024 threads = L
@@ -711,171 +727,10 @@ __device__ __forceinline__ void ln_bwd_final(const float* part_g, const float* p
     }
 }
 
-// ---- the backward on a cp.async ring (ln_bwd_pipe) --------------------------------------
-//
-// ln_bwd_pipe takes the register path's rows with the same groups as ln_bwd_fused, but
-// each thread stages the 16-byte vectors of dy and x it will read, and the row's mean and
-// rstd, in its own slots of a ring of S stages in dynamic shared memory, S - 1 rows ahead
-// (cp.async, sm_80 and newer): the loads of the next rows stay in flight through this
-// row's reductions without costing registers. A thread reads only the slots it filled,
-// so the ring needs no barrier (cp.async.wait_group orders a thread's own copies). gamma
-// sits in the thread's own slots too (its columns are the same in every row).
-
-__device__ __forceinline__ unsigned ln_smem_addr(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void ln_cp16(unsigned dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void ln_cp4(unsigned dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void ln_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void ln_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// The fused backward (dx and the block's parameter partials, as ln_bwd_fused) on the
-// ring: stage s holds [dy: NV x blockDim][x: NV x blockDim] vectors, and after all S
-// stages of vectors, [mean, rstd] x blockDim floats per stage.
-template <typename T, int NV, int S>
-__device__ __forceinline__ void ln_bwd_pipe(const T* dy, const T* x, const float* mean, const float* rstd,
-                                            const T* gamma, T* dx, float* part_g, float* part_b, size_t rows,
-                                            size_t d) {
-    constexpr int V = Ty<T>::V;
-    const float inv_d = 1.0f / (float)d;
-    const size_t nv = d / V;
-    const bool ok = d % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(gamma) &&
-                    nv <= (size_t)blockDim.x * NV;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    const bool arch_ok = false;  // no cp.async: the launcher takes ln_bwd_fused there
-#else
-    const bool arch_ok = true;
-#endif
-    if (!ok || !arch_ok) {
-        for (size_t j = threadIdx.x; j < d; j += blockDim.x) {
-            part_g[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
-            part_b[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
-        }
-        return;
-    }
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    extern __shared__ uint4 ln_ring[];
-    __shared__ float sm[64];
-    const unsigned gn = ln_group(nv, NV), gpb = blockDim.x / gn, gi = threadIdx.x / gn, gl = threadIdx.x % gn;
-    const size_t stride = (size_t)gridDim.x * gpb, row0 = (size_t)blockIdx.x * gpb + gi;
-    const unsigned bd = blockDim.x;
-    float ag[NV][V], ab[NV][V];
-    // gamma: this thread's vectors in its own slots after the ring's vectors and floats.
-    uint4* gslot = ln_ring + (size_t)S * 2 * NV * bd + (size_t)S * 2 * bd / 4;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const size_t i = gl + (size_t)k * gn;
-        if (i < nv) gslot[k * bd + threadIdx.x] = ldg16(gamma + i * V);
-#pragma unroll
-        for (int e = 0; e < V; ++e) { ag[k][e] = 0.0f; ab[k][e] = 0.0f; }
-    }
-    const unsigned base = ln_smem_addr(ln_ring);
-    float* fring = reinterpret_cast<float*>(ln_ring + (size_t)S * 2 * NV * bd);
-    const unsigned fbase = ln_smem_addr(fring);
-    auto vslot = [&](unsigned s, int w, int k) { return (((s * 2 + (unsigned)w) * NV + (unsigned)k) * bd + threadIdx.x); };
-    auto fslot = [&](unsigned s, int w) { return ((s * 2 + (unsigned)w) * bd + threadIdx.x); };
-    auto issue = [&](unsigned j) {
-        const size_t row = row0 + (size_t)j * stride;
-        if (row < rows) {
-            const unsigned s = j % S;
-#pragma unroll
-            for (int k = 0; k < NV; ++k) {
-                const size_t i = gl + (size_t)k * gn;
-                if (i < nv) {
-                    ln_cp16(base + 16u * vslot(s, 0, k), dy + row * d + i * V);
-                    ln_cp16(base + 16u * vslot(s, 1, k), x + row * d + i * V);
-                }
-            }
-            ln_cp4(fbase + 4u * fslot(s, 0), mean + row);
-            ln_cp4(fbase + 4u * fslot(s, 1), rstd + row);
-        }
-        ln_commit();
-    };
-#pragma unroll
-    for (int j = 0; j < S - 1; ++j) issue(j);
-    unsigned j = 0;
-    for (size_t row = row0; row < rows; row += stride, ++j) {
-        issue(j + S - 1);
-        ln_wait<S - 1>();
-        const unsigned s = j % S;
-        uint4 rdy[NV], rx[NV];
-#pragma unroll
-        for (int k = 0; k < NV; ++k)
-            if (gl + (size_t)k * gn < nv) { rdy[k] = ln_ring[vslot(s, 0, k)]; rx[k] = ln_ring[vslot(s, 1, k)]; }
-        const float m = fring[fslot(s, 0)], rs = fring[fslot(s, 1)];
-        float sg = 0.0f, sgx = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {
-            if (gl + (size_t)k * gn < nv) {
-                float fd[V], fx[V], g[V];
-                Ty<T>::unpack(rdy[k], fd);
-                Ty<T>::unpack(rx[k], fx);
-                Ty<T>::unpack(gslot[k * bd + threadIdx.x], g);
-#pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    const float gg = fd[e] * g[e];
-                    sg += gg;
-                    sgx += gg * (fx[e] - m) * rs;
-                }
-            }
-        }
-        group_sum2(sg, sgx, gi, gn, sm);
-        const float mg = sg * inv_d, mgx = sgx * inv_d;
-        T* dxr = dx + row * d;
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {
-            const size_t i = gl + (size_t)k * gn;
-            if (i < nv) {
-                float fd[V], fx[V], g[V];
-                Ty<T>::unpack(rdy[k], fd);
-                Ty<T>::unpack(rx[k], fx);
-                Ty<T>::unpack(gslot[k * bd + threadIdx.x], g);
-#pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    const float xh = (fx[e] - m) * rs;
-                    ag[k][e] += fd[e] * xh;
-                    ab[k][e] += fd[e];
-                    fd[e] = rs * (fd[e] * g[e] - mg - xh * mgx);
-                }
-                st16(dxr + i * V, Ty<T>::pack(fd));
-            }
-        }
-    }
-    ln_wait<0>();
-    __syncthreads();  // every thread is done with the ring: it becomes the partials' row
-    float* red = reinterpret_cast<float*>(ln_ring);  // d floats fit one stage's vectors
-    for (int which = 0; which < 2; ++which) {
-        for (unsigned g = 0; g < gpb; ++g) {
-            if (gi == g) {
-#pragma unroll
-                for (int k = 0; k < NV; ++k) {
-                    const size_t i = gl + (size_t)k * gn;
-                    if (i < nv) {
-#pragma unroll
-                        for (int e = 0; e < V; ++e) {
-                            const float a = which == 0 ? ag[k][e] : ab[k][e];
-                            red[i * V + e] = g == 0 ? a : red[i * V + e] + a;
-                        }
-                    }
-                }
-            }
-            __syncthreads();
-        }
-        float* part = which == 0 ? part_g : part_b;
-        for (size_t q = threadIdx.x; q < d; q += blockDim.x) part[blockIdx.x * d + q] = red[q];
-        __syncthreads();
-    }
-#endif
-}
-
 }  // namespace
+
+// ln_bwd_pipe, the backward on a cp.async ring: norm_ring.cuh (it uses the helpers above).
+#include "norm_ring.cuh"
 
 #define RTX_LN(dt, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK, LN_MIN_BLOCKS)                     \
@@ -906,16 +761,6 @@ __device__ __forceinline__ void ln_bwd_pipe(const T* dy, const T* x, const float
     }
 
 #define LN_FINAL_BLOCK 1024  // ln_bwd_final's block (32 chunk lanes x 32 columns)
-#ifndef LN_BPIPE_NV
-#define LN_BPIPE_NV 4  // ln_bwd_pipe: most 16-byte vectors per thread (LN_NV's role)
-#endif
-#ifndef LN_BPIPE_S
-#define LN_BPIPE_S 3  // ln_bwd_pipe: ring stages (rows in flight per group: S - 1 ahead)
-#endif
-#ifndef LN_BPIPE_BLOCKS
-#define LN_BPIPE_BLOCKS 1  // ln_bwd_pipe: launch bound, blocks per SM (its grid: SMs x it)
-#endif
-
 #define RTX_LN_PIPE(dt, T)                                                                     \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK, LN_BPIPE_BLOCKS)                   \
         ln_bwd_pipe_##dt(const T* dy, const T* x, const float* mean, const float* rstd,        \
