@@ -230,27 +230,15 @@ fn backward_t<T: Element>(
     // The stream's persistent scratch (its uses on this stream are ordered).
     let part_g = scx.scratch::<f32>("ln_bwd.part_g", scratch)?;
     let part_b = scx.scratch::<f32>("ln_bwd.part_b", scratch)?;
-    if pipe {
-        let f = kernels::function(scx, MODULE, 5, T::DTYPE, || name("pipe"))?;
-        let mut lb = scx.stream().launch_builder(&f);
-        lb.arg(dy)
-            .arg(x)
-            .arg(mean)
-            .arg(rstd)
-            .arg(g)
-            .arg(&mut dx)
-            .arg(&part_g)
-            .arg(&part_b)
-            .arg(&rows)
-            .arg(&d);
-        // SAFETY: `ln_bwd_pipe_{dt}` takes `ln_bwd_fused_{dt}`'s arguments (below), with
-        // the same conditions, checked above, and the ring's PIPE_SMEM bytes of dynamic
-        // shared memory, granted to the function by pipe_ready: dx is written entirely
-        // and each block b < chunks writes part_*[b * d .. (b + 1) * d].
-        unsafe { lb.launch(config(chunks as u32, PIPE_SMEM as u32)) }
-            .map_err(|e| launch_error(BWD, e))?;
-    } else if fused {
-        let f = kernels::function(scx, MODULE, 4, T::DTYPE, || name("fused"))?;
+    if fused {
+        // ln_bwd_pipe_{dt} where pipe_ready granted its ring, else ln_bwd_fused_{dt}: the
+        // same arguments and results.
+        let (code, kernel, smem) = if pipe {
+            (5, "pipe", PIPE_SMEM as u32)
+        } else {
+            (4, "fused", 0)
+        };
+        let f = kernels::function(scx, MODULE, code, T::DTYPE, || name(kernel))?;
         let mut lb = scx.stream().launch_builder(&f);
         lb.arg(dy)
             .arg(x)
@@ -264,11 +252,13 @@ fn backward_t<T: Element>(
             .arg(&d);
         // SAFETY: `ln_bwd_fused_{dt}(const T* dy, const T* x, const float* mean, const
         // float* rstd, const T* gamma, T* dx, float* part_g, float* part_b, size_t rows,
-        // size_t d)`: `dy`, `x`, `dx` hold rows * d elements, `mean`, `rstd` rows, `gamma`
-        // d; the register path's conditions hold (checked above; dx is a fresh 256-byte
-        // aligned allocation), so dx is written entirely and each block b < chunks writes
-        // part_*[b * d .. (b + 1) * d] (scratch = chunks * d).
-        unsafe { lb.launch(config(chunks as u32, 0)) }.map_err(|e| launch_error(BWD, e))?;
+        // size_t d)`, and `ln_bwd_pipe_{dt}` with the same arguments: `dy`, `x`, `dx` hold
+        // rows * d elements, `mean`, `rstd` rows, `gamma` d; the register path's
+        // conditions hold (checked above; dx is a fresh 256-byte aligned allocation), so
+        // dx is written entirely and each block b < chunks writes part_*[b * d .. (b + 1)
+        // * d] (scratch = chunks * d). The pipe's PIPE_SMEM bytes of dynamic shared memory
+        // were granted to its function by pipe_ready.
+        unsafe { lb.launch(config(chunks as u32, smem)) }.map_err(|e| launch_error(BWD, e))?;
     } else {
         let f_dx = kernels::function(scx, MODULE, 1, T::DTYPE, || name("dx"))?;
         let f_part = kernels::function(scx, MODULE, 2, T::DTYPE, || name("part"))?;
