@@ -11,7 +11,7 @@ mod common;
 use common::{check, f64s, rand_vec, rng};
 use rtx_ops as ops;
 use rtx_ops::optim::{adamw, AdamW};
-use rtx_runtime::{Error, Runtime, Tensor};
+use rtx_runtime::{BackendKind, DType, Error, Runtime, Tensor};
 
 const N: usize = 300;
 
@@ -21,6 +21,16 @@ fn down(rt: &Runtime, t: &Tensor) -> Vec<f32> {
 
 fn bits_eq(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// `cuda` on the CUDA backend, else 0: how many states a capture updates in place
+/// (`Graph::in_place_states`; the CPU backend's launches never copy a state).
+fn in_place(rt: &Runtime, cuda: usize) -> usize {
+    if rt.backend() == BackendKind::Cuda {
+        cuda
+    } else {
+        0
+    }
 }
 
 fn cfg() -> AdamW {
@@ -126,6 +136,9 @@ backend_test!(
             })
             .unwrap_or_else(|e| panic!("{label}: capture failed: {e}"));
         assert_eq!(graph.states().len(), 4);
+        // p, m and v are donated to the step, which writes them in place; the counter's
+        // update (`add_scalar`, not in place) is copied.
+        assert_eq!(graph.in_place_states(), in_place(rt, 3), "{label}");
         // The capture's warm-up changed no state.
         assert!(bits_eq(&down(rt, &graph.state(0).unwrap()), &p0), "{label}");
         let mut p = rt.upload(&p0, [N]).unwrap();
@@ -154,6 +167,160 @@ backend_test!(
         assert_eq!(down(rt, &graph.state(3).unwrap()), [12.0], "{label}");
         assert_eq!(down(rt, &t_init), [0.0], "{label}");
         assert!(bits_eq(&down(rt, &p_init), &p0), "{label}");
+    }
+);
+
+backend_test!(
+    a_state_read_after_its_update_keeps_its_old_value,
+    |rt, label| {
+        // The step donates p, but an op after it reads p: p must not be written in place
+        // (that reader sees the launch's old value), m and v are (the counter's
+        // `add_scalar` does not donate: copied).
+        let (seed, mut g) = rng();
+        let p0: Vec<f32> = rand_vec(&mut g, N, -1.0, 1.0);
+        let zeros = vec![0f32; N];
+        let p_init = rt.upload(&p0, [N]).unwrap();
+        let m_init = rt.upload(&zeros, [N]).unwrap();
+        let v_init = rt.upload(&zeros, [N]).unwrap();
+        let t_init = rt.upload(&[0.0f32], [1]).unwrap();
+        let g0 = rt.upload(&zeros, [N]).unwrap();
+        let mut graph = rt
+            .capture(|c| {
+                let gr = c.input(&g0)?;
+                let p = c.state(&p_init)?;
+                let m = c.state(&m_init)?;
+                let v = c.state(&v_init)?;
+                let t = c.state(&t_init)?;
+                let s0 = c.streams()[0];
+                let t1 = c.submit_on(s0, ops::add_scalar(&t, 1.0))?;
+                let step = adamw(
+                    cfg(),
+                    1,
+                    vec![p.clone()],
+                    &[gr],
+                    vec![m.clone()],
+                    vec![v.clone()],
+                )
+                .step_count(&t1);
+                let out = c.submit_on(s0, step).map_err(|e| e.error)?;
+                let old = c.submit_on(s0, ops::mul_scalar(&p, 1.0))?;
+                c.update(&p, &out[0])?;
+                c.update(&m, &out[1])?;
+                c.update(&v, &out[2])?;
+                c.update(&t, &t1)?;
+                c.output(&old)?;
+                c.output(&out[0])?;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{label}: capture failed: {e}"));
+        assert_eq!(graph.in_place_states(), in_place(rt, 2), "{label}");
+        let mut p = rt.upload(&p0, [N]).unwrap();
+        let (mut m, mut v) = (m_init.clone(), v_init.clone());
+        let mut prev = p0.clone();
+        for t in 1..=8u64 {
+            let gr = rt
+                .upload(&rand_vec::<f32>(&mut g, N, -1.0, 1.0), [N])
+                .unwrap();
+            let mut l = graph.launch(&[&gr]).unwrap();
+            let (old, new) = (l.to_vec::<f32>(0).unwrap(), l.to_vec::<f32>(1).unwrap());
+            drop(l);
+            assert!(
+                bits_eq(&old, &prev),
+                "{label}: launch {t}: a reader after the step saw the new value (seed {seed})"
+            );
+            let out = rt
+                .submit(adamw(cfg(), t, vec![p], &[gr], vec![m], vec![v]))
+                .unwrap()
+                .wait()
+                .unwrap();
+            [p, m, v] = [out[0].clone(), out[1].clone(), out[2].clone()];
+            assert!(
+                bits_eq(&new, &down(rt, &p)),
+                "{label}: launch {t} differs from eager (seed {seed})"
+            );
+            prev = new;
+        }
+    }
+);
+
+backend_test!(
+    a_mixed_precision_step_updates_every_state_in_place,
+    |rt, label| {
+        // The sweep's captured step in small: a bf16 parameter read before the step, its
+        // f32 master, AdamW's moments and a device step counter, all states; the step
+        // writes the bf16 copy into the parameter's buffer (`copy_into`) and the counter
+        // is advanced in place: no state is copied at a launch's end on CUDA.
+        let (seed, mut g) = rng();
+        let p0: Vec<f32> = rand_vec(&mut g, N, -1.0, 1.0);
+        let zeros = vec![0f32; N];
+        let master_init = rt.upload(&p0, [N]).unwrap();
+        let w_init = rt.run(ops::cast(&master_init, DType::BF16)).unwrap();
+        let m_init = rt.upload(&zeros, [N]).unwrap();
+        let v_init = rt.upload(&zeros, [N]).unwrap();
+        let t_init = rt.upload(&[0.0f32], [1]).unwrap();
+        let g0 = rt.upload(&zeros, [N]).unwrap();
+        let mut graph = rt
+            .capture(|c| {
+                let gr = c.input(&g0)?;
+                let w = c.state(&w_init)?;
+                let master = c.state(&master_init)?;
+                let m = c.state(&m_init)?;
+                let v = c.state(&v_init)?;
+                let t = c.state(&t_init)?;
+                // Every reader of the states on one stream.
+                let s0 = c.streams()[0];
+                let fwd = c.submit_on(s0, ops::cast(&w, DType::F32))?;
+                let t1 = c.submit_on(s0, ops::add_scalar_(t.clone(), 1.0))?;
+                let step = adamw(
+                    cfg(),
+                    1,
+                    vec![master.clone()],
+                    &[gr],
+                    vec![m.clone()],
+                    vec![v.clone()],
+                )
+                .step_count(&t1)
+                .with_copy(DType::BF16)
+                .copy_into(vec![w.clone()]);
+                let out = c.submit_on(s0, step).map_err(|e| e.error)?;
+                c.update(&master, &out[0])?;
+                c.update(&m, &out[1])?;
+                c.update(&v, &out[2])?;
+                c.update(&w, &out[3])?;
+                c.update(&t, &t1)?;
+                c.output(&fwd)?;
+                c.output(&out[3])?;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{label}: capture failed: {e}"));
+        assert_eq!(graph.in_place_states(), in_place(rt, 5), "{label}");
+        let mut master = rt.upload(&p0, [N]).unwrap();
+        let (mut m, mut v) = (m_init.clone(), v_init.clone());
+        let mut w: Vec<rtx_runtime::bf16> = rt.to_vec(&w_init).unwrap().wait().unwrap();
+        for t in 1..=8u64 {
+            let gr = rt
+                .upload(&rand_vec::<f32>(&mut g, N, -1.0, 1.0), [N])
+                .unwrap();
+            let mut l = graph.launch(&[&gr]).unwrap();
+            let fwd = l.to_vec::<f32>(0).unwrap();
+            let w_got = l.to_vec::<rtx_runtime::bf16>(1).unwrap();
+            drop(l);
+            let want_fwd: Vec<f32> = w.iter().map(|x| x.to_f32()).collect();
+            assert!(
+                bits_eq(&fwd, &want_fwd),
+                "{label}: launch {t} read another parameter than the last launch's (seed {seed})"
+            );
+            let step =
+                adamw(cfg(), t, vec![master], &[gr], vec![m], vec![v]).with_copy(DType::BF16);
+            let out = rt.submit(step).unwrap().wait().unwrap();
+            [master, m, v] = [out[0].clone(), out[1].clone(), out[2].clone()];
+            w = rt.to_vec(&out[3]).unwrap().wait().unwrap();
+            assert_eq!(
+                w_got, w,
+                "{label}: launch {t} differs from eager (seed {seed})"
+            );
+        }
+        assert_eq!(down(rt, &graph.state(4).unwrap()), [8.0], "{label}");
     }
 );
 

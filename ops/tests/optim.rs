@@ -477,6 +477,115 @@ backend_test!(copies_are_the_rounded_parameters, |rt, label| {
     }
 });
 
+backend_test!(copies_into_donated_destinations, |rt, label| {
+    // The copies written into `copy_into`'s tensors equal the fresh copies, and a unique
+    // destination is donated (its memory reused): poisoned old contents are overwritten.
+    let (seed, mut r) = rng();
+    let n = 2053;
+    let p = rand_vec::<f32>(&mut r, n, -1.0, 1.0);
+    let g = rand_vec::<f32>(&mut r, n, -1.0, 1.0);
+    for dt in [DType::BF16, DType::F16] {
+        let step = |dsts: Option<Tensor>| {
+            let op = optim::adamw(
+                cfg_adamw(),
+                1,
+                vec![upload(rt, &p, &[n])],
+                &[upload(rt, &g, &[n])],
+                vec![zeros::<f32>(rt, &[n])],
+                vec![zeros::<f32>(rt, &[n])],
+            )
+            .with_copy(dt);
+            match dsts {
+                Some(d) => submit(rt, op.copy_into(vec![d])),
+                None => submit(rt, op),
+            }
+        };
+        let fresh = step(None);
+        let nan = vec![f32::NAN; n];
+        let dst = rt.run(rtx_ops::cast(&upload(rt, &nan, &[n]), dt)).unwrap();
+        let before = rtx_ops::donations();
+        let into = step(Some(dst));
+        let (a, b) = match dt {
+            DType::BF16 => (
+                download::<bf16>(rt, &fresh.copies[0]),
+                download::<bf16>(rt, &into.copies[0]),
+            ),
+            _ => (
+                download::<f16>(rt, &fresh.copies[0]),
+                download::<f16>(rt, &into.copies[0]),
+            ),
+        };
+        assert!(
+            b.iter().all(|x| x.is_finite()),
+            "{label} {dt}: a poisoned element survived"
+        );
+        assert_eq!(
+            a, b,
+            "{label} {dt}: copy_into differs from a fresh copy (seed {seed})"
+        );
+        // p, m, v and the destination (the counter is process-wide; others only add).
+        assert!(
+            rtx_ops::donations() - before >= 4,
+            "{label} {dt} (seed {seed})"
+        );
+    }
+    // Bad destinations are refused at submit and given back.
+    let pt = || upload(rt, &p, &[n]);
+    let gt = upload(rt, &g, &[n]);
+    let half = rt.run(rtx_ops::cast(&pt(), DType::F16)).unwrap();
+    let short = rt
+        .run(rtx_ops::cast(&upload(rt, &p[..7], &[7]), DType::BF16))
+        .unwrap();
+    let sgd = Sgd {
+        lr: 0.1,
+        momentum: 0.0,
+        nesterov: false,
+        weight_decay: 0.0,
+    };
+    let cases: Vec<(Step, Tensor, &str)> = vec![
+        (
+            optim::sgd(sgd, vec![pt()], &[gt.clone()], vec![]).copy_into(vec![half.clone()]),
+            half.clone(),
+            "invalid",
+        ),
+        (
+            optim::sgd(sgd, vec![pt()], &[gt.clone()], vec![])
+                .with_copy(DType::BF16)
+                .copy_into(vec![half.clone()]),
+            half.clone(),
+            "dtype",
+        ),
+        (
+            optim::sgd(sgd, vec![pt()], &[gt.clone()], vec![])
+                .with_copy(DType::BF16)
+                .copy_into(vec![short.clone()]),
+            short.clone(),
+            "shape",
+        ),
+        (
+            optim::sgd(sgd, vec![pt()], &[gt.clone()], vec![])
+                .with_copy(DType::F16)
+                .copy_into(vec![half.clone(), half.clone()]),
+            half.clone(),
+            "invalid",
+        ),
+    ];
+    for (k, (op, dst, kind)) in cases.into_iter().enumerate() {
+        let e = rt.submit(op).unwrap_err();
+        let ok = match kind {
+            "shape" => matches!(e.error, Error::ShapeMismatch { .. }),
+            "dtype" => matches!(e.error, Error::DTypeMismatch { .. }),
+            _ => matches!(e.error, Error::InvalidOp { .. }),
+        };
+        assert!(ok, "{label} case {k}: want {kind}, got {}", e.error);
+        let back = e.into_op().take_copy_dsts();
+        assert!(
+            !back.is_empty() && back.iter().all(|t| t.same_storage(&dst)),
+            "{label} case {k}: the destinations were not given back"
+        );
+    }
+});
+
 /// On the CPU backend a unique parameter is updated in place (an uploaded tensor has no
 /// pending producer, so the handle is the last one for sure).
 #[test]

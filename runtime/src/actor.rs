@@ -123,6 +123,7 @@ pub(crate) fn execute(
         declared,
         slots: None,
         donated: false,
+        lent: Vec::new(),
     };
     let start = Instant::now();
     // Marked as inside an op (`driver/alloc.rs`): device memory the op drops may still

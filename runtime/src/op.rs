@@ -242,6 +242,10 @@ pub struct ExecCx<'a> {
     /// Whether the op took an input's memory ([`ExecCx::donate`]): if it then fails, the
     /// stream is drained before that memory is dropped (see `actor::execute`).
     pub(crate) donated: bool,
+    /// Inside a graph's capture: graph states' buffers lent to this op for its
+    /// donations, by placeholder address (`runtime/src/runtime/graph/segment.rs`,
+    /// "States updated in place"). Empty elsewhere.
+    pub(crate) lent: Vec<(usize, Buffer)>,
 }
 
 impl<'a> ExecCx<'a> {
@@ -300,14 +304,22 @@ impl<'a> ExecCx<'a> {
     /// (rule 3 of the storage protocol, `runtime/src/storage.rs`; the producing op's own
     /// keep-alive does not count, so this works while that op still runs). Returns `None`
     /// when another handle or a pending reader can still see it: then allocate instead. The
-    /// tensor is unusable afterwards. On CUDA, memory produced on another stream is
+    /// tensor is unusable afterwards. The op must put the memory into the output that is
+    /// `t`'s new value, and its kernels must allow that output to alias `t`. Inside a
+    /// graph's capture it returns a graph state's own buffer when the capture lends it
+    /// (the op's output here is the state's update, see
+    /// [`Graph::in_place_states`](crate::Graph::in_place_states)), else `None`. On CUDA, memory produced on another stream is
     /// bound to this op's stream: dropped by the op (say, as it fails), it is freed
     /// stream-ordered after the kernels the op enqueued, never handed to another
     /// stream's next allocation while they may still use it.
     pub fn donate(&mut self, t: &mut Tensor) -> Option<Buffer> {
-        // A graph replays its ops again and again: their inputs stay its own.
+        // A graph replays its ops again and again: their inputs stay its own, except a
+        // state's buffer the capture lends for the op's update of that state.
         if self.slots.is_some() {
-            return None;
+            let addr = crate::sync::Arc::as_ptr(t.storage()) as usize;
+            let at = self.lent.iter().position(|(k, _)| *k == addr)?;
+            self.donated = true;
+            return Some(self.lent.swap_remove(at).1);
         }
         let taken = Storage::take_unique(t.storage());
         self.donated |= taken.is_some();

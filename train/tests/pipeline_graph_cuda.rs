@@ -2,7 +2,8 @@
 //! makes that a failure): for every model of the sweep (bf16 compute with f32 masters,
 //! as the GPU sweep), the graph pipeline's losses equal the eager pipeline's (the same
 //! kernels on the same data; expected bit-equal, checked within 1e-4 relative, and
-//! counted) and its trained weights come back into the model. `RTX_TEST_SHARD=i/n` runs
+//! counted), every state of the captured step is updated in place (no copies at the end
+//! of a launch), and its trained weights come back into the model. `RTX_TEST_SHARD=i/n` runs
 //! the models `i`, `i + n`, … only (the sanitizer runs split it over processes); under
 //! `RTX_UNDER_SANITIZER` each pipeline takes 4 steps instead of 30 (the same kernels
 //! and graphs, a few of the launches: racecheck's host memory grows with them, past the
@@ -54,6 +55,16 @@ fn cuda_graph_pipelines_equal_eager_pipelines() {
         run_concurrently(std::slice::from_mut(&mut graph), &|_, _| {}).expect("graph");
         let (a, b) = (losses(&eager), losses(&graph));
         assert_eq!(a.len() as u64, cfg.steps / cfg.loss_every, "{}", m.name);
+        // Every state of the captured step (bf16 parameters, f32 masters, the
+        // optimizer's moments, AdamW's counter) is rewritten in place by its update's
+        // op: no copy at a launch's end.
+        let g = graph.graph().expect("the graph pipeline captured its step");
+        assert_eq!(
+            g.in_place_states(),
+            g.states().len(),
+            "{}: states updated in place",
+            m.name
+        );
         for (x, y) in a.iter().zip(&b) {
             assert!(
                 x.is_finite() && (x - y).abs() <= 1e-4 * x.abs().max(1.0),

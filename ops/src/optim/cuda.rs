@@ -96,9 +96,10 @@ pub(super) fn step(scx: &mut StreamCx, a: &Args, mut o: Operands<'_>) -> Result<
         let m = o.m.get_mut(i).map(|m| m.parts());
         let v = o.v.get_mut(i).map(|v| v.parts());
         let g = o.grads[i];
+        let dst = o.copies.get_mut(i).and_then(Option::take);
         let ((p, m, v, c), e) =
             float_dispatch!(a.pd, name, |P| float_dispatch!(a.gd[i], name, |G| {
-                prepare_step::<P, G>(scx, a, i, p, g, m, v)
+                prepare_step::<P, G>(scx, a, i, p, g, m, v, dst)
             }))?;
         entries.push(e);
         ps.push(p);
@@ -193,8 +194,9 @@ struct MtTable {
 // for any bits.
 unsafe impl DeviceRepr for MtTable {}
 
-/// Allocates tensor `i`'s outputs and returns them with the addresses its step reads and
-/// writes (launched later, with other tensors, by [`launch_multi`]).
+/// Allocates tensor `i`'s outputs (the copy into `dst` when donated) and returns them
+/// with the addresses its step reads and writes (launched later, with other tensors, by
+/// [`launch_multi`]).
 #[allow(clippy::too_many_arguments)]
 fn prepare_step<P: Element, G: Element>(
     scx: &mut StreamCx,
@@ -204,16 +206,22 @@ fn prepare_step<P: Element, G: Element>(
     g: &Buffer,
     m: Option<Operand<'_>>,
     v: Option<Operand<'_>>,
+    dst: Option<Buffer>,
 ) -> Result<(Stepped, MtTensor)> {
     let (name, n) = (a.name, a.numels[i]);
     let (p_out, p_in) = operand::<P>(scx, name, n, p)?;
     let m = m.map(|m| operand::<P>(scx, name, n, m)).transpose()?;
     let v = v.map(|v| operand::<P>(scx, name, n, v)).transpose()?;
-    let copy = match a.copy {
-        Some(DType::F16) => Some(Buffer::from_cuda(alloc_out::<f16>(scx, n)?)),
-        Some(DType::BF16) => Some(Buffer::from_cuda(alloc_out::<bf16>(scx, n)?)),
-        Some(other) => return Err(Error::dtype(name, DType::BF16, other)),
-        None => None,
+    let copy = match (a.copy, dst) {
+        // The plan checked its dtype and shape.
+        (Some(DType::F16 | DType::BF16), Some(d)) if d.len() == n => Some(d),
+        (Some(DType::F16 | DType::BF16), Some(_)) => {
+            return Err(Error::invalid(name, "a copy destination of another length"))
+        }
+        (Some(DType::F16), None) => Some(Buffer::from_cuda(alloc_out::<f16>(scx, n)?)),
+        (Some(DType::BF16), None) => Some(Buffer::from_cuda(alloc_out::<bf16>(scx, n)?)),
+        (Some(other), _) => return Err(Error::dtype(name, DType::BF16, other)),
+        (None, _) => None,
     };
     let copy_addr = match (&copy, a.copy) {
         (Some(b), Some(DType::F16)) => device_addr(b.cuda::<f16>()?, scx),

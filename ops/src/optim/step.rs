@@ -24,6 +24,8 @@ pub struct Step {
     pub(super) scaler: Option<Tensor>,
     pub(super) growth_interval: u32,
     pub(super) copy: Option<DType>,
+    /// Where the copies go, donated ([`Step::copy_into`]); empty: fresh buffers.
+    pub(super) copy_into: Vec<Tensor>,
     pub(super) step_count: Option<Tensor>,
 }
 
@@ -107,6 +109,7 @@ impl Step {
             scaler: None,
             growth_interval: 2000,
             copy: None,
+            copy_into: Vec::new(),
             step_count: None,
         }
     }
@@ -141,6 +144,23 @@ impl Step {
         self.copy = Some(dtype);
         self.h.copy_kind = super::copy_kind(Some(dtype));
         self
+    }
+    /// Writes the copies of [`Step::with_copy`] into `dsts` (one per parameter, of its
+    /// shape and the copy's dtype; their contents are not read), each *donated*: where
+    /// the handle given is the last one to its memory (a parameter's previous
+    /// low-precision value, say), the copy is written there instead of into a fresh
+    /// buffer. In a captured training step whose low-precision parameters are graph
+    /// states, this is what lets the step update them in place
+    /// (`rtx_runtime::Graph::in_place_states`). Get them back from a rejected step with
+    /// [`Step::take_copy_dsts`].
+    pub fn copy_into(mut self, dsts: Vec<Tensor>) -> Self {
+        self.copy_into = dsts;
+        self
+    }
+    /// The tensors given to [`Step::copy_into`] (for instance from a rejected
+    /// submission), leaving none.
+    pub fn take_copy_dsts(&mut self) -> Vec<Tensor> {
+        std::mem::take(&mut self.copy_into)
     }
     /// Where the outputs are.
     pub fn layout(&self) -> StepLayout {
@@ -226,6 +246,7 @@ impl Op for Step {
         v.extend(self.norm.as_ref());
         v.extend(self.scaler.as_ref());
         v.extend(self.step_count.as_ref());
+        v.extend(&self.copy_into);
         v
     }
     fn plan(&self, _cx: &PlanCx) -> Result<Plan> {
@@ -302,6 +323,32 @@ impl Op for Step {
                 outputs.push(TensorSpec::new(p.shape().clone(), c));
             }
         }
+        if !self.copy_into.is_empty() {
+            let Some(c) = self.copy else {
+                return Err(Error::invalid(
+                    name,
+                    "copy destinations given without with_copy",
+                ));
+            };
+            if self.copy_into.len() != n {
+                return Err(Error::invalid(
+                    name,
+                    format!(
+                        "{} copy destinations for {n} parameters",
+                        self.copy_into.len()
+                    ),
+                ));
+            }
+            for (i, (d, p)) in self.copy_into.iter().zip(&self.params).enumerate() {
+                if d.shape() != p.shape() {
+                    let what = format!("copy destination {i} vs parameter {i}");
+                    return Err(Error::shape(name, d.shape(), p.shape(), what));
+                }
+                if d.dtype() != c {
+                    return Err(Error::dtype(name, c, d.dtype()));
+                }
+            }
+        }
         for (what, t, len) in [
             ("norm", &self.norm, 1),
             ("loss-scaling state", &self.scaler, 4),
@@ -354,6 +401,7 @@ impl Op for Step {
             }
             None => None,
         };
+        let dc = donate(cx, &mut self.copy_into);
         let read = |cx: &ExecCx<'_>, ts: &[Tensor], d: &[Option<Buffer>]| -> Result<Vec<_>> {
             ts.iter()
                 .zip(d)
@@ -385,6 +433,7 @@ impl Op for Step {
             grads: grads.iter().map(|g| &**g).collect(),
             norm: norm.as_deref(),
             scaler: self.scaler.is_some().then_some((ds, is.as_deref())),
+            copies: dc,
         };
         let (pd, gd) = (
             self.params[0].dtype(),
@@ -443,6 +492,8 @@ pub(super) struct Operands<'a> {
     pub(super) scaler: Option<(Option<Buffer>, Option<&'a Buffer>)>,
     /// AdamW's step number on the device ([`Step::step_count`]).
     pub(super) tstep: Option<&'a Buffer>,
+    /// The copies' donated buffers ([`Step::copy_into`]): one per parameter, or none.
+    pub(super) copies: Vec<Option<Buffer>>,
 }
 
 /// The step's scalars.
@@ -510,8 +561,9 @@ fn run_cpu(a: &Args, mut o: Operands<'_>) -> Result<Vec<Buffer>> {
         let pb = o.params[i].parts();
         let mb = o.m.get_mut(i).map(|m| m.parts());
         let vb = o.v.get_mut(i).map(|v| v.parts());
+        let cb = o.copies.get_mut(i).and_then(Option::take);
         let (p, m, v, c) = float_dispatch!(a.pd, name, |P| float_dispatch!(a.gd[i], name, |G| {
-            step_one::<P, G>(a, &h, &controls, pb, g, mb, vb)
+            step_one::<P, G>(a, &h, &controls, pb, g, mb, vb, cb)
         }))?;
         ps.push(p);
         ms.extend(m);
@@ -535,6 +587,7 @@ fn run_cpu(a: &Args, mut o: Operands<'_>) -> Result<Vec<Buffer>> {
 
 type Stepped = (Buffer, Option<Buffer>, Option<Buffer>, Option<Buffer>);
 
+#[allow(clippy::too_many_arguments)]
 fn step_one<P: Float + Element, G: Float + Element>(
     a: &Args,
     h: &Hyper,
@@ -543,6 +596,7 @@ fn step_one<P: Float + Element, G: Float + Element>(
     g: &Buffer,
     m: Option<Operand<'_>>,
     v: Option<Operand<'_>>,
+    dst: Option<Buffer>,
 ) -> Result<Stepped> {
     let mut p = owned::<P>(p)?;
     let mut m = m.map(owned::<P>).transpose()?;
@@ -559,11 +613,25 @@ fn step_one<P: Float + Element, G: Float + Element>(
         v.as_mut().map(|b| b.cpu_mut::<P>()).transpose()?,
         copy.as_deref_mut(),
     );
-    let copy = match (a.copy, copy) {
-        (Some(DType::F16), Some(c)) => Some(Buffer::from_vec(
+    let copy = match (a.copy, copy, dst) {
+        (Some(DType::F16), Some(c), Some(mut d)) => {
+            let out = d.cpu_mut::<rtx_runtime::f16>()?;
+            for (o, &x) in out.iter_mut().zip(&c) {
+                *o = rtx_runtime::f16::from_f32(x);
+            }
+            Some(d)
+        }
+        (Some(_), Some(c), Some(mut d)) => {
+            let out = d.cpu_mut::<rtx_runtime::bf16>()?;
+            for (o, &x) in out.iter_mut().zip(&c) {
+                *o = rtx_runtime::bf16::from_f32(x);
+            }
+            Some(d)
+        }
+        (Some(DType::F16), Some(c), None) => Some(Buffer::from_vec(
             c.iter().map(|&x| rtx_runtime::f16::from_f32(x)).collect(),
         )),
-        (Some(_), Some(c)) => Some(Buffer::from_vec(
+        (Some(_), Some(c), None) => Some(Buffer::from_vec(
             c.iter().map(|&x| rtx_runtime::bf16::from_f32(x)).collect(),
         )),
         _ => None,

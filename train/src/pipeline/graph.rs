@@ -21,7 +21,7 @@
 //! count), so evaluation and reports see the trained model. Graphs need a single
 //! stream (no data parallelism).
 
-use rtx_ops::add_scalar;
+use rtx_ops::add_scalar_;
 use rtx_runtime::{Graph, Result, Tensor};
 
 use super::Pipeline;
@@ -56,7 +56,9 @@ impl Pipeline {
                 ostates.push(s);
             }
             let t = c.state(&t0)?;
-            let t1 = rc.run(add_scalar(&t, 1.0))?;
+            // In place: the counter, like every other state of the step, is rewritten by
+            // its update's op and needs no copy at the launch's end.
+            let t1 = rc.run(add_scalar_(t.clone(), 1.0))?;
             opt.set_device_step(Some(t1.clone()));
             let loss = model.loss_backward(&rc, &x, &y, 1.0)?;
             opt.step(&rc, &mut model.params())?;

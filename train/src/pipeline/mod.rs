@@ -203,6 +203,13 @@ impl Pipeline {
     pub fn losses(&self) -> &[(u64, f32)] {
         &self.losses
     }
+    /// The captured step ([`PipelineConfig::graph`]), once the first step has run:
+    /// its states, launches and how many states it updates in place
+    /// (`rtx_runtime::Graph::in_place_states`; every one, for the built-in models and
+    /// optimizers on CUDA).
+    pub fn graph(&self) -> Option<&Graph> {
+        self.graph.as_ref()
+    }
     /// The model.
     pub fn model_mut(&mut self) -> &mut dyn Classifier {
         &mut *self.model

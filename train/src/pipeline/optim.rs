@@ -151,15 +151,36 @@ impl Optimizer {
                     .iter()
                     .next()
                     .map_or(DType::F32, |p| p.value().dtype());
-                let op = build(master, &mut states).with_copy(dtype);
+                // The low-precision values are donated as the copies' destinations: the
+                // step rewrites them in place (in a captured step too, where they are
+                // graph states).
+                let olds: Vec<Tensor> = params
+                    .iter_mut()
+                    .map(|p| p.take_value().expect("a parameter has a value"))
+                    .collect();
+                let op = build(master, &mut states).with_copy(dtype).copy_into(olds);
                 let layout = op.layout();
-                let out = layout.split(run(rt, op)?);
-                self.master = Some(out.params);
-                self.states = out.states;
-                for (p, c) in params.iter_mut().zip(out.copies) {
-                    p.set_value(c)?;
+                match rt.submit(op) {
+                    Ok(sub) => {
+                        let out = layout.split(sub.outputs().cloned().unwrap_or_default());
+                        self.master = Some(out.params);
+                        self.states = out.states;
+                        for (p, c) in params.iter_mut().zip(out.copies) {
+                            p.restore_value(c);
+                        }
+                        Ok(())
+                    }
+                    Err(mut e) => {
+                        // Everything goes back, so the optimizer and the model stay usable.
+                        for (p, old) in params.iter_mut().zip(e.op.take_copy_dsts()) {
+                            p.restore_value(old);
+                        }
+                        let (master, _, m, v) = e.op.into_tensors();
+                        self.master = Some(master);
+                        self.states = [m, v].into_iter().filter(|s| !s.is_empty()).collect();
+                        Err(e.error)
+                    }
                 }
-                Ok(())
             }
             None => {
                 let mut states_out = Vec::new();
@@ -189,9 +210,4 @@ impl Optimizer {
         }
         result
     }
-}
-
-fn run(rt: &Runtime, op: rtx_ops::optim::Step) -> Result<Vec<Tensor>> {
-    let sub = rt.submit(op).map_err(|e| e.error)?;
-    Ok(sub.outputs().cloned().unwrap_or_default())
 }

@@ -127,8 +127,11 @@ impl<'r> Capture<'r> {
     /// Makes `value` (an op output of this capture, of the state's shape and dtype, on
     /// the stream of the state's readers) the new value of `state` after each launch:
     /// it is copied into the state's buffer after every op of the launch on that stream
-    /// (on CUDA, a copy captured at the end of that stream's last segment). A state is
-    /// updated at most once.
+    /// (on CUDA, a copy captured at the end of that stream's last segment), or, on CUDA,
+    /// written there directly by `value`'s op when that op donates `state` (an
+    /// optimizer step, `add_scalar_`, …) and no op after it reads `state`
+    /// ([`Graph::in_place_states`](super::Graph::in_place_states)). A state is updated
+    /// at most once.
     pub fn update(&mut self, state: &Tensor, value: &Tensor) -> Result<()> {
         self.with(|r| r.update(state, value))
     }

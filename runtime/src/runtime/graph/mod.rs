@@ -62,8 +62,13 @@
 //! inputs at each launch, go in batched launches of one kernel
 //! (`kernels/cuda/graph_copy.cu`, 32 copies each): a training step's 25 states are one
 //! kernel node, not 25 memcpy nodes (on the H200 that took the sweep's smallest
-//! captured step from 103 to 78 µs). Launch `k` reads what launch `k - 1` left; the capture's
-//! warm-up run changes no state. [`Graph::state`] copies one out. All the readers of a
+//! captured step from 103 to 78 µs). Better still, a state is **updated in place** on
+//! CUDA, with no copy, when the op producing its update donates the state
+//! ([`ExecCx::donate`](crate::ExecCx::donate): the fused optimizers, the `_` forms of
+//! the element-wise ops) and no later op of its segment reads it: the capture lends
+//! that op the state's own buffer, so the op writes the new value there
+//! ([`Graph::in_place_states`] counts them; `segment.rs`, `lend_plan`). Launch `k`
+//! reads what launch `k - 1` left; the capture's warm-up run changes no state. [`Graph::state`] copies one out. All the readers of a
 //! state and the producer of its update are on one stream, so the copy follows every
 //! read of the launch. A captured training step keeps its parameters, optimizer moments
 //! and step counter as states (`train/src/pipeline/graph.rs`).
@@ -264,6 +269,7 @@ impl Graph {
                 .map(|st| (st.key, st.update.unwrap_or(st.key)))
                 .collect(),
             _placeholders: placeholders,
+            in_place: Default::default(),
         });
         let mut graph = Graph {
             rt: rt.clone(),
@@ -360,6 +366,18 @@ impl Graph {
             .expect("one output");
         self.last.push(t.clone());
         Ok(t)
+    }
+
+    /// How many states the capture updates in place: their update's op, donating the
+    /// state ([`ExecCx::donate`](crate::ExecCx::donate)), writes the new value into the
+    /// state's own buffer, so a launch copies them no more (the fused optimizers do,
+    /// for the parameters, moments and masters of a captured training step). The
+    /// others are copied at the end of each launch. Always 0 on the CPU backend, whose
+    /// launches hand the new value's buffer to the state and copy nothing.
+    pub fn in_place_states(&self) -> usize {
+        self.shared
+            .in_place
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many segments (per-stream graphs) the capture was cut into.

@@ -8,6 +8,7 @@
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use std::sync::Arc as StdArc;
 
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) commits: Vec<(usize, usize)>,
     /// The placeholders (their addresses are the slots' keys: kept alive, unique).
     pub(crate) _placeholders: Vec<Tensor>,
+    /// How many states the captures updated in place (see [`lend_plan`]).
+    pub(crate) in_place: AtomicUsize,
 }
 
 fn token_plan() -> Result<Plan> {
@@ -63,7 +66,14 @@ fn set_token(cx: &mut ExecCx<'_>) -> Result<()> {
 
 /// Runs one recorded op inside `parent`'s context, its inputs read from `slots` (or
 /// their eager storages), returning its outputs.
-fn run_recorded(parent: &mut ExecCx<'_>, rec: &mut Recorded, slots: &Slots) -> Result<Vec<Buffer>> {
+/// `lent` holds state buffers the op may take by donation ([`ExecCx::donate`]); what it
+/// did not take is left there.
+fn run_recorded(
+    parent: &mut ExecCx<'_>,
+    rec: &mut Recorded,
+    slots: &Slots,
+    lent: &mut Vec<(usize, Buffer)>,
+) -> Result<Vec<Buffer>> {
     let backend = match &mut parent.backend {
         BackendCx::Cpu => BackendCx::Cpu,
         BackendCx::Cuda(s) => BackendCx::Cuda(s),
@@ -80,9 +90,12 @@ fn run_recorded(parent: &mut ExecCx<'_>, rec: &mut Recorded, slots: &Slots) -> R
         declared: rec.declared.iter().copied().collect(),
         slots: Some(slots),
         donated: false,
+        lent: std::mem::take(lent),
     };
     let job = &mut rec.job;
-    match catch_unwind(AssertUnwindSafe(|| job.run(&mut cx))) {
+    let ran = catch_unwind(AssertUnwindSafe(|| job.run(&mut cx)));
+    *lent = std::mem::take(&mut cx.lent);
+    match ran {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e),
         Err(p) => {
@@ -197,7 +210,7 @@ fn run_all(
     mine: &mut Vec<usize>,
 ) -> Result<()> {
     for rec in ops.iter_mut() {
-        let outs = run_recorded(cx, rec, local)?;
+        let outs = run_recorded(cx, rec, local, &mut Vec::new())?;
         for (k, b) in rec.outs.iter().zip(outs) {
             local.insert(*k, Arc::new(b));
             mine.push(*k);
@@ -233,7 +246,10 @@ fn commit(
                     .get(&key)
                     .cloned()
                     .ok_or_else(|| Error::invalid("graph state", "a state has no buffer"))?;
-                pairs.push((dst, value));
+                // Updated in place (its update's op wrote the state's own buffer).
+                if !Arc::ptr_eq(&dst, &value) {
+                    pairs.push((dst, value));
+                }
             }
         }
         done.push(key);
@@ -359,14 +375,19 @@ impl CaptureSegment {
         }
         begin_capture(cuda_of(cx))?;
         let mut unused: Vec<Box<dyn Any>> = Vec::new();
+        let lend = lend_plan(ops, &self.shared, &self.commits);
         // The ops, then the states' commits (device copies, captured as `copy_many`
-        // kernel nodes).
-        let captured = capture_ops(cx, ops, local, &mut unused, &side).and_then(|last| {
-            commit(cx, &self.shared, &self.commits, local)?;
-            Ok(last)
-        });
+        // kernel nodes) of the states not updated in place.
+        let captured =
+            capture_ops(cx, ops, local, &mut unused, &side, &lend).and_then(|(last, n)| {
+                commit(cx, &self.shared, &self.commits, local)?;
+                Ok((last, n))
+            });
         let graph = match captured {
-            Ok(last) => end_capture(cuda_of(cx), last),
+            Ok((last, n)) => {
+                self.shared.in_place.fetch_add(n, Ordering::Relaxed);
+                end_capture(cuda_of(cx), last)
+            }
             Err(e) => {
                 abort_capture(cuda_of(cx));
                 Err(e)
@@ -388,20 +409,62 @@ impl CaptureSegment {
     }
 }
 
+/// States updated in place: by op (index in the segment), the states whose buffers the
+/// capture lends that op for donation, each as (placeholder key, the index among the
+/// op's outputs of the state's update). A state qualifies when this segment commits it,
+/// its update is an output of an op of this segment that reads the state exactly once,
+/// no later op of the segment reads the state, and that value updates no other state.
+/// The op, donating the state, writes the update into the state's own buffer: the state
+/// needs no copy at the launch's end (a captured training step's parameters, moments
+/// and masters: a copy of every one of them per launch otherwise). The state's other
+/// readers come before it on the same stream (a state is read on one stream only), so
+/// they read the old value, as with the copy; later readers of the value read the
+/// state's buffer, which holds it.
+fn lend_plan(
+    ops: &[Recorded],
+    shared: &Shared,
+    commits: &[usize],
+) -> HashMap<usize, Vec<(usize, usize)>> {
+    let mut plan: HashMap<usize, Vec<(usize, usize)>> = HashMap::new();
+    for &i in commits {
+        let (state, value) = shared.commits[i];
+        if state == value || shared.commits.iter().filter(|c| c.1 == value).count() != 1 {
+            continue;
+        }
+        let Some(p) = ops.iter().position(|r| r.outs.contains(&value)) else {
+            continue;
+        };
+        let j = ops[p]
+            .outs
+            .iter()
+            .position(|k| *k == value)
+            .expect("found above");
+        let reads = ops[p].declared.iter().filter(|k| **k == state).count();
+        if reads != 1 || ops[p + 1..].iter().any(|r| r.declared.contains(&state)) {
+            continue;
+        }
+        plan.entry(p).or_default().push((state, j));
+    }
+    plan
+}
+
 /// The capture proper (the stream is capturing): each op in order, with its outputs
 /// queued for `StreamCx::alloc`, bound to `side` until the op's run is accepted (then
-/// bound to the actor's stream again, with its home). Returns the last op's name; what
-/// an op left of its queue goes to `unused`, freed by the caller once the capture has
-/// ended. Nothing is freed on the capturing stream.
+/// bound to the actor's stream again, with its home), and the state buffers `lend`
+/// gives it for donation. Returns the last op's name and how many states were updated
+/// in place; what an op left of its queue goes to `unused`, freed by the caller once
+/// the capture has ended. Nothing is freed on the capturing stream.
 fn capture_ops(
     cx: &mut ExecCx<'_>,
     ops: &mut [Recorded],
     local: &mut Slots,
     unused: &mut Vec<Box<dyn Any>>,
     side: &StdArc<CudaStream>,
-) -> Result<&'static str> {
+    lend: &HashMap<usize, Vec<(usize, usize)>>,
+) -> Result<(&'static str, usize)> {
     let mut last = "graph capture";
-    for rec in ops.iter_mut() {
+    let mut in_place = 0;
+    for (n, rec) in ops.iter_mut().enumerate() {
         last = rec.name;
         let mut queue = VecDeque::new();
         for k in &rec.outs {
@@ -411,15 +474,41 @@ fn capture_ops(
             })?;
             queue.push_back(into_any_slice(b, side)?);
         }
+        // The states lent to this op: their buffers moved out of `local` (only when no
+        // other handle holds one: a state initialized by an earlier segment is shared
+        // with the graph's slots, and keeps its copy).
+        let mut lent: Vec<(usize, Buffer)> = Vec::new();
+        let mut expect: Vec<(usize, usize, u64)> = Vec::new();
+        for &(state, j) in lend.get(&n).map(Vec::as_slice).unwrap_or_default() {
+            let Some(b) = local.remove(&state) else {
+                continue;
+            };
+            match Arc::try_unwrap(b) {
+                Ok(buf) => {
+                    let (ptr, _) = raw(&buf, cuda_of(cx))?;
+                    expect.push((state, j, ptr));
+                    lent.push((state, buf));
+                }
+                Err(b) => {
+                    local.insert(state, b);
+                }
+            }
+        }
         capture::enter(rec.name, queue);
-        let ran = run_recorded(cx, rec, local);
+        let ran = run_recorded(cx, rec, local, &mut lent);
         let left = capture::leave();
         let status = cuda_of(cx).stream().capture_status();
         let active = matches!(
             status,
             Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
         );
-        let clean = left.is_empty();
+        // Each state buffer the op took stands for one of its planned outputs, whose
+        // warm-up buffer it left in the queue.
+        let taken = expect.len() - lent.len();
+        for (state, buf) in lent {
+            local.insert(state, Arc::new(buf));
+        }
+        let clean = left.len() == taken;
         unused.extend(left);
         let outs = ran.map_err(|e| map_capture_error(rec.name, e))?;
         if !active {
@@ -437,6 +526,22 @@ fn capture_ops(
             });
         }
         let scx = cuda_of(cx);
+        // A state buffer the op took is the update's output: then the state's key and
+        // the update's name one buffer.
+        let mut aliased = Vec::new();
+        for &(state, j, ptr) in &expect {
+            if local.contains_key(&state) {
+                continue;
+            }
+            let at = outs.get(j).map(|b| raw(b, scx)).transpose()?;
+            if at.map(|(p, _)| p) != Some(ptr) {
+                return Err(Error::invalid(
+                    rec.name,
+                    "the op donated a graph state's buffer to another output than the state's update",
+                ));
+            }
+            aliased.push((state, rec.outs[j]));
+        }
         for (k, b) in rec.outs.iter().zip(outs) {
             let b = match b {
                 Buffer::Cuda(d) => {
@@ -448,8 +553,13 @@ fn capture_ops(
             };
             local.insert(*k, Arc::new(b));
         }
+        for (state, value) in aliased {
+            let b = local.get(&value).cloned().expect("inserted above");
+            local.insert(state, b);
+            in_place += 1;
+        }
     }
-    Ok(last)
+    Ok((last, in_place))
 }
 
 fn cuda_of<'c>(cx: &'c mut ExecCx<'_>) -> &'c StreamCx {
