@@ -33,7 +33,10 @@
 //! f32 masters, AdamW/SGD fused steps); each batch is uploaded on the copy stream
 //! double-buffered (PyTorch's forms keep the data on the GPU). Each run follows a 10-step
 //! warm-up on the same runtime (kernel loads, library handles, caches), of the same
-//! form. On the CPU backend it runs the scaled-down CPU sweep, as `rtx` does.
+//! form. On the CPU backend it runs the scaled-down CPU sweep, as `rtx` does. With
+//! `RTX_TRACE=1` each row adds `"<case>_overlap"` (the streams' device time, their union
+//! and the mean number busy), with `RTX_PROFILE=1` `"<case>_phases"` (the host phases'
+//! mean µs and sample counts over the timed run, `Runtime::stats`).
 
 /// With the `mimalloc` feature this program allocates through mimalloc (see the README,
 /// "Host allocator").
@@ -104,10 +107,24 @@ fn sweep(n: usize, graphs: bool, resident: bool) -> rtx::Result<()> {
         // Only the timed run's spans.
         drop(rt.take_trace());
     }
+    rt.reset_stats();
     run_concurrently(&mut ps, &|_, _| {})?;
     let wall = steady.elapsed().as_secs_f64();
     if rt.settings().trace {
         overlap(&case(n, graphs, resident), &rt.take_trace());
+    }
+    // With `RTX_PROFILE=1`: where the timed run's host time went, per op phase.
+    let phases = rt.stats().phases;
+    if !phases.is_empty() {
+        let list: Vec<String> = phases
+            .iter()
+            .map(|p| format!("\"{}\": [{:.2}, {}]", p.phase, p.mean_us, p.samples))
+            .collect();
+        println!(
+            "{{\"case\": \"{}_phases\", \"mean_us_and_samples\": {{{}}}}}",
+            case(n, graphs, resident),
+            list.join(", ")
+        );
     }
     let whole = start.elapsed().as_secs_f64();
     let samples: u64 = ps

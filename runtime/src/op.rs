@@ -244,8 +244,8 @@ pub struct ExecCx<'a> {
     pub(crate) donated: bool,
     /// Inside a graph's capture: graph states' buffers lent to this op for its
     /// donations, by placeholder address (`runtime/src/runtime/graph/segment.rs`,
-    /// "States updated in place"). Empty elsewhere.
-    pub(crate) lent: Vec<(usize, Buffer)>,
+    /// `lend_plan`); read like the slots while not donated. Empty elsewhere.
+    pub(crate) lent: Vec<(usize, crate::sync::Arc<Buffer>)>,
 }
 
 impl<'a> ExecCx<'a> {
@@ -291,6 +291,9 @@ impl<'a> ExecCx<'a> {
         if let Some(b) = self.slots.and_then(|m| m.get(&addr)) {
             return Ok(BufferRef(b.clone()));
         }
+        if let Some((_, b)) = self.lent.iter().find(|(k, _)| *k == addr) {
+            return Ok(BufferRef(b.clone()));
+        }
         match t.storage().try_ready() {
             Some(Ok(r)) => Ok(BufferRef(r.buf)),
             Some(Err(e)) => Err(e),
@@ -318,8 +321,18 @@ impl<'a> ExecCx<'a> {
         if self.slots.is_some() {
             let addr = crate::sync::Arc::as_ptr(t.storage()) as usize;
             let at = self.lent.iter().position(|(k, _)| *k == addr)?;
-            self.donated = true;
-            return Some(self.lent.swap_remove(at).1);
+            let (key, b) = self.lent.swap_remove(at);
+            // As in eager: memory the op already reads through `input` is not taken.
+            return match crate::sync::Arc::try_unwrap(b) {
+                Ok(buf) => {
+                    self.donated = true;
+                    Some(buf)
+                }
+                Err(b) => {
+                    self.lent.push((key, b));
+                    None
+                }
+            };
         }
         let taken = Storage::take_unique(t.storage());
         self.donated |= taken.is_some();

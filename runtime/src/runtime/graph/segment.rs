@@ -66,13 +66,13 @@ fn set_token(cx: &mut ExecCx<'_>) -> Result<()> {
 
 /// Runs one recorded op inside `parent`'s context, its inputs read from `slots` (or
 /// their eager storages), returning its outputs.
-/// `lent` holds state buffers the op may take by donation ([`ExecCx::donate`]); what it
-/// did not take is left there.
+/// `lent` holds state buffers the op may take by donation ([`ExecCx::donate`]) or read
+/// as inputs; what it did not take is left there.
 fn run_recorded(
     parent: &mut ExecCx<'_>,
     rec: &mut Recorded,
     slots: &Slots,
-    lent: &mut Vec<(usize, Buffer)>,
+    lent: &mut Vec<(usize, Arc<Buffer>)>,
 ) -> Result<Vec<Buffer>> {
     let backend = match &mut parent.backend {
         BackendCx::Cpu => BackendCx::Cpu,
@@ -476,22 +476,21 @@ fn capture_ops(
         }
         // The states lent to this op: their buffers moved out of `local` (only when no
         // other handle holds one: a state initialized by an earlier segment is shared
-        // with the graph's slots, and keeps its copy).
-        let mut lent: Vec<(usize, Buffer)> = Vec::new();
+        // with the graph's slots, and keeps its copy). The op reads them as inputs
+        // until it takes them.
+        let mut lent: Vec<(usize, Arc<Buffer>)> = Vec::new();
         let mut expect: Vec<(usize, usize, u64)> = Vec::new();
         for &(state, j) in lend.get(&n).map(Vec::as_slice).unwrap_or_default() {
-            let Some(b) = local.remove(&state) else {
-                continue;
-            };
-            match Arc::try_unwrap(b) {
-                Ok(buf) => {
-                    let (ptr, _) = raw(&buf, cuda_of(cx))?;
+            match local.remove(&state) {
+                Some(b) if Arc::strong_count(&b) == 1 => {
+                    let (ptr, _) = raw(&b, cuda_of(cx))?;
                     expect.push((state, j, ptr));
-                    lent.push((state, buf));
+                    lent.push((state, b));
                 }
-                Err(b) => {
+                Some(b) => {
                     local.insert(state, b);
                 }
+                None => {}
             }
         }
         capture::enter(rec.name, queue);
@@ -506,7 +505,7 @@ fn capture_ops(
         // warm-up buffer it left in the queue.
         let taken = expect.len() - lent.len();
         for (state, buf) in lent {
-            local.insert(state, Arc::new(buf));
+            local.insert(state, buf);
         }
         let clean = left.len() == taken;
         unused.extend(left);
