@@ -19,10 +19,10 @@
 //! .., "batch": ..}`; the graph rows' `samples_per_s` is the steady state after every
 //! pipeline's first step (its capture), as PyTorch's graph forms time theirs after
 //! capture, and `samples_per_s_with_capture` the whole run. The `_resident_` rows (`sweep_rtx_resident_streams4`,
-//! `sweep_rtx_graphs_resident_streams4`) keep each batch on the device after its first
-//! upload (`PipelineConfig::resident`: the 8-batch epoch is uploaded once, in the first
-//! 8 steps), as PyTorch's forms keep their data on the GPU; the other rows upload every
-//! batch. The stacked rows (`sweep_rtx_stacked`, `sweep_rtx_stacked_graphs`) train the
+//! `sweep_rtx_graphs_resident_streams4`) keep every batch on the device
+//! (`PipelineConfig::resident`), uploaded before the clock starts
+//! (`Pipeline::preload`: the 32-batch epoch), as PyTorch's forms keep their data on the
+//! GPU; the other rows upload every batch. The stacked rows (`sweep_rtx_stacked`, `sweep_rtx_stacked_graphs`) train the
 //! 8 models of one shape of PyTorch's stacked forms (512 wide, 3 deep, AdamW) as one
 //! `rtx_train::StackedMlp` on one stream, batches resident, `"members": 8`; their
 //! samples count every member's rows. Then the step of the sweep's smallest model on one stream:
@@ -35,7 +35,8 @@
 //! warm-up on the same runtime (kernel loads, library handles, caches), of the same
 //! form. On the CPU backend it runs the scaled-down CPU sweep, as `rtx` does. With
 //! `RTX_TRACE=1` each row adds `"<case>_overlap"` (the streams' device time, their union
-//! and the mean number busy), with `RTX_PROFILE=1` `"<case>_phases"` (the host phases'
+//! and the mean number busy, and each stream's first start and last end), with
+//! `RTX_PROFILE=1` `"<case>_phases"` (the host phases'
 //! mean µs and sample counts over the timed run, `Runtime::stats`).
 
 /// With the `mimalloc` feature this program allocates through mimalloc (see the README,
@@ -59,9 +60,17 @@ fn config(rt: &Runtime, graphs: bool, resident: bool) -> SweepConfig {
     } else {
         SweepConfig::cpu()
     };
+    // `SWEEP_LOSS_EVERY=N` reads the loss back every N steps instead (profiling runs;
+    // PyTorch's forms read theirs once, at the end).
+    let loss_every = std::env::var("SWEEP_LOSS_EVERY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &u64| n > 0)
+        .unwrap_or(cfg.loss_every);
     SweepConfig {
         graphs,
         resident,
+        loss_every,
         ..cfg
     }
 }
@@ -89,6 +98,12 @@ fn sweep(n: usize, graphs: bool, resident: bool) -> rtx::Result<()> {
     run_concurrently(&mut ps, &|_, _| {})?;
     drop(ps);
     let (_, mut ps) = cfg.build(&rt, &streams, 1, 32)?;
+    // Resident rows: every batch on the device before the clock starts, as PyTorch's
+    // forms keep theirs (`Pipeline::preload`); else the first epoch's uploads, 32
+    // batches per pipeline, would be timed.
+    for p in &mut ps {
+        p.preload()?;
+    }
     let start = Instant::now();
     // With graphs, every pipeline's first step (its capture, then its first launch) runs
     // before the steady-state clock starts, as PyTorch's graph forms capture before
@@ -171,11 +186,17 @@ fn overlap(case: &str, spans: &[rtx::TraceSpan]) {
     let mut sum = 0.0;
     let mut all = Vec::new();
     let mut per = Vec::new();
+    let mut extent = Vec::new();
     for (sid, v) in by_stream {
         let m = merge(v);
         let busy = len(&m);
         sum += busy;
         per.push(format!("\"{sid}\": {:.0}", busy));
+        // When the stream's first op started and its last ended: a stream busy for less
+        // than that waited between its ops.
+        if let (Some(a), Some(b)) = (m.first(), m.last()) {
+            extent.push(format!("\"{sid}\": [{:.0}, {:.0}]", a.0, b.1));
+        }
         all.extend(m);
     }
     let union = len(&merge(all));
@@ -183,11 +204,12 @@ fn overlap(case: &str, spans: &[rtx::TraceSpan]) {
         (a.min(s.start_us), b.max(s.start_us + s.dur_us))
     });
     println!(
-        "{{\"case\": \"{case}_overlap\", \"spans\": {}, \"window_us\": {:.0}, \"union_us\": {union:.0}, \"sum_us\": {sum:.0}, \"mean_busy_streams\": {:.2}, \"busy_us_by_stream\": {{{}}}}}",
+        "{{\"case\": \"{case}_overlap\", \"spans\": {}, \"window_us\": {:.0}, \"union_us\": {union:.0}, \"sum_us\": {sum:.0}, \"mean_busy_streams\": {:.2}, \"busy_us_by_stream\": {{{}}}, \"first_last_us_by_stream\": {{{}}}}}",
         spans.len(),
         last - first,
         sum / union.max(1e-9),
-        per.join(", ")
+        per.join(", "),
+        extent.join(", ")
     );
 }
 
@@ -228,6 +250,7 @@ fn stacked(graphs: bool) -> rtx::Result<()> {
     run_concurrently(std::slice::from_mut(&mut w), &|_, _| {})?;
     drop(w);
     let mut p = cfg.stacked_pipeline(&rt, &spec, members, s, &task.train, 2)?;
+    p.preload()?;
     let start = Instant::now();
     run_concurrently(std::slice::from_mut(&mut p), &|_, _| {})?;
     let wall = start.elapsed().as_secs_f64();

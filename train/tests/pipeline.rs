@@ -250,6 +250,38 @@ fn resident_batches_give_the_losses_of_uploaded_ones() {
 }
 
 #[test]
+fn preloaded_batches_give_the_losses_of_uploaded_ones() {
+    // `Pipeline::preload` puts the whole epoch (8 batches) on the device before the
+    // first step; the steps then see the same data as pipelines that upload as they go.
+    for graphs in [false, true] {
+        let run = |preload: bool| {
+            let cfg = SweepConfig {
+                resident: true,
+                graphs,
+                ..small(20)
+            };
+            let rt = Runtime::cpu(2);
+            let streams = rt.compute_streams(rt.device());
+            let (_, mut ps) = cfg.build(&rt, &streams, 1, 8).expect("build");
+            if preload {
+                for p in &mut ps {
+                    assert_eq!(p.preload().expect("preload"), 8, "the epoch's batches");
+                    assert_eq!(p.preload().expect("preload"), 0, "kept already");
+                }
+            }
+            run_concurrently(&mut ps, &|_, _| {}).expect("run");
+            ps.iter().map(losses).collect::<Vec<_>>()
+        };
+        assert_eq!(run(true), run(false), "graphs: {graphs}");
+    }
+    // Without `resident` there is nothing to keep.
+    let rt = Runtime::cpu(1);
+    let streams = rt.compute_streams(rt.device());
+    let (_, mut ps) = small(5).build(&rt, &streams, 1, 8).expect("build");
+    assert_eq!(ps[0].preload().expect("preload"), 0);
+}
+
+#[test]
 fn the_cnn_pipeline_learns_the_teacher_task() {
     let rt = Runtime::cpu(1);
     let cfg = SweepConfig {

@@ -232,6 +232,36 @@ impl Pipeline {
         Ok(b)
     }
 
+    /// With [`PipelineConfig::resident`] and a data source that repeats, uploads every
+    /// batch of its period now and keeps them, returning once they are on the device:
+    /// the steps then upload nothing, as when a framework's data is on the GPU before
+    /// its first step (the sweep bench's resident rows against PyTorch's forms).
+    /// Returns how many batches it uploaded (0 without `resident` or a period, or when
+    /// every batch is kept already).
+    pub fn preload(&mut self) -> Result<usize> {
+        let period = match (self.cfg.resident, self.data.period()) {
+            (true, Some(p)) if p > 0 => p,
+            _ => return Ok(0),
+        };
+        let mut n = 0;
+        let mut last = None;
+        for s in 0..period {
+            if self.kept.contains_key(&s) {
+                continue;
+            }
+            let b = self.upload_new(s)?;
+            last = b.last().map(|(_, y)| y.clone());
+            self.kept.insert(s, b);
+            n += 1;
+        }
+        // The copy stream runs its copies in order: once the last labels are read back,
+        // every upload before them has landed.
+        if let Some(y) = last {
+            self.rt.to_vec::<u32>(&y)?.wait()?;
+        }
+        Ok(n)
+    }
+
     fn upload_new(&self, k: u64) -> Result<Vec<(Tensor, Tensor)>> {
         let (x, y) = self.data.get(k);
         let n = self.cfg.streams.len();
