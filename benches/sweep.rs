@@ -37,7 +37,10 @@
 //! `RTX_TRACE=1` each row adds `"<case>_overlap"` (the streams' device time, their union
 //! and the mean number busy, and each stream's first start and last end), with
 //! `RTX_PROFILE=1` `"<case>_phases"` (the host phases'
-//! mean µs and sample counts over the timed run, `Runtime::stats`).
+//! mean µs and sample counts over the timed run, `Runtime::stats`). `SWEEP_LOSS_EVERY=N`
+//! reads the loss every N steps, `SWEEP_PREFETCH=N` uploads the batches N steps ahead
+//! (profiling runs; the defaults are the sweep's: 10 and
+//! `rtx_train::pipeline::DEFAULT_PREFETCH`).
 
 /// With the `mimalloc` feature this program allocates through mimalloc (see the README,
 /// "Host allocator").
@@ -67,10 +70,17 @@ fn config(rt: &Runtime, graphs: bool, resident: bool) -> SweepConfig {
         .and_then(|v| v.parse().ok())
         .filter(|&n: &u64| n > 0)
         .unwrap_or(cfg.loss_every);
+    // `SWEEP_PREFETCH=N`: the batches uploaded N steps ahead instead.
+    let prefetch = std::env::var("SWEEP_PREFETCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(cfg.prefetch);
     SweepConfig {
         graphs,
         resident,
         loss_every,
+        prefetch,
         ..cfg
     }
 }

@@ -250,6 +250,29 @@ fn resident_batches_give_the_losses_of_uploaded_ones() {
 }
 
 #[test]
+fn batches_uploaded_further_ahead_give_the_same_losses() {
+    // `PipelineConfig::prefetch`: 1 (double buffering), 3 (the sweep's) or more steps
+    // than the run has; the steps read the same batches in the same order.
+    for graphs in [false, true] {
+        let run = |prefetch: usize| {
+            let cfg = SweepConfig {
+                prefetch,
+                graphs,
+                ..small(12)
+            };
+            let rt = Runtime::cpu(2);
+            let streams = rt.compute_streams(rt.device());
+            let (_, mut ps) = cfg.build(&rt, &streams, 1, 8).expect("build");
+            run_concurrently(&mut ps, &|_, _| {}).expect("run");
+            ps.iter().map(losses).collect::<Vec<_>>()
+        };
+        let one = run(1);
+        assert_eq!(run(3), one, "graphs: {graphs}");
+        assert_eq!(run(40), one, "graphs: {graphs}");
+    }
+}
+
+#[test]
 fn preloaded_batches_give_the_losses_of_uploaded_ones() {
     // `Pipeline::preload` puts the whole epoch (8 batches) on the device before the
     // first step; the steps then see the same data as pipelines that upload as they go.

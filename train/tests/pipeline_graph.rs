@@ -175,6 +175,7 @@ fn a_step_that_reads_back_is_the_typed_capture_error() {
             streams,
             graph,
             resident: false,
+            prefetch: 1,
         };
         let opt = OptimizerConfig::AdamW(AdamW::default());
         Pipeline::new(&rt, pc, Box::new(Peeking(mlp)), opt, Box::new(data))

@@ -3,9 +3,11 @@
 //!
 //! A [`Pipeline`] step
 //!
-//! 1. takes the batch uploaded during the previous step and uploads the next one (on
-//!    CUDA the upload runs on the device's copy stream from pinned staging memory, so
-//!    the copy of batch `k+1` runs under the compute of batch `k`: double buffering);
+//! 1. takes the batch uploaded during an earlier step and uploads the ones ahead of it
+//!    up to [`PipelineConfig::prefetch`] steps ahead (on CUDA the uploads run on the
+//!    device's copy stream from pinned staging memory, so the copies of batches
+//!    `k+1 ..= k+prefetch` run under the compute of batch `k`: with several pipelines
+//!    sharing the copy stream, a batch's upload is long done when its step reads it);
 //! 2. submits forward, cross-entropy, backward and the fused optimizer step, all pinned
 //!    to the pipeline's stream ([`Runtime::on`]): the whole chain stays on one stream
 //!    and needs no cross-stream event;
@@ -73,7 +75,15 @@ pub struct PipelineConfig {
     /// (the data stays on the GPU, as a dataset that fits in device memory is usually
     /// kept). Costs the epoch's batches in device memory; without a period, no effect.
     pub resident: bool,
+    /// How many steps ahead the batches are uploaded (at least 1: double buffering;
+    /// [`DEFAULT_PREFETCH`] in the sweep). Costs that many batches in device memory.
+    pub prefetch: usize,
 }
+
+/// The sweep's [`PipelineConfig::prefetch`]: batches uploaded 3 steps ahead. With 8
+/// pipelines uploading through one copy stream, one step ahead left a step's batch
+/// often still queued behind the other pipelines' uploads when the step was launched.
+pub const DEFAULT_PREFETCH: usize = 3;
 
 /// One training job. See the [module docs](self).
 pub struct Pipeline {
@@ -83,7 +93,8 @@ pub struct Pipeline {
     opt: Optimizer,
     data: Box<dyn DataSource>,
     step: u64,
-    next: Option<Vec<(Tensor, Tensor)>>,
+    /// The batches uploaded ahead, by step.
+    next: VecDeque<(u64, Vec<(Tensor, Tensor)>)>,
     /// The uploaded batches by `k mod period` ([`PipelineConfig::resident`]).
     kept: std::collections::HashMap<u64, Vec<(Tensor, Tensor)>>,
     /// Losses whose step the stream has not passed yet, with the marker behind it.
@@ -166,7 +177,7 @@ impl Pipeline {
             opt,
             data,
             step: 0,
-            next: None,
+            next: VecDeque::new(),
             kept: std::collections::HashMap::new(),
             unread: VecDeque::new(),
             pending: VecDeque::new(),
@@ -283,13 +294,18 @@ impl Pipeline {
             return Ok(());
         }
         self.started.get_or_insert_with(Instant::now);
-        let batch = match self.next.take() {
-            Some(b) => b,
-            None => self.upload(self.step)?,
+        let batch = match self.next.front() {
+            Some((k, _)) if *k == self.step => self.next.pop_front().expect("front exists").1,
+            _ => self.upload(self.step)?,
         };
-        // Batch k+1 goes up (the copy stream, on CUDA) while batch k computes.
-        if self.step + 1 < self.cfg.steps {
-            self.next = Some(self.upload(self.step + 1)?);
+        // Batches k+1 ..= k+prefetch go up (the copy stream, on CUDA) while batch k
+        // computes.
+        let depth = self.cfg.prefetch.max(1) as u64;
+        let mut ahead = self.next.back().map_or(self.step, |(k, _)| *k);
+        while ahead < self.step + depth && ahead + 1 < self.cfg.steps {
+            ahead += 1;
+            let b = self.upload(ahead)?;
+            self.next.push_back((ahead, b));
         }
         let streams = self.cfg.streams.clone();
         let k = self.step;

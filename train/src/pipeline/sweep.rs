@@ -52,6 +52,8 @@ pub struct SweepConfig {
     /// Keep the batches on the device after the first epoch
     /// ([`PipelineConfig::resident`]).
     pub resident: bool,
+    /// Batches uploaded this many steps ahead ([`PipelineConfig::prefetch`]).
+    pub prefetch: usize,
 }
 
 impl SweepConfig {
@@ -69,6 +71,7 @@ impl SweepConfig {
             seed: 2026,
             graphs: false,
             resident: false,
+            prefetch: super::DEFAULT_PREFETCH,
         }
     }
     /// The CPU run, scaled to finish in well under two minutes on two cores: 64-d
@@ -286,6 +289,7 @@ impl SweepConfig {
             streams,
             graph: self.graphs,
             resident: self.resident,
+            prefetch: self.prefetch,
         };
         Pipeline::new(rt, cfg, model, m.opt, Box::new(data))
     }
