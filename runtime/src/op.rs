@@ -311,10 +311,11 @@ impl<'a> ExecCx<'a> {
     /// `t`'s new value, and its kernels must allow that output to alias `t`. Inside a
     /// graph's capture it returns a graph state's own buffer when the capture lends it
     /// (the op's output here is the state's update, see
-    /// [`Graph::in_place_states`](crate::Graph::in_place_states)), else `None`. On CUDA, memory produced on another stream is
-    /// bound to this op's stream: dropped by the op (say, as it fails), it is freed
-    /// stream-ordered after the kernels the op enqueued, never handed to another
-    /// stream's next allocation while they may still use it.
+    /// [`Graph::in_place_states`](crate::Graph::in_place_states)), else `None`. On
+    /// CUDA, memory produced on another stream is bound to this op's stream: dropped by
+    /// the op (say, as it fails), it is freed stream-ordered after the kernels the op
+    /// enqueued, never handed to another stream's next allocation while they may still
+    /// use it.
     pub fn donate(&mut self, t: &mut Tensor) -> Option<Buffer> {
         // A graph replays its ops again and again: their inputs stay its own, except a
         // state's buffer the capture lends for the op's update of that state.
