@@ -33,6 +33,33 @@ fn in_place(rt: &Runtime, cuda: usize) -> usize {
     }
 }
 
+/// The initial values of a captured AdamW step's states: a random parameter `p0`
+/// (uploaded as `p`), zero moments, the step counter at 0, and a zero gradient as the
+/// bound input's example.
+struct Inits {
+    p0: Vec<f32>,
+    p: Tensor,
+    m: Tensor,
+    v: Tensor,
+    t: Tensor,
+    g0: Tensor,
+}
+
+impl Inits {
+    fn new(rt: &Runtime, g: &mut rand::rngs::StdRng) -> Self {
+        let p0: Vec<f32> = rand_vec(g, N, -1.0, 1.0);
+        let zeros = vec![0f32; N];
+        Inits {
+            p: rt.upload(&p0, [N]).unwrap(),
+            m: rt.upload(&zeros, [N]).unwrap(),
+            v: rt.upload(&zeros, [N]).unwrap(),
+            t: rt.upload(&[0.0f32], [1]).unwrap(),
+            g0: rt.upload(&zeros, [N]).unwrap(),
+            p0,
+        }
+    }
+}
+
 fn cfg() -> AdamW {
     AdamW {
         lr: 0.01,
@@ -102,13 +129,14 @@ backend_test!(
     a_captured_adamw_step_with_states_equals_eager_steps,
     |rt, label| {
         let (seed, mut g) = rng();
-        let p0: Vec<f32> = rand_vec(&mut g, N, -1.0, 1.0);
-        let zeros = vec![0f32; N];
-        let p_init = rt.upload(&p0, [N]).unwrap();
-        let m_init = rt.upload(&zeros, [N]).unwrap();
-        let v_init = rt.upload(&zeros, [N]).unwrap();
-        let t_init = rt.upload(&[0.0f32], [1]).unwrap();
-        let g0 = rt.upload(&zeros, [N]).unwrap();
+        let Inits {
+            p0,
+            p: p_init,
+            m: m_init,
+            v: v_init,
+            t: t_init,
+            g0,
+        } = Inits::new(rt, &mut g);
         let mut graph = rt
             .capture(|c| {
                 let gr = c.input(&g0)?;
@@ -177,13 +205,14 @@ backend_test!(
         // (that reader sees the launch's old value), m and v are (the counter's
         // `add_scalar` does not donate: copied).
         let (seed, mut g) = rng();
-        let p0: Vec<f32> = rand_vec(&mut g, N, -1.0, 1.0);
-        let zeros = vec![0f32; N];
-        let p_init = rt.upload(&p0, [N]).unwrap();
-        let m_init = rt.upload(&zeros, [N]).unwrap();
-        let v_init = rt.upload(&zeros, [N]).unwrap();
-        let t_init = rt.upload(&[0.0f32], [1]).unwrap();
-        let g0 = rt.upload(&zeros, [N]).unwrap();
+        let Inits {
+            p0,
+            p: p_init,
+            m: m_init,
+            v: v_init,
+            t: t_init,
+            g0,
+        } = Inits::new(rt, &mut g);
         let mut graph = rt
             .capture(|c| {
                 let gr = c.input(&g0)?;

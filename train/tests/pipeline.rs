@@ -223,6 +223,17 @@ fn the_first_steps_agree_between_the_cpu_and_cuda() {
     }
 }
 
+/// The sweep of `cfg` on a 2-stream CPU runtime, 8 batches per epoch, each pipeline
+/// handed to `before` first; the pipelines after their run.
+fn sweep_run(cfg: &SweepConfig, before: impl Fn(&mut Pipeline)) -> Vec<Pipeline> {
+    let rt = Runtime::cpu(2);
+    let streams = rt.compute_streams(rt.device());
+    let (_, mut ps) = cfg.build(&rt, &streams, 1, 8).expect("build");
+    ps.iter_mut().for_each(before);
+    run_concurrently(&mut ps, &|_, _| {}).expect("run");
+    ps
+}
+
 #[test]
 fn resident_batches_give_the_losses_of_uploaded_ones() {
     // 20 steps over an epoch of 8 batches: from step 8 on the resident pipelines reuse
@@ -235,10 +246,7 @@ fn resident_batches_give_the_losses_of_uploaded_ones() {
                 graphs,
                 ..small(20)
             };
-            let rt = Runtime::cpu(2);
-            let streams = rt.compute_streams(rt.device());
-            let (_, mut ps) = cfg.build(&rt, &streams, 1, 8).expect("build");
-            run_concurrently(&mut ps, &|_, _| {}).expect("run");
+            let ps = sweep_run(&cfg, |_| {});
             assert!(
                 ps.iter().all(|p| p.losses().len() == 4),
                 "a loss every 5 steps"
@@ -260,11 +268,10 @@ fn batches_uploaded_further_ahead_give_the_same_losses() {
                 graphs,
                 ..small(12)
             };
-            let rt = Runtime::cpu(2);
-            let streams = rt.compute_streams(rt.device());
-            let (_, mut ps) = cfg.build(&rt, &streams, 1, 8).expect("build");
-            run_concurrently(&mut ps, &|_, _| {}).expect("run");
-            ps.iter().map(losses).collect::<Vec<_>>()
+            sweep_run(&cfg, |_| {})
+                .iter()
+                .map(losses)
+                .collect::<Vec<_>>()
         };
         let one = run(1);
         assert_eq!(run(3), one, "graphs: {graphs}");
@@ -283,16 +290,12 @@ fn preloaded_batches_give_the_losses_of_uploaded_ones() {
                 graphs,
                 ..small(20)
             };
-            let rt = Runtime::cpu(2);
-            let streams = rt.compute_streams(rt.device());
-            let (_, mut ps) = cfg.build(&rt, &streams, 1, 8).expect("build");
-            if preload {
-                for p in &mut ps {
+            let ps = sweep_run(&cfg, |p| {
+                if preload {
                     assert_eq!(p.preload().expect("preload"), 8, "the epoch's batches");
                     assert_eq!(p.preload().expect("preload"), 0, "kept already");
                 }
-            }
-            run_concurrently(&mut ps, &|_, _| {}).expect("run");
+            });
             ps.iter().map(losses).collect::<Vec<_>>()
         };
         assert_eq!(run(true), run(false), "graphs: {graphs}");
