@@ -126,6 +126,7 @@
 //! on CUDA while capturing.
 
 mod capture;
+mod in_place;
 mod record;
 mod segment;
 
