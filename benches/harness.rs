@@ -97,14 +97,22 @@ fn suite_reduce(rt: &Runtime) {
 }
 
 /// A chain of 1,000 tiny dependent adds on one stream through `submit`: end-to-end µs
-/// per op (first submit to last completion) and the submitting thread's µs per submit.
+/// per op (first submit to last completion) and the submitting thread's µs per submit;
+/// with eager launch batching (the default) and without (`_unbatched`), in one call.
 fn suite_chain(_rt: &Runtime) {
+    for batching in [true, false] {
+        chain_case(batching);
+    }
+}
+
+fn chain_case(batching: bool) {
     // A runtime whose policy records the actors' own time in `op.run` (enqueue on CUDA:
-    // allocation and launch), to split the per-op cost.
+    // allocation and launch, or the deferral into a batch), to split the per-op cost.
     let rec = std::sync::Arc::new(RunTime::default());
     let rt = Runtime::builder()
         .streams(4)
         .policy(RecordRun(rec.clone()))
+        .launch_batching(batching)
         .build()
         .expect("runtime");
     let rt = &rt;
@@ -140,11 +148,28 @@ fn suite_chain(_rt: &Runtime) {
     let e = median(&mut e2e);
     let s = median(&mut sub);
     let run_us = rec.mean_us();
-    let mut extra = vec![("us_per_op", e), ("submit_us", s), ("op_run_us", run_us)];
+    let stats = rt.stats();
+    let b = stats.launch_batches;
+    let per_batch = if b.launches > 0 {
+        b.ops as f64 / b.launches as f64
+    } else {
+        0.0
+    };
+    let mut extra = vec![
+        ("us_per_op", e),
+        ("submit_us", s),
+        ("op_run_us", run_us),
+        ("ops_per_batch", per_batch),
+        ("batched_ops", b.ops as f64),
+    ];
     // With RTX_PROFILE=1: mean µs per sample of each actor / watcher phase.
-    let phases = rt.stats().phases;
-    extra.extend(phases.iter().map(|p| (p.phase, p.mean_us)));
-    emit("chain_1000_tiny_adds", e, 0.0, 0.0, &extra);
+    extra.extend(stats.phases.iter().map(|p| (p.phase, p.mean_us)));
+    let name = if batching {
+        "chain_1000_tiny_adds"
+    } else {
+        "chain_1000_tiny_adds_unbatched"
+    };
+    emit(name, e, 0.0, 0.0, &extra);
 }
 
 /// Mean time of `op.run` over the ops observed (CUDA: the enqueue, i.e. allocation and

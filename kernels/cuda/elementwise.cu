@@ -31,6 +31,9 @@
 //   elements, 0 for a broadcast dim, may be negative. 1 <= ndim <= 8. The launcher
 //   should first drop size-1 dims and merge dims that are contiguous in a, b and y.
 //
+// Batched, up to 16 small same-shape unary or binary ops in one launch, in order:
+//   extern "C" __global__ void ew_batch(EwBatch p)   // see "batched launches" below
+//
 // Aliasing: y may be the very same pointer as an input of n elements (in-place);
 // no other overlap is allowed.
 
@@ -328,3 +331,92 @@ RTX_ALL_DTYPES(RTX_BINARY, mul, Mul)
 RTX_ALL_DTYPES(RTX_BINARY, div, Div)
 RTX_ALL_DTYPES(RTX_BINARY, max, Max)
 RTX_ALL_DTYPES(RTX_BINARY, min, Min)
+
+// ---- batched launches ----------------------------------------------------------------
+//
+// Up to 16 small same-shape ops in one launch (rtx-runtime's eager launch batching,
+// `runtime/src/driver/batch.rs`): one block, the steps in order with a barrier between
+// them, so a step reads what the steps before it wrote. Loads go through L2
+// (ld.global.cg), not the read-only path, which may hold a line an earlier step has
+// since rewritten. Each step computes what its own kernel (ew_{op}_{dt}) computes: the
+// same f32 functor, the same rounding to T.
+//
+//   struct EwStep { unsigned code; unsigned n; const void* a; const void* b; void* y;
+//                   unsigned long long reserved; };       // 40 bytes
+//   struct EwBatch { unsigned count; unsigned pad; EwStep steps[16]; };
+//   extern "C" __global__ void ew_batch(EwBatch p)    // grid 1, block RTX_BLOCK
+//
+// code = 3 * k + d: d is the dtype (0 f32, 1 f16, 2 bf16); k 0-7 the unary ops
+// neg exp log sin cos sqrt abs relu (y[i] = op(a[i]), b unused), 8-13 the binary ops
+// add sub mul div max min (y[i] = a[i] op b[i]). y may be a (in place). An unknown code
+// writes nothing (the launcher never makes one).
+
+struct EwStep {
+    unsigned code;
+    unsigned n;
+    const void* a;
+    const void* b;
+    void* y;
+    unsigned long long reserved;
+};
+struct EwBatch {
+    unsigned count;
+    unsigned pad;
+    EwStep steps[16];
+};
+
+template <typename T> __device__ __forceinline__ float load_cg(const T* p);
+template <> __device__ __forceinline__ float load_cg<float>(const float* p) { return __ldcg(p); }
+template <> __device__ __forceinline__ float load_cg<__half>(const __half* p) {
+    return Ty<__half>::bits(__ldcg(reinterpret_cast<const unsigned short*>(p)));
+}
+template <> __device__ __forceinline__ float load_cg<__nv_bfloat16>(const __nv_bfloat16* p) {
+    return __uint_as_float((unsigned)__ldcg(reinterpret_cast<const unsigned short*>(p)) << 16);
+}
+
+template <class Op, typename T> __device__ __forceinline__ void step_unary(const EwStep& s) {
+    const T* x = static_cast<const T*>(s.a);
+    T* y = static_cast<T*>(s.y);
+    Op op;
+    for (unsigned i = threadIdx.x; i < s.n; i += blockDim.x) Ty<T>::store(y + i, op(load_cg(x + i)));
+}
+
+template <class Op, typename T> __device__ __forceinline__ void step_binary(const EwStep& s) {
+    const T* a = static_cast<const T*>(s.a);
+    const T* b = static_cast<const T*>(s.b);
+    T* y = static_cast<T*>(s.y);
+    Op op;
+    for (unsigned i = threadIdx.x; i < s.n; i += blockDim.x)
+        Ty<T>::store(y + i, op(load_cg(a + i), load_cg(b + i)));
+}
+
+#define RTX_STEP3(k, F, Op)                                                                    \
+    case 3 * (k) + 0: F<Op, float>(s); break;                                                  \
+    case 3 * (k) + 1: F<Op, __half>(s); break;                                                 \
+    case 3 * (k) + 2: F<Op, __nv_bfloat16>(s); break;
+
+extern "C" __global__ void __launch_bounds__(RTX_BLOCK) ew_batch(EwBatch p) {
+    wait_prior_grid();
+    const unsigned count = p.count < 16u ? p.count : 16u;
+    for (unsigned k = 0; k < count; ++k) {
+        const EwStep s = p.steps[k];
+        switch (s.code) {
+            RTX_STEP3(0, step_unary, Neg)
+            RTX_STEP3(1, step_unary, Exp)
+            RTX_STEP3(2, step_unary, Log)
+            RTX_STEP3(3, step_unary, Sin)
+            RTX_STEP3(4, step_unary, Cos)
+            RTX_STEP3(5, step_unary, Sqrt)
+            RTX_STEP3(6, step_unary, Abs)
+            RTX_STEP3(7, step_unary, Relu)
+            RTX_STEP3(8, step_binary, Add)
+            RTX_STEP3(9, step_binary, Sub)
+            RTX_STEP3(10, step_binary, Mul)
+            RTX_STEP3(11, step_binary, Div)
+            RTX_STEP3(12, step_binary, Max)
+            RTX_STEP3(13, step_binary, Min)
+            default: break;
+        }
+        __syncthreads();
+    }
+}

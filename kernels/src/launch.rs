@@ -83,7 +83,10 @@ pub fn entry_points(program: &str) -> Option<Vec<String>> {
         "elementwise" => {
             let mut all = with(&["ew"], &UNARY_OPS);
             all.extend(with(&["ew", "ewb", "ews"], &BINARY_OPS));
-            per_dtype(all)
+            let mut all = per_dtype(all);
+            // Every op and dtype in one kernel (launch batching).
+            all.push("ew_batch".to_owned());
+            all
         }
         "reduce" => {
             let mut all = with(&["reduce_all", "reduce_dim"], &REDUCE_OPS);
@@ -370,8 +373,9 @@ mod tests {
     #[test]
     fn names_follow_the_scheme() {
         let ew = entry_points("elementwise").unwrap();
-        assert_eq!(ew.len(), (8 + 6 * 3) * 3);
+        assert_eq!(ew.len(), (8 + 6 * 3) * 3 + 1);
         assert!(ew.contains(&"ewb_max_bf16".to_owned()));
+        assert!(ew.contains(&"ew_batch".to_owned()));
         let red = entry_points("reduce").unwrap();
         assert!(red.contains(&"argreduce_dim_argmin_f16".to_owned()));
         assert!(entry_points("attention").is_none());

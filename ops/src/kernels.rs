@@ -362,6 +362,8 @@ pub(crate) unsafe fn launch_direct(
     cfg: LaunchConfig,
     params: &mut [*mut std::ffi::c_void],
 ) -> std::result::Result<(), cudarc::driver::DriverError> {
+    // Launches deferred on the stream (`StreamCx::defer_launch`) go first.
+    scx.flush_launches();
     if scx.settings().programmatic_launch && scx.arch().0 >= 9 && scx.capturing() {
         // SAFETY: as below; the kernel waits for its predecessor on the device (the
         // caller's contract), so starting it early changes no result.

@@ -154,7 +154,11 @@ pub(crate) fn execute(
         // allocation). Donated memory the op dropped itself was bound to this stream
         // by `ExecCx::donate`, so its free is ordered after those kernels already.
         if let BackendCx::Cuda(scx) = &cx.backend {
-            if cx.drain_pending() {
+            // Launches the op deferred (`driver/batch.rs`) are launched first, so that
+            // the drain covers them.
+            let deferred = scx.batch.borrow().pending();
+            if cx.drain_pending() || deferred {
+                scx.flush_launches();
                 if let Err(sync) = scx.stream().synchronize() {
                     tracing::error!(error = %sync, "stream synchronize failed after a failed op");
                 }

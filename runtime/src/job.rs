@@ -19,6 +19,7 @@ pub(crate) trait Job: Send {
     fn name(&self) -> &'static str;
     fn inputs(&self) -> Vec<&Tensor>;
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()>;
+    fn batches_launches(&self) -> bool;
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
@@ -33,6 +34,9 @@ impl<O: Op> Job for OpJob<O> {
     }
     fn run(&mut self, cx: &mut ExecCx<'_>) -> Result<()> {
         self.0.run(cx)
+    }
+    fn batches_launches(&self) -> bool {
+        self.0.batches_launches()
     }
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
@@ -58,6 +62,11 @@ pub(crate) struct Envelope {
 impl Envelope {
     pub(crate) fn name(&self) -> &'static str {
         self.job.as_ref().map(|j| j.name()).unwrap_or("?")
+    }
+
+    /// [`Op::batches_launches`] of the op.
+    pub(crate) fn batches_launches(&self) -> bool {
+        self.job.as_ref().is_some_and(|j| j.batches_launches())
     }
 
     /// Fails every output and the completion with `err`.

@@ -95,7 +95,7 @@ pub use runtime::graph::{Capture, Graph, Launch};
 pub use runtime::{Backend, BackendKind, Builder, Runtime, RuntimeInfo, Shutdown, Values};
 pub use settings::{Settings, SmallGemm};
 pub use shape::Shape;
-pub use stats::{CacheStats, PhaseStats, Stats};
+pub use stats::{BatchStats, CacheStats, PhaseStats, Stats};
 pub use submit_async::SubmitAsync;
 pub use tensor::Tensor;
 pub use trace::TraceSpan;

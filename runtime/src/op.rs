@@ -139,6 +139,18 @@ pub trait Op: Send + 'static {
     fn capture_hazard(&self) -> Option<CaptureHazard> {
         None
     }
+    /// Whether this op's CUDA `run` may defer its kernel launch into its stream's
+    /// launch batch ([`Settings::launch_batching`](crate::Settings::launch_batching);
+    /// `runtime/src/driver/batch.rs`): true only for an op whose `run` does nothing to
+    /// the stream but allocate its outputs and launch kernels (each through
+    /// [`StreamCx::defer_launch`](crate::cuda::StreamCx::defer_launch) or, when that
+    /// declines, after [`StreamCx::flush_launches`](crate::cuda::StreamCx::flush_launches)).
+    /// The actor launches the pending batch before any op that says false, which is
+    /// the default: library calls, copies, memsets and events must not overtake the
+    /// deferred launches.
+    fn batches_launches(&self) -> bool {
+        false
+    }
 }
 
 /// Builds an op's output value from its output tensors.

@@ -20,6 +20,7 @@
 //! | [`gemm_tune`](crate::Builder::gemm_tune) | `RTX_GEMM_TUNE=1` turns on | off | Experimental. On CUDA, the first GEMM of each problem (shapes, dtype, epilogue, alignment) times up to 8 of cuBLASLt's candidate algorithms on its own buffers and keeps the fastest for the whole process (the op blocks its actor once per problem). Measured on the H200 it chose slower algorithms than the heuristic's first (small problems time the host's enqueue rate, large ones drift with the clock), hence off. Off, cuBLASLt's heuristic first runs: the same algorithm in every process, so results repeat bit for bit from run to run. Either way a problem runs the same algorithm on every stream. |
 //! | [`gemm_sm_share`](crate::Builder::gemm_sm_share) | `RTX_GEMM_SM_SHARE=<n>` | 0: the compute streams per device | On CUDA, small GEMMs (at most 2^27 multiply-adds, e.g. 512³) are planned for 1/n of the device's multiprocessors (cuBLASLt's `SM_COUNT_TARGET`, at least 8), so that the small GEMMs of n streams run side by side instead of each filling the device in turn. Measured on the H200: the 8 chains of 256³ GEMMs on 8 streams as graphs in 1.60 ms instead of 4.28, the training sweep's graphs on 8 streams 11-14 % faster. 1: the whole device for every GEMM (cuBLASLt's default; a runtime with one stream per device always plans so). A small GEMM running alone in a runtime of several streams gets fewer multiprocessors than it could use. Larger GEMMs always plan for the whole device. Another share can mean another cuBLASLt algorithm, so runtimes with different stream counts may round small GEMMs differently; give them the same share for bitwise-equal results. |
 //! | [`small_gemm`](crate::Builder::small_gemm) | `RTX_SMALL_GEMM=off\|eager\|always` (`0` off, `1` always) | [`eager`](SmallGemm::Eager) | On CUDA, small f16/bf16 `x·wᵀ` products (`linear`, `matmul` with `trans_b`; at most 2^27 multiply-adds, e.g. 512³; both inner dims multiples of 8, 16-byte aligned operands) run rtx's own tensor-core kernel (`kernels/cuda/small_gemm.cu`), launched straight through the driver, instead of `cublasLtMatmul`. Why: measured on the H200, a `cublasLtMatmul` call costs 8.7 µs of host time against 4.3 µs for a plain kernel launch, and from 8 threads at once 3.3 µs of wall time per call against 1.3 (`benches/gpu/lt_floor.cu`): eagerly, a small GEMM's cost is that host time. On the device cuBLASLt's kernels are faster (256³ in a graph: 2.8 µs against 3.7), so by default only eager products take rtx's kernel and captured ones keep cuBLASLt ([`SmallGemm`] has the choices). The kernel is the same on every stream and repeats bit for bit; with `eager` a captured small GEMM rounds differently from the same GEMM run eagerly (within the f16/bf16 rounding); `always` or `off` make the two bitwise equal. |
+//! | [`launch_batching`](crate::Builder::launch_batching) | `RTX_LAUNCH_BATCHING=0` turns off | on | On CUDA, when a stream actor finds small element-wise ops (at most 4096 elements, same-shape operands) queued behind each other, it runs their kernels as one launch of a batch kernel (up to 16 ops, in order, one block with a barrier between them) instead of one `cuLaunchKernel` each; nothing waits to fill a batch (it is launched when the mailbox runs empty, before any other work of the stream, or when full). Results are bitwise those of the single launches. Why: one launch costs the H200 host's driver 3.6-4.3 µs; a chain of tiny ops was bound by it. Graph captures and ops timed on the device launch one by one. See `runtime/src/driver/batch.rs`. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
 //! ```
@@ -71,6 +72,9 @@ pub struct Settings {
     /// dependents on compute capability 9.0 and newer (`RTX_PROGRAMMATIC_LAUNCH`); see
     /// the module docs.
     pub programmatic_launch: bool,
+    /// Small eager element-wise ops queued behind each other launched as one batch on
+    /// CUDA (`RTX_LAUNCH_BATCHING`); see the module docs.
+    pub launch_batching: bool,
     /// Experimental: the GEMMs' cuBLASLt algorithm chosen by timing the heuristic's
     /// candidates, once per problem and process (`RTX_GEMM_TUNE`); see the module docs.
     pub gemm_tune: bool,
@@ -141,6 +145,7 @@ impl Default for Settings {
             plan_cache: DEFAULT_PLAN_CACHE,
             device_timing: DEFAULT_DEVICE_TIMING,
             programmatic_launch: true,
+            launch_batching: true,
             gemm_tune: false,
             gemm_sm_share: 0,
             small_gemm: SmallGemm::Eager,
@@ -182,6 +187,9 @@ impl Settings {
         }
         if let Some(v) = var("RTX_PROGRAMMATIC_LAUNCH") {
             self.programmatic_launch = v != "0";
+        }
+        if let Some(v) = var("RTX_LAUNCH_BATCHING") {
+            self.launch_batching = v != "0";
         }
         if let Some(v) = var("RTX_GEMM_TUNE") {
             self.gemm_tune = v == "1";
@@ -262,6 +270,7 @@ mod tests {
                 "RTX_PLAN_CACHE" => Some("3"),
                 "RTX_DEVICE_TIMING" => Some("0"),
                 "RTX_PROGRAMMATIC_LAUNCH" => Some("0"),
+                "RTX_LAUNCH_BATCHING" => Some("0"),
                 "RTX_GEMM_TUNE" => Some("1"),
                 "RTX_GEMM_SM_SHARE" => Some("4"),
                 "RTX_SMALL_GEMM" => Some("always"),
@@ -275,6 +284,7 @@ mod tests {
         assert_eq!(s.plan_cache, 3);
         assert_eq!(s.device_timing, 0);
         assert!(!s.programmatic_launch && base.programmatic_launch);
+        assert!(!s.launch_batching && base.launch_batching);
         assert!(s.gemm_tune && !base.gemm_tune);
         assert_eq!((s.gemm_sm_share, base.gemm_sm_share), (4, 0));
         assert_eq!(

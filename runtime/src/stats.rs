@@ -19,6 +19,19 @@ pub struct Stats {
     pub pinned_cache: CacheStats,
     /// Every phase sampled so far, when the runtime profiles (else empty).
     pub phases: Vec<PhaseStats>,
+    /// CUDA eager launch batching ([`Settings::launch_batching`](crate::Settings::launch_batching)):
+    /// batch launches made and the ops whose launches they carried.
+    pub launch_batches: BatchStats,
+}
+
+/// What the CUDA actors' launch batching did ([`Stats::launch_batches`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchStats {
+    /// Batch launches (each one `cuLaunchKernel`).
+    pub launches: u64,
+    /// Launches of ops carried by them (`ops / launches`: the mean batch).
+    pub ops: u64,
 }
 
 /// Hits and misses of one kind of cache.
@@ -123,6 +136,9 @@ pub(crate) struct Counters {
     pub(crate) block_bytes: AtomicU64,
     /// Bytes held by the runtime's pinned staging caches (a gauge).
     pub(crate) pinned_bytes: AtomicU64,
+    /// Batch launches of the CUDA actors, and the ops' launches they carried.
+    pub(crate) batch_launches: AtomicU64,
+    pub(crate) batched_ops: AtomicU64,
     /// Whether phases are timed (the `profile` setting).
     profile: bool,
     ns: [AtomicU64; PHASES],
@@ -161,6 +177,12 @@ impl Counters {
         }
     }
 
+    /// Counts one batch launch carrying `ops` ops' launches.
+    pub(crate) fn batched(&self, ops: u64) {
+        self.batch_launches.fetch_add(1, Relaxed);
+        self.batched_ops.fetch_add(ops, Relaxed);
+    }
+
     /// A clock for [`Counters::lap`]: `Some(now)` when profiling is on.
     pub(crate) fn clock(&self) -> Option<Instant> {
         self.profile.then(Instant::now)
@@ -192,6 +214,10 @@ impl Counters {
                 bytes: self.pinned_bytes.load(Relaxed),
             },
             phases,
+            launch_batches: BatchStats {
+                launches: self.batch_launches.load(Relaxed),
+                ops: self.batched_ops.load(Relaxed),
+            },
         }
     }
 
@@ -203,6 +229,8 @@ impl Counters {
             &self.block_steals,
             &self.pinned_hits,
             &self.pinned_misses,
+            &self.batch_launches,
+            &self.batched_ops,
         ] {
             a.store(0, Relaxed);
         }

@@ -94,6 +94,48 @@ fn unary_kernel(op: UnaryOp) -> &'static str {
     }
 }
 
+// ---- batched launches (`ew_batch`) -----------------------------------------------------
+
+/// Ops of at most this many elements may join their stream's launch batch
+/// (`rtx_runtime::Settings::launch_batching`): one block of `ew_batch` does them in about
+/// the time a launch of their own would take on the device.
+pub(super) const BATCH_MAX_ELEMS: usize = 4096;
+
+/// `ew_batch`'s step code (elementwise.cu, "batched launches"): 3 × op + dtype, the
+/// unary ops 0-7 in [`UnaryOp`]'s order, the binary ones 8-13 in [`BinaryOp`]'s.
+fn batch_code(op: u32, dtype: DType) -> u32 {
+    let d = match dtype {
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        _ => 0,
+    };
+    3 * op + d
+}
+
+/// Defers `code` over `n` elements (y from a, b) into the stream's launch batch; `false`
+/// when the batch declines (the caller launches its own kernel).
+fn defer_step(scx: &mut StreamCx, code: u32, n: usize, a: u64, b: u64, y: u64) -> Result<bool> {
+    if n > BATCH_MAX_ELEMS {
+        return Ok(false);
+    }
+    let f = kernels::function(scx, MODULE, 0xff00, DType::F32, || "ew_batch".to_string())?;
+    // `EwStep` as C lays it out: u32 code, u32 n, then the three addresses, 8 bytes
+    // reserved.
+    let mut step = [0u8; rtx_runtime::cuda::BATCH_STEP_BYTES];
+    step[0..4].copy_from_slice(&code.to_ne_bytes());
+    step[4..8].copy_from_slice(&(n as u32).to_ne_bytes());
+    step[8..16].copy_from_slice(&a.to_ne_bytes());
+    step[16..24].copy_from_slice(&b.to_ne_bytes());
+    step[24..32].copy_from_slice(&y.to_ne_bytes());
+    // SAFETY: `ew_batch` is a batch kernel of `StreamCx::defer_launch`'s form (one
+    // `EwBatch` by value, one block of BLOCK threads, steps in order with
+    // `__syncthreads()` between them, loads through ld.global.cg). The step's addresses
+    // are the op's own operands and output, each of n elements (`y` may be `a`: the
+    // kernel reads a[i] before it writes y[i], in the same thread), held by the op
+    // until its completion; its code names the op and the buffers' dtype.
+    Ok(unsafe { scx.defer_launch(&f, kernels::BLOCK, &step) })
+}
+
 /// Enqueues `y = a op b`; `a` is read from `donated` (in place) or from `a`.
 pub(super) fn binary(
     scx: &mut StreamCx,
@@ -139,6 +181,11 @@ fn binary_t<T: Element>(
         kernels::device_addr(&y, scx),
         n,
     );
+    if matches!(layout, Layout::Same)
+        && defer_step(scx, batch_code(8 + args.op as u32, T::DTYPE), n, pa, pb, py)?
+    {
+        return Ok(Buffer::from_cuda(y));
+    }
     let launched = match layout {
         Layout::Same => {
             let mut params = [
@@ -217,6 +264,9 @@ fn unary_t<T: Element>(
     let (y, x) = kernels::output_and_input::<T>(scx, name, n, donated, x)?;
     let cfg = config(elementwise_grid(scx, n, std::mem::size_of::<T>()), 0);
     let (mut px, mut py, mut pn) = (x.addr(scx), kernels::device_addr(&y, scx), n);
+    if defer_step(scx, batch_code(op as u32, T::DTYPE), n, px, 0, py)? {
+        return Ok(Buffer::from_cuda(y));
+    }
     let mut params = [param(&mut px), param(&mut py), param(&mut pn)];
     // SAFETY: `ew_{op}_{dt}(const T* x, T* y, size_t n)` (elementwise.cu), T the buffers'
     // dtype, each entry pointing at a live local of that C type; `y` holds n elements and

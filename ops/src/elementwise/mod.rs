@@ -377,6 +377,12 @@ impl Op for Binary {
         }?;
         cx.set_output(0, out)
     }
+    /// Same-shape ops of at most 4096 elements defer their launch into the stream's
+    /// batch on CUDA; the others launch their own kernel after the batch (their run
+    /// does nothing else to the stream but allocate).
+    fn batches_launches(&self) -> bool {
+        true
+    }
 }
 
 /// Expands `$body` once per binary op with `$f` bound to its f32 function, so each op
@@ -534,6 +540,10 @@ impl Op for Unary {
             BackendCx::Cuda(scx) => cuda::unary(scx, dtype, op, name, x.as_deref(), donated, n),
         }?;
         cx.set_output(0, out)
+    }
+    /// As [`Binary`]'s: at most 4096 elements defer into the stream's launch batch.
+    fn batches_launches(&self) -> bool {
+        true
     }
 }
 

@@ -11,6 +11,7 @@ use cudarc::driver::CudaStream;
 use super::watcher::{watch, Watch};
 use crate::actor::{execute, wait_declared, ActorCx};
 use crate::burst::{Burst, OpenBurst};
+use crate::driver::batch::LaunchBatch;
 use crate::driver::event::{EventPool, PooledEvent};
 use crate::driver::teardown::teardown_serialized;
 use crate::driver::{alloc, DeviceShared, StreamCx};
@@ -37,6 +38,9 @@ struct Outbox {
     counters: StdArc<Counters>,
     /// Ops run since the last one timed on the device (`Settings::device_timing`).
     since_sample: u32,
+    /// The stream's deferred launches (`driver/batch.rs`), launched before the burst's
+    /// event is recorded.
+    batch: Rc<RefCell<LaunchBatch>>,
 }
 
 impl Outbox {
@@ -48,21 +52,35 @@ impl Outbox {
             .clone()
     }
 
-    /// Records the open burst's event and hands its ops to the watcher. If recording
+    /// Launches the stream's deferred launches (`driver/batch.rs`), records the open
+    /// burst's event and hands its ops to the watcher. If a batch launch or recording
     /// fails, the burst's ops fail (after the stream has passed them) and so do the
     /// consumers waiting on it; if the watcher is gone (it never exits before the
     /// actor), the ops fail rather than hang.
     fn flush(&mut self, stream: &CudaStream) {
+        // The deferred launches first: the event must stand behind them.
+        let failed = {
+            let mut b = self.batch.borrow_mut();
+            b.flush(stream, &self.counters);
+            b.take_failure()
+        };
         let Some(open) = self.open.take() else {
             debug_assert!(self.pending.is_empty(), "pending ops always have a burst");
+            debug_assert!(failed.is_none(), "deferred launches belong to pending ops");
             return;
         };
         let mut t = self.counters.clock();
         let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(WATCH_FLUSH));
-        match self.pool.record(stream) {
+        let recorded = match failed {
+            Some(err) => Err(err),
+            None => self
+                .pool
+                .record(stream)
+                .map_err(|e| cuda_err("cuEventRecord", e)),
+        };
+        match recorded {
             Ok(ev) => open.0.set(Ok(Arc::new(ev))),
-            Err(e) => {
-                let err = cuda_err("cuEventRecord", e);
+            Err(err) => {
                 open.0.set(Err(err.clone()));
                 for w in batch {
                     fail_after_enqueue(w.env, err.clone(), stream);
@@ -148,6 +166,7 @@ pub(crate) fn cuda_actor(
         open: None,
         counters: actor.counters.clone(),
         since_sample: 0,
+        batch: scx.batch.clone(),
     }));
     let hook_out = out.clone();
     scx.set_before_blocking(Box::new(move |stream| hook_out.borrow_mut().flush(stream)));
@@ -271,6 +290,16 @@ fn run_cuda(
         env.fail(e);
         return;
     }
+    // Whether this op's launch may join the stream's launch batch (`driver/batch.rs`);
+    // any other op first launches what is deferred, so that nothing it enqueues
+    // overtakes those launches. (An op timed on the device, below, does too.)
+    let mut batching = actor.settings.launch_batching
+        && origin.is_none()
+        && env.batches_launches()
+        && !crate::driver::capture::active();
+    if !batching {
+        scx.flush_launches();
+    }
     // An input still pending means waiting for another actor: record this actor's open
     // burst first, so that the other actor never waits for this one (see `burst.rs`).
     // Each published input's event is waited on by this stream as it comes; the input
@@ -333,10 +362,18 @@ fn run_cuda(
         o.since_sample += 1;
         if o.since_sample >= every {
             o.since_sample = 0;
+            if batching {
+                // Timed alone: its events must bracket its own launch only.
+                batching = false;
+                scx.flush_launches();
+            }
             sample = super::timing::Sample::start(&o.timing, &scx.stream);
         }
     }
-    let ex = match execute(&mut env, actor, BackendCx::Cuda(scx), declared) {
+    scx.batch.borrow_mut().set_open(batching);
+    let ran = execute(&mut env, actor, BackendCx::Cuda(scx), declared);
+    scx.batch.borrow_mut().set_open(false);
+    let ex = match ran {
         Ok(x) => x,
         Err(e) => return fail_after_enqueue(env, e, &scx.stream),
     };

@@ -10,12 +10,15 @@
 //!   buffers carry back to it;
 //! - `pinned.rs`: the pinned host staging cache for transfers;
 //! - `stream.rs`: [`StreamCx`], what a CUDA op sees of its stream;
+//! - `batch.rs`: eager launch batching (small ops' launches queued on a stream, one
+//!   launch);
 //! - `teardown.rs`: the process-wide serialization of driver teardown;
 //! - `capture.rs`: the thread-local capture mode (no allocation inside a graph capture);
 //! - `reclaim.rs`: out of memory inside a library: empty the caches, retry once;
 //! - `parking.rs`: frees from other threads held back while their stream is captured.
 
 pub(crate) mod alloc;
+pub(crate) mod batch;
 pub(crate) mod block_cache;
 pub(crate) mod capture;
 mod device;
@@ -28,6 +31,7 @@ mod stream;
 pub(crate) mod teardown;
 
 pub use alloc::{alloc_uninit, CACHE_MAX_BLOCK, CACHE_MAX_BYTES};
+pub use batch::{BATCH_STEPS, BATCH_STEP_BYTES};
 #[cfg(any(test, feature = "test-util"))]
 pub use device::present_for_tests;
 pub use device::probe;

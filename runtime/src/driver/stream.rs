@@ -1,12 +1,15 @@
 //! What a CUDA op sees of its stream: [`StreamCx`].
 
 use std::any::{Any, TypeId};
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::Arc as StdArc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr};
 
 use super::alloc::{alloc_in, Home, StreamMem};
+use super::batch::{LaunchBatch, BATCH_STEP_BYTES};
 use super::DeviceShared;
 use crate::error::{Error, Result};
 use crate::settings::Settings;
@@ -32,6 +35,9 @@ pub struct StreamCx {
     scratch: HashMap<(&'static str, usize), CudaSlice<u8>>,
     /// The actor's hook for [`StreamCx::before_blocking`].
     before_blocking: Option<BeforeBlocking>,
+    /// The launches deferred on this stream (`batch.rs`), shared with the actor's
+    /// outbox, which launches them before it records a burst's event.
+    pub(crate) batch: Rc<RefCell<LaunchBatch>>,
 }
 
 impl StreamCx {
@@ -52,6 +58,7 @@ impl StreamCx {
             ext: HashMap::new(),
             scratch: HashMap::new(),
             before_blocking: None,
+            batch: Rc::new(RefCell::new(LaunchBatch::new())),
         }
     }
     /// Tells the actor that the op is about to block this thread for long (a cuDNN
@@ -93,6 +100,45 @@ impl StreamCx {
     /// The stream ops enqueue on.
     pub fn stream(&self) -> &StdArc<CudaStream> {
         &self.stream
+    }
+    /// Defers a kernel launch into this stream's launch batch
+    /// ([`Settings::launch_batching`](crate::Settings::launch_batching); see
+    /// `runtime/src/driver/batch.rs`): `f` is a batch kernel, which takes one parameter,
+    /// `struct { uint32_t count; uint32_t pad; uint8_t steps[BATCH_STEPS][BATCH_STEP_BYTES]; }`
+    /// by value, runs on one block of `threads` threads and performs `steps[0..count]`
+    /// in order with a block-wide barrier between them; `step` is this launch's
+    /// descriptor. Returns `false` when the op running now may not defer (the actor
+    /// did not open the batch for it: batching off, a capture, a timed op, an op that
+    /// does not batch): the caller then launches as usual, after
+    /// [`StreamCx::flush_launches`].
+    ///
+    /// # Safety
+    ///
+    /// Launching `f` with a block whose steps include `step` must be safe as a launch
+    /// of the op's own kernel would be: every address the step holds is inside a
+    /// buffer the op holds (its inputs and outputs) until its completion, and the kernel
+    /// reads no memory another step of the batch writes except in step order (through
+    /// loads that see the earlier steps' stores after the barrier, not the read-only
+    /// cache).
+    pub unsafe fn defer_launch(
+        &self,
+        f: &CudaFunction,
+        threads: u32,
+        step: &[u8; BATCH_STEP_BYTES],
+    ) -> bool {
+        self.batch
+            .borrow_mut()
+            .defer(f, threads, step, &self.stream, &self.counters)
+    }
+    /// Launches the steps deferred on this stream ([`StreamCx::defer_launch`]), if any:
+    /// an op of [`Op::batches_launches`](crate::Op::batches_launches) calls it before a
+    /// launch it does not defer. Cheap when nothing is pending. A failed launch fails
+    /// the ops of the burst (when the actor hands it over).
+    pub fn flush_launches(&self) {
+        let mut b = self.batch.borrow_mut();
+        if b.pending() {
+            b.flush(&self.stream, &self.counters);
+        }
     }
     /// The device's context.
     pub fn context(&self) -> &StdArc<CudaContext> {

@@ -187,6 +187,13 @@ impl Builder {
         self.settings.programmatic_launch = on;
         self
     }
+    /// On CUDA, run the kernels of small element-wise ops queued behind each other on a
+    /// stream as one batched launch (default on; see the [settings table](crate::settings)).
+    /// `RTX_LAUNCH_BATCHING=0` turns it off.
+    pub fn launch_batching(mut self, on: bool) -> Self {
+        self.settings.launch_batching = on;
+        self
+    }
     /// Experimental: choose each GEMM problem's cuBLASLt algorithm by timing the
     /// heuristic's candidates once per process (default off: the heuristic's first, the
     /// same in every run; see the [settings table](crate::settings), which says why).
