@@ -99,13 +99,17 @@ fn suite_reduce(rt: &Runtime) {
 /// A chain of 1,000 tiny dependent adds on one stream through `submit`: end-to-end µs
 /// per op (first submit to last completion) and the submitting thread's µs per submit;
 /// with eager launch batching (the default) and without (`_unbatched`), in one call.
+/// The same chain over 4096 elements (the largest ops batched, `chain_1000_adds_4096`)
+/// shows what a batched step costs on the device against a launch of its own.
 fn suite_chain(_rt: &Runtime) {
-    for batching in [true, false] {
-        chain_case(batching);
+    for len in [16, 4096] {
+        for batching in [true, false] {
+            chain_case(batching, len);
+        }
     }
 }
 
-fn chain_case(batching: bool) {
+fn chain_case(batching: bool, len: usize) {
     // A runtime whose policy records the actors' own time in `op.run` (enqueue on CUDA:
     // allocation and launch, or the deferral into a batch), to split the per-op cost.
     let rec = std::sync::Arc::new(RunTime::default());
@@ -117,7 +121,7 @@ fn chain_case(batching: bool) {
         .expect("runtime");
     let rt = &rt;
     let s = rt.compute_streams(rt.device())[0];
-    let a = upload(rt, &random_f32(16, 4), &[16], DType::F32);
+    let a = upload(rt, &random_f32(len, 4), &[len], DType::F32);
     let run = || {
         let mut x = a.clone();
         let t0 = Instant::now();
@@ -164,12 +168,17 @@ fn chain_case(batching: bool) {
     ];
     // With RTX_PROFILE=1: mean µs per sample of each actor / watcher phase.
     extra.extend(stats.phases.iter().map(|p| (p.phase, p.mean_us)));
-    let name = if batching {
-        "chain_1000_tiny_adds"
+    let base = if len == 16 {
+        "chain_1000_tiny_adds".to_string()
     } else {
-        "chain_1000_tiny_adds_unbatched"
+        format!("chain_1000_adds_{len}")
     };
-    emit(name, e, 0.0, 0.0, &extra);
+    let name = if batching {
+        base
+    } else {
+        format!("{base}_unbatched")
+    };
+    emit(&name, e, 0.0, 0.0, &extra);
 }
 
 /// Mean time of `op.run` over the ops observed (CUDA: the enqueue, i.e. allocation and

@@ -374,11 +374,27 @@ template <> __device__ __forceinline__ float load_cg<__nv_bfloat16>(const __nv_b
     return __uint_as_float((unsigned)__ldcg(reinterpret_cast<const unsigned short*>(p)) << 16);
 }
 
+// A step's elements, STEP_U per thread per round with every load of a round issued
+// before its stores (4096 elements take 2 rounds of 256 threads).
+constexpr unsigned STEP_U = 8;
+
 template <class Op, typename T> __device__ __forceinline__ void step_unary(const EwStep& s) {
     const T* x = static_cast<const T*>(s.a);
     T* y = static_cast<T*>(s.y);
     Op op;
-    for (unsigned i = threadIdx.x; i < s.n; i += blockDim.x) Ty<T>::store(y + i, op(load_cg(x + i)));
+    for (unsigned r = 0; r < s.n; r += STEP_U * blockDim.x) {
+        float v[STEP_U];
+#pragma unroll
+        for (unsigned u = 0; u < STEP_U; ++u) {
+            const unsigned i = r + u * blockDim.x + threadIdx.x;
+            v[u] = i < s.n ? load_cg(x + i) : 0.0f;
+        }
+#pragma unroll
+        for (unsigned u = 0; u < STEP_U; ++u) {
+            const unsigned i = r + u * blockDim.x + threadIdx.x;
+            if (i < s.n) Ty<T>::store(y + i, op(v[u]));
+        }
+    }
 }
 
 template <class Op, typename T> __device__ __forceinline__ void step_binary(const EwStep& s) {
@@ -386,8 +402,20 @@ template <class Op, typename T> __device__ __forceinline__ void step_binary(cons
     const T* b = static_cast<const T*>(s.b);
     T* y = static_cast<T*>(s.y);
     Op op;
-    for (unsigned i = threadIdx.x; i < s.n; i += blockDim.x)
-        Ty<T>::store(y + i, op(load_cg(a + i), load_cg(b + i)));
+    for (unsigned r = 0; r < s.n; r += STEP_U * blockDim.x) {
+        float va[STEP_U], vb[STEP_U];
+#pragma unroll
+        for (unsigned u = 0; u < STEP_U; ++u) {
+            const unsigned i = r + u * blockDim.x + threadIdx.x;
+            va[u] = i < s.n ? load_cg(a + i) : 0.0f;
+            vb[u] = i < s.n ? load_cg(b + i) : 0.0f;
+        }
+#pragma unroll
+        for (unsigned u = 0; u < STEP_U; ++u) {
+            const unsigned i = r + u * blockDim.x + threadIdx.x;
+            if (i < s.n) Ty<T>::store(y + i, op(va[u], vb[u]));
+        }
+    }
 }
 
 #define RTX_STEP3(k, F, Op)                                                                    \
