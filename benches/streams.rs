@@ -166,6 +166,11 @@ pub fn suite_streams(_rt: &Runtime) {
                 ("block_cache_misses", misses as f64),
                 ("pinned_cache_hits", pinned_hits as f64),
                 ("pinned_cache_misses", pinned_misses as f64),
+                // Eager launch batching (`Settings::launch_batching`): ops per launch.
+                (
+                    "ops_per_batch",
+                    stats.launch_batches.ops as f64 / stats.launch_batches.launches.max(1) as f64,
+                ),
             ];
             // The process's CPU time, page faults and context switches per run.
             extra.extend(proc_per_run(before, after, 9));

@@ -342,7 +342,7 @@ RTX_ALL_DTYPES(RTX_BINARY, min, Min)
 // same f32 functor, the same rounding to T.
 //
 //   struct EwStep { unsigned code; unsigned n; const void* a; const void* b; void* y;
-//                   unsigned long long reserved; };       // 40 bytes
+//                   unsigned long long reserved[3]; };    // 56 bytes
 //   struct EwBatch { unsigned count; unsigned pad; EwStep steps[16]; };
 //   extern "C" __global__ void ew_batch(EwBatch p)    // grid 1, block RTX_BLOCK
 //
@@ -357,8 +357,9 @@ struct EwStep {
     const void* a;
     const void* b;
     void* y;
-    unsigned long long reserved;
+    unsigned long long reserved[3];
 };
+static_assert(sizeof(EwStep) == 56, "rtx-runtime's BATCH_STEP_BYTES");
 struct EwBatch {
     unsigned count;
     unsigned pad;

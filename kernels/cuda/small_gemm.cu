@@ -85,6 +85,16 @@ __device__ __forceinline__ float act(float v) {
     return v;
 }
 
+// A 2-byte element through L2 (ld.global.cg).
+template <typename T>
+__device__ __forceinline__ T ld_cg(const T* p) {
+    static_assert(sizeof(T) == 2, "f16 / bf16");
+    const unsigned short u = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    T v;
+    memcpy(&v, &u, 2);
+    return v;
+}
+
 // Copies stage `kt` (k from kt·BK) of the x rows [row0, row0 + BM) and the w rows
 // [col0, col0 + BN) into the ring slot at shared addresses sx (x) and sw (w).
 template <int ROWS, typename T>
@@ -110,15 +120,16 @@ __device__ __forceinline__ void load_stage(unsigned sx, unsigned sw, const T* x,
     load_rows<BN>(sw, w, n, k, col0, kt, tid);
 }
 
+// One 64 × 64 tile of y = act(x · wᵀ + bias): rows row0.., columns col0... x and w are
+// read through cp.async.cg and the bias through ld.global.cg (L2, never the read-only
+// path), so the tile may read what another block wrote before a grid barrier
+// (small_gemm_batch). The shared ring is free when it returns.
 template <typename Tr, int ACT>
-__device__ __forceinline__ void small_gemm(const typename Tr::T* __restrict__ x,
-                                           const typename Tr::T* __restrict__ w,
-                                           const typename Tr::T* __restrict__ bias,
-                                           typename Tr::T* __restrict__ y, int m, int n, int k,
-                                           long long sx, long long sw, long long sb,
-                                           long long sy) {
+__device__ __forceinline__ void small_gemm_tile(const typename Tr::T* x, const typename Tr::T* w,
+                                                const typename Tr::T* bias, typename Tr::T* y,
+                                                int m, int n, int k, int row0, int col0,
+                                                unsigned char* smem) {
     typedef typename Tr::T T;
-    __shared__ __align__(128) unsigned char smem[SMEM_BYTES];
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -127,13 +138,6 @@ __device__ __forceinline__ void small_gemm(const typename Tr::T* __restrict__ x,
     const int wmn = warp % WARPS_MN;
     const int wm = wmn / WARPS_N;    // warp row: rows wm·32 .. +32 of the tile
     const int wn = wmn % WARPS_N;    // warp column: columns wn·32 .. +32
-    const int row0 = blockIdx.y * BM;
-    const int col0 = blockIdx.x * BN;
-    const long long z = blockIdx.z;
-    x += z * sx;
-    w += z * sw;
-    y += z * sy;
-    if (bias != nullptr) bias += z * sb;
 
     rtx::wait_prior_grid();
 
@@ -236,8 +240,8 @@ __device__ __forceinline__ void small_gemm(const typename Tr::T* __restrict__ x,
         if (col >= n) continue;
         float b0 = 0.0f, b1 = 0.0f;
         if (bias != nullptr) {
-            b0 = Tr::to_float(bias[col]);
-            b1 = Tr::to_float(bias[col + 1]);
+            b0 = Tr::to_float(ld_cg(bias + col));
+            b1 = Tr::to_float(ld_cg(bias + col + 1));
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -253,7 +257,109 @@ __device__ __forceinline__ void small_gemm(const typename Tr::T* __restrict__ x,
     }
 }
 
+template <typename Tr, int ACT>
+__device__ __forceinline__ void small_gemm(const typename Tr::T* x, const typename Tr::T* w,
+                                           const typename Tr::T* bias, typename Tr::T* y, int m,
+                                           int n, int k, long long sx, long long sw,
+                                           long long sb, long long sy) {
+    __shared__ __align__(128) unsigned char smem[SMEM_BYTES];
+    const long long z = blockIdx.z;
+    small_gemm_tile<Tr, ACT>(x + z * sx, w + z * sw, bias != nullptr ? bias + z * sb : bias,
+                             y + z * sy, m, n, k, (int)blockIdx.y * BM, (int)blockIdx.x * BN,
+                             smem);
+}
+
+// ---- batched launches ----------------------------------------------------------------
+//
+// Up to 16 small products in one cooperative launch (rtx-runtime's eager launch
+// batching, runtime/src/driver/batch.rs): every block takes tiles t = blockIdx.x,
+// + gridDim.x, ... of a step, then the grid meets at a barrier before the next step, so
+// a step reads the products of the steps before it. Each tile computes what
+// small_gemm_{act}_{dt} computes for it (the same code, bit for bit).
+//
+//   struct SgStep { unsigned code; int m; int n; int k; const void* x; const void* w;
+//                   const void* bias; void* y; unsigned* bar; };   // 56 bytes
+//   struct SgBatch { unsigned count; unsigned pad; SgStep steps[16]; };
+//   extern "C" __global__ void small_gemm_batch(SgBatch p)  // cooperative, block THREADS
+//
+// code = 2 · act + d: act 0 none, 1 relu, 2 gelu; d 0 f16, 1 bf16. Per step: one
+// product (no batch), y = act(x · wᵀ + bias) with the shapes and alignment
+// small_gemm_{act}_{dt} requires; bias may be null. bar: two zeroed words of the
+// stream's (count, generation), left zeroed behind each barrier; the same for every
+// step. An unknown code computes nothing (the launcher never makes one).
+
+struct SgStep {
+    unsigned code;
+    int m;
+    int n;
+    int k;
+    const void* x;
+    const void* w;
+    const void* bias;
+    void* y;
+    unsigned* bar;
+};
+static_assert(sizeof(SgStep) == 56, "rtx-runtime's BATCH_STEP_BYTES");
+struct SgBatch {
+    unsigned count;
+    unsigned pad;
+    SgStep steps[16];
+};
+static_assert(KSPLIT == 1, "a tile returns only at its end (the grid barrier needs every thread)");
+
+// Every block of the (cooperative, all-resident) grid arrives; the last one zeroes the
+// count and bumps the generation the others wait on. The fences order each block's
+// writes before its arrival and the others' reads after their release.
+__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned* gen = bar + 1;
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+            atomicExch(bar, 0u);
+            __threadfence();
+            atomicAdd(bar + 1, 1u);
+        } else {
+            while (*gen == g) __nanosleep(20);
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+template <typename Tr, int ACT>
+__device__ __forceinline__ void sg_step(const SgStep& s, unsigned char* smem) {
+    typedef typename Tr::T T;
+    const int tn = (s.n + BN - 1) / BN;
+    const int tiles = tn * ((s.m + BM - 1) / BM);
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        __syncthreads();  // the ring is free: every warp is done with the last tile
+        small_gemm_tile<Tr, ACT>(static_cast<const T*>(s.x), static_cast<const T*>(s.w),
+                                 static_cast<const T*>(s.bias), static_cast<T*>(s.y), s.m, s.n,
+                                 s.k, (t / tn) * BM, (t % tn) * BN, smem);
+    }
+}
+
 }  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS) small_gemm_batch(SgBatch p) {
+    __shared__ __align__(128) unsigned char smem[SMEM_BYTES];
+    const unsigned count = p.count < 16u ? p.count : 16u;
+    for (unsigned i = 0; i < count; ++i) {
+        const SgStep s = p.steps[i];
+        switch (s.code) {
+            case 0: sg_step<AttnF16, ACT_NONE>(s, smem); break;
+            case 1: sg_step<AttnBF16, ACT_NONE>(s, smem); break;
+            case 2: sg_step<AttnF16, ACT_RELU>(s, smem); break;
+            case 3: sg_step<AttnBF16, ACT_RELU>(s, smem); break;
+            case 4: sg_step<AttnF16, ACT_GELU>(s, smem); break;
+            case 5: sg_step<AttnBF16, ACT_GELU>(s, smem); break;
+            default: break;
+        }
+        if (i + 1 < count) grid_barrier(p.steps[0].bar);
+    }
+}
 
 #define RTX_SMALL_GEMM(name, ACT, dt, Tr)                                                     \
     extern "C" __global__ void __launch_bounds__(THREADS) small_gemm_##name##_##dt(           \

@@ -154,3 +154,145 @@ fn batched_launches_equal_single_launches() {
     batched_equals_single::<f16>(seed, &mut g);
     batched_equals_single::<bf16>(seed, &mut g);
 }
+
+/// Products chained per (rows, width) case: y ← act(y · w_sᵀ + b_s).
+const GEMM_CASES: [(usize, usize); 3] = [(64, 256), (200, 136), (2048, 256)];
+const GEMM_STEPS: usize = 24;
+
+/// Step `k` of a product chain: `linear` with the step's weights (relu, gelu and none in
+/// turn), an element-wise add (another batch kernel) every 6 steps and a reduction (no
+/// batching) every 8; the chain moves to another stream every 5 steps.
+fn gemm_step(rt: &Runtime, k: usize, j: usize, y: Tensor, w: &[Tensor], b: &[Tensor]) -> Tensor {
+    use rtx_ops::gemm::{linear, Activation};
+    let streams = rt.compute_streams(rt.device());
+    let s = streams[(j + k / 5) % streams.len()];
+    let act = [Activation::Relu, Activation::Gelu, Activation::None][k % 3];
+    let y = pin(
+        rt,
+        s,
+        linear(&y, &w[k % w.len()], Some(&b[k % b.len()]), act),
+    );
+    if k % 6 == 5 {
+        let z = pin(rt, s, ew::sin(&y));
+        return pin(rt, s, ew::add(&y, &z));
+    }
+    if k % 8 == 7 {
+        let m = pin(rt, s, rtx_ops::reduce::mean(&y));
+        return pin(rt, s, ew::sub(&y, &m));
+    }
+    y
+}
+
+/// The product chains' inputs for one case: x, 3 weights and biases.
+struct GemmCase<T> {
+    x: Vec<T>,
+    w: Vec<Vec<T>>,
+    b: Vec<Vec<T>>,
+}
+
+fn gemm_chains<T: Element>(rt: &Runtime, cases: &[GemmCase<T>]) -> Vec<Vec<T>> {
+    let mut ys = Vec::new();
+    let mut ws = Vec::new();
+    let mut bs = Vec::new();
+    for (c, &(m, d)) in cases.iter().zip(&GEMM_CASES) {
+        ys.push(rt.upload(&c.x, [m, d]).expect("upload"));
+        ws.push(
+            c.w.iter()
+                .map(|w| rt.upload(w, [d, d]).expect("upload"))
+                .collect::<Vec<_>>(),
+        );
+        bs.push(
+            c.b.iter()
+                .map(|b| rt.upload(b, [d]).expect("upload"))
+                .collect::<Vec<_>>(),
+        );
+    }
+    for k in 0..GEMM_STEPS {
+        for j in 0..ys.len() {
+            let cur = std::mem::replace(&mut ys[j], bs[j][0].clone());
+            ys[j] = gemm_step(rt, k, j, cur, &ws[j], &bs[j]);
+        }
+    }
+    ys.iter()
+        .map(|t| t.to_vec::<T>().expect("the chain completes"))
+        .collect()
+}
+
+fn gemm_batched_equals_single<T: Element>(seed: u64, g: &mut rand::rngs::StdRng) {
+    let cases: Vec<GemmCase<T>> = GEMM_CASES
+        .iter()
+        .map(|&(m, d)| {
+            // He-scaled weights keep the chain's magnitude about level through relu.
+            let s = (2.0 / d as f64).sqrt();
+            GemmCase {
+                x: rand_vec(g, m * d, -1.0, 1.0),
+                w: (0..3).map(|_| rand_vec(g, d * d, -s, s)).collect(),
+                b: (0..3).map(|_| rand_vec(g, d, -0.1, 0.1)).collect(),
+            }
+        })
+        .collect();
+    let cpu = gemm_chains(&Runtime::cpu(1), &cases);
+    for streams in [1, 4] {
+        let mut results = Vec::new();
+        for batching in [false, true] {
+            let label = format!("{:?} products cuda/{streams} batching={batching}", T::DTYPE);
+            let rt = cuda(streams, batching);
+            for round in 0..2 {
+                let got = gemm_chains(&rt, &cases);
+                for (i, (g, want)) in got.iter().zip(&cpu).enumerate() {
+                    // 24 chained products, each rounded to T (the CPU sums in another
+                    // order): 5× one op's tolerance.
+                    let e = rel_err(&f64s(g), &f64s(want));
+                    assert!(
+                        e <= 5.0 * tol(T::DTYPE),
+                        "{label} round {round} case {:?}: relative error {e:e} against the \
+                         CPU backend (seed {seed})",
+                        GEMM_CASES[i]
+                    );
+                }
+                results.push((label.clone(), got));
+            }
+            let b = rt.stats().launch_batches;
+            if batching {
+                assert!(b.ops > b.launches, "{label}: no launch was batched ({b:?})");
+                eprintln!(
+                    "{label}: {} ops in {} batch launches ({:.1} per launch)",
+                    b.ops,
+                    b.launches,
+                    b.ops as f64 / b.launches as f64
+                );
+            } else {
+                assert_eq!((b.launches, b.ops), (0, 0), "{label}: batched while off");
+            }
+        }
+        let (first_label, first) = &results[0];
+        for (label, r) in &results[1..] {
+            for (i, (a, b)) in r.iter().zip(first).enumerate() {
+                let same = a
+                    .iter()
+                    .zip(b)
+                    .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits());
+                assert!(
+                    same,
+                    "{label}: case {:?} differs bitwise from {first_label} (seed {seed})",
+                    GEMM_CASES[i]
+                );
+            }
+        }
+    }
+}
+
+/// Chains of small f16/bf16 products (rtx's small-GEMM kernel, batched in a cooperative
+/// launch with a grid barrier between steps), with tails in m and n, more tiles than
+/// the batch's blocks (2048 rows), element-wise ops and reductions in between and
+/// stream changes, are bitwise equal with batching on and off.
+#[test]
+fn batched_products_equal_single_launches() {
+    if !rtx_runtime::cuda::present_for_tests() {
+        return;
+    }
+    rtx_ops::set_poison_outputs(true);
+    let (seed, mut g) = rng();
+    gemm_batched_equals_single::<f16>(seed, &mut g);
+    gemm_batched_equals_single::<bf16>(seed, &mut g);
+}

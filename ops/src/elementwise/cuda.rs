@@ -119,7 +119,7 @@ fn defer_step(scx: &mut StreamCx, code: u32, n: usize, a: u64, b: u64, y: u64) -
         return Ok(false);
     }
     let f = kernels::function(scx, MODULE, 0xff00, DType::F32, || "ew_batch".to_string())?;
-    // `EwStep` as C lays it out: u32 code, u32 n, then the three addresses, 8 bytes
+    // `EwStep` as C lays it out: u32 code, u32 n, then the three addresses, the rest
     // reserved.
     let mut step = [0u8; rtx_runtime::cuda::BATCH_STEP_BYTES];
     step[0..4].copy_from_slice(&code.to_ne_bytes());
@@ -133,7 +133,12 @@ fn defer_step(scx: &mut StreamCx, code: u32, n: usize, a: u64, b: u64, y: u64) -
     // are the op's own operands and output, each of n elements (`y` may be `a`: the
     // kernel reads a[i] before it writes y[i], in the same thread), held by the op
     // until its completion; its code names the op and the buffers' dtype.
-    Ok(unsafe { scx.defer_launch(&f, kernels::BLOCK, &step) })
+    let geo = rtx_runtime::cuda::Geometry {
+        grid: 1,
+        threads: kernels::BLOCK,
+        coop: false,
+    };
+    Ok(unsafe { scx.defer_launch(&f, geo, &step) })
 }
 
 /// Enqueues `y = a op b`; `a` is read from `donated` (in place) or from `a`.

@@ -188,6 +188,15 @@ impl Op for Matmul {
         ))?;
         cx.set_output(0, out)
     }
+    /// f16/bf16 products may run rtx's small-GEMM kernel, whose eager launch can join
+    /// the stream's launch batch; every other path of the CUDA run launches what is
+    /// deferred first (`cuda::gemm`).
+    fn batches_launches(&self) -> bool {
+        matches!(
+            self.a.dtype(),
+            rtx_runtime::DType::F16 | rtx_runtime::DType::BF16
+        )
+    }
 }
 
 /// A fully connected layer `act(x · wᵀ + bias)`; build it with [`linear`].
@@ -305,6 +314,13 @@ impl Op for Linear {
             g.run::<T>(cx.backend(), &x, &w, bias.as_deref())
         })?;
         cx.set_output(0, out)
+    }
+    /// As [`Matmul`]'s: f16/bf16 products may join the stream's launch batch.
+    fn batches_launches(&self) -> bool {
+        matches!(
+            self.x.dtype(),
+            rtx_runtime::DType::F16 | rtx_runtime::DType::BF16
+        )
     }
 }
 

@@ -38,8 +38,8 @@ use std::sync::Arc as StdArc;
 #[cfg(any(test, feature = "test-util"))]
 pub use crate::driver::present_for_tests;
 pub use crate::driver::{
-    alloc_uninit, is_library_alloc_failure, probe, retry_after_reclaim, Reclaimer, StreamCx,
-    BATCH_STEPS, BATCH_STEP_BYTES, CACHE_MAX_BLOCK, CACHE_MAX_BYTES, PINNED_MAX_BLOCK,
+    alloc_uninit, is_library_alloc_failure, probe, retry_after_reclaim, Geometry, Reclaimer,
+    StreamCx, BATCH_STEPS, BATCH_STEP_BYTES, CACHE_MAX_BLOCK, CACHE_MAX_BYTES, PINNED_MAX_BLOCK,
     PINNED_MAX_BYTES,
 };
 pub use graph::CudaGraph;

@@ -5,8 +5,10 @@
 //! launch_floor.cu`): a chain of tiny element-wise ops is bound by it. When an actor
 //! finds several such ops in its mailbox, each op's launch is *deferred* into a
 //! [`LaunchBatch`] instead: a parameter block of up to [`BATCH_STEPS`] steps, which one
-//! launch of a batch kernel (e.g. `ew_batch` in `kernels/cuda/elementwise.cu`) runs in
-//! order, one block, a barrier between steps. Nothing waits to fill a batch: it is
+//! launch of a batch kernel runs in order, a barrier between steps: `ew_batch`
+//! (`kernels/cuda/elementwise.cu`, small element-wise ops, one block) and
+//! `small_gemm_batch` (`kernels/cuda/small_gemm.cu`, small products, a cooperative
+//! launch whose blocks meet at a grid-wide barrier). Nothing waits to fill a batch: it is
 //! launched as soon as the actor runs out of queued ops, before any other work of the
 //! stream, or when it is full.
 //!
@@ -44,10 +46,11 @@ use crate::stats::{Counters, Phase};
 pub const BATCH_STEPS: usize = 16;
 
 /// Bytes of one step's descriptor in a batch kernel's parameter block.
-pub const BATCH_STEP_BYTES: usize = 40;
+pub const BATCH_STEP_BYTES: usize = 56;
 
 /// The batch kernel's one parameter, by value, as C lays it out:
-/// `struct { uint32_t count; uint32_t pad; uint8_t steps[BATCH_STEPS][BATCH_STEP_BYTES]; }`.
+/// `struct { uint32_t count; uint32_t pad; uint8_t steps[BATCH_STEPS][BATCH_STEP_BYTES]; }`
+/// (the batch kernels' step structs are 8-byte aligned, `BATCH_STEP_BYTES` long).
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
 struct Block {
@@ -56,12 +59,25 @@ struct Block {
     steps: [[u8; BATCH_STEP_BYTES]; BATCH_STEPS],
 }
 
+/// How a batch kernel is launched: `grid` blocks of `threads` threads, cooperatively
+/// (every block resident at once, so that the kernel may synchronize its blocks between
+/// steps) when `coop`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Blocks.
+    pub grid: u32,
+    /// Threads per block.
+    pub threads: u32,
+    /// A cooperative launch (`cuLaunchCooperativeKernel`).
+    pub coop: bool,
+}
+
 /// The launches deferred on one stream (see the module docs). Lives on its actor.
 pub(crate) struct LaunchBatch {
     /// Whether the op running now may defer its launch (set by the actor around it).
     open: bool,
-    /// The batch kernel and its block size, while steps are pending.
-    f: Option<(CudaFunction, u32)>,
+    /// The batch kernel and its geometry, while steps are pending.
+    f: Option<(CudaFunction, Geometry)>,
     block: Block,
     /// A batch launch that failed, for the burst's hand-off to report.
     failed: Option<Error>,
@@ -91,14 +107,14 @@ impl LaunchBatch {
         self.block.count > 0
     }
 
-    /// Appends a step for `f` (launched with `threads` threads in one block), if the op
-    /// running now may defer and `f` is the batch's function (else the pending steps
+    /// Appends a step for `f` (launched as `geo` says), if the op running now may defer
+    /// and `f` is the batch's function with the batch's geometry (else the pending steps
     /// are launched first and a batch for `f` starts). `false`: not deferred, the caller
     /// launches as usual (after [`LaunchBatch::flush`]).
     pub(crate) fn defer(
         &mut self,
         f: &CudaFunction,
-        threads: u32,
+        geo: Geometry,
         step: &[u8; BATCH_STEP_BYTES],
         stream: &CudaStream,
         counters: &Counters,
@@ -109,10 +125,10 @@ impl LaunchBatch {
         let same = self
             .f
             .as_ref()
-            .is_some_and(|(g, t)| g.cu_function() == f.cu_function() && *t == threads);
+            .is_some_and(|(g, t)| g.cu_function() == f.cu_function() && *t == geo);
         if !same {
             self.flush(stream, counters);
-            self.f = Some((f.clone(), threads));
+            self.f = Some((f.clone(), geo));
         }
         let i = self.block.count as usize;
         self.block.steps[i] = *step;
@@ -129,7 +145,7 @@ impl LaunchBatch {
         if self.block.count == 0 {
             return;
         }
-        let (f, threads) = self
+        let (f, geo) = self
             .f
             .as_ref()
             .expect("a batch with steps has its function");
@@ -140,18 +156,35 @@ impl LaunchBatch {
         // value (the layout documented on `Block`, `repr(C)`), which `params` points at
         // for the call (the driver copies it). Each step was appended by its op's
         // launcher, which vouched for it as it would for a launch of its own
-        // (`StreamCx::defer_launch`'s contract); every buffer a step addresses is held
-        // by its op until the burst's event, recorded after this launch, has passed.
-        // `f` and `stream` are alive and of the context current on the actor's thread.
+        // (`StreamCx::defer_launch`'s contract), and for the geometry; every buffer a
+        // step addresses is held by its op until the burst's event, recorded after this
+        // launch, has passed. `f` and `stream` are alive and of the context current on
+        // the actor's thread.
         let r = unsafe {
-            cudarc::driver::result::launch_kernel(
-                f.cu_function(),
-                (1, 1, 1),
-                (*threads, 1, 1),
-                0,
-                stream.cu_stream(),
-                &mut params,
-            )
+            if geo.coop {
+                cudarc::driver::sys::cuLaunchCooperativeKernel(
+                    f.cu_function(),
+                    geo.grid,
+                    1,
+                    1,
+                    geo.threads,
+                    1,
+                    1,
+                    0,
+                    stream.cu_stream(),
+                    params.as_mut_ptr(),
+                )
+                .result()
+            } else {
+                cudarc::driver::result::launch_kernel(
+                    f.cu_function(),
+                    (geo.grid, 1, 1),
+                    (geo.threads, 1, 1),
+                    0,
+                    stream.cu_stream(),
+                    &mut params,
+                )
+            }
         };
         if let Some(t) = t {
             counters.add(Phase::Launch, t.elapsed());

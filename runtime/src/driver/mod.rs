@@ -31,7 +31,7 @@ mod stream;
 pub(crate) mod teardown;
 
 pub use alloc::{alloc_uninit, CACHE_MAX_BLOCK, CACHE_MAX_BYTES};
-pub use batch::{BATCH_STEPS, BATCH_STEP_BYTES};
+pub use batch::{Geometry, BATCH_STEPS, BATCH_STEP_BYTES};
 #[cfg(any(test, feature = "test-util"))]
 pub use device::present_for_tests;
 pub use device::probe;

@@ -9,7 +9,7 @@ use std::sync::Arc as StdArc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr};
 
 use super::alloc::{alloc_in, Home, StreamMem};
-use super::batch::{LaunchBatch, BATCH_STEP_BYTES};
+use super::batch::{Geometry, LaunchBatch, BATCH_STEP_BYTES};
 use super::DeviceShared;
 use crate::error::{Error, Result};
 use crate::settings::Settings;
@@ -105,12 +105,13 @@ impl StreamCx {
     /// ([`Settings::launch_batching`](crate::Settings::launch_batching); see
     /// `runtime/src/driver/batch.rs`): `f` is a batch kernel, which takes one parameter,
     /// `struct { uint32_t count; uint32_t pad; uint8_t steps[BATCH_STEPS][BATCH_STEP_BYTES]; }`
-    /// by value, runs on one block of `threads` threads and performs `steps[0..count]`
-    /// in order with a block-wide barrier between them; `step` is this launch's
-    /// descriptor. Returns `false` when the op running now may not defer (the actor
-    /// did not open the batch for it: batching off, a capture, a timed op, an op that
-    /// does not batch): the caller then launches as usual, after
-    /// [`StreamCx::flush_launches`].
+    /// by value, runs as `geo` says (`grid` blocks of `threads` threads; cooperatively
+    /// when `coop`) and performs `steps[0..count]` in order with a barrier between them
+    /// (block-wide on one block, grid-wide on a cooperative grid); `step` is this
+    /// launch's descriptor. Steps of another function or geometry start a new batch.
+    /// Returns `false` when the op running now may not defer (the actor did not open the
+    /// batch for it: batching off, a capture, a timed op, an op that does not batch):
+    /// the caller then launches as usual, after [`StreamCx::flush_launches`].
     ///
     /// # Safety
     ///
@@ -123,12 +124,12 @@ impl StreamCx {
     pub unsafe fn defer_launch(
         &self,
         f: &CudaFunction,
-        threads: u32,
+        geo: Geometry,
         step: &[u8; BATCH_STEP_BYTES],
     ) -> bool {
         self.batch
             .borrow_mut()
-            .defer(f, threads, step, &self.stream, &self.counters)
+            .defer(f, geo, step, &self.stream, &self.counters)
     }
     /// Launches the steps deferred on this stream ([`StreamCx::defer_launch`]), if any:
     /// an op of [`Op::batches_launches`](crate::Op::batches_launches) calls it before a

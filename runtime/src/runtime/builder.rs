@@ -187,8 +187,8 @@ impl Builder {
         self.settings.programmatic_launch = on;
         self
     }
-    /// On CUDA, run the kernels of small element-wise ops queued behind each other on a
-    /// stream as one batched launch (default on; see the [settings table](crate::settings)).
+    /// On CUDA, run the kernels of small element-wise ops (and of small products on
+    /// rtx's small-GEMM kernel) queued behind each other on a stream as one batched launch (default on; see the [settings table](crate::settings)).
     /// `RTX_LAUNCH_BATCHING=0` turns it off.
     pub fn launch_batching(mut self, on: bool) -> Self {
         self.settings.launch_batching = on;

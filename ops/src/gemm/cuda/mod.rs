@@ -363,11 +363,17 @@ where
         if scx.settings().small_gemm == rtx_runtime::SmallGemm::Eager {
             // A capture of this op (its warm-up ran here, eagerly) records cuBLASLt,
             // which may not allocate its handle's workspace while capturing: make it now.
-            scx.ext::<GemmState>(GemmState::new)?;
+            scx.ext::<GemmState>(|s| {
+                // Its workspace is memory work on the stream: deferred launches first.
+                s.flush_launches();
+                GemmState::new(s)
+            })?;
         }
         small::run(scx, &g, ops, &mut d)?;
         return Ok(d);
     }
+    // cuBLASLt enqueues on the stream: launches deferred there go first.
+    scx.flush_launches();
     let tune = Tune::new(scx);
     let sms = sm_target(scx, &g);
     let state = scx.ext::<GemmState>(GemmState::new)?;

@@ -46,6 +46,7 @@ pub fn small_gemm_launches() -> u64 {
 }
 
 /// The device addresses of a product's operands (the bias's 0 when it has none).
+#[derive(Clone, Copy)]
 pub(super) struct Operands {
     x: u64,
     w: u64,
@@ -135,6 +136,10 @@ pub(super) fn run<T: Element>(
         y: mut py,
     } = ops;
     // i32 by `eligible`; the batch strides in elements as i64 (`long long`).
+    if dm.batch == 1 && defer(scx, g, &ops)? {
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
+        return Ok(());
+    }
     let (mut m, mut n, mut k) = (dm.m as i32, dm.n as i32, dm.k as i32);
     let (mut sx, mut sw, mut sb, mut sy) =
         (dm.a_bs as i64, dm.b_bs as i64, 0i64, (dm.m * dm.n) as i64);
@@ -166,4 +171,71 @@ pub(super) fn run<T: Element>(
         .map_err(|e| launch_error("small_gemm", e))?;
     LAUNCHES.fetch_add(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// Blocks of a batched launch at most (each takes tiles of a step in turn).
+const BATCH_GRID: usize = 64;
+
+/// The grid barrier's two words (count, generation) of one stream, zeroed once; every
+/// `small_gemm_batch` launch on the stream leaves them zeroed.
+struct Barrier {
+    /// Held for the stream's life (its address is in every batch step).
+    _words: CudaSlice<u32>,
+    addr: u64,
+}
+
+/// Defers the one product `g` (batch 1) into the stream's launch batch as a step of
+/// `small_gemm_batch` (`small_gemm.cu`, "batched launches"); `false` when the batch
+/// declines (the caller launches its own kernel).
+fn defer<T: Element>(scx: &mut StreamCx, g: &GemmArgs<'_, T>, ops: &Operands) -> Result<bool> {
+    let dm = g.dims;
+    let f = kernels::function(scx, MODULE, 0xff, DType::F32, || {
+        "small_gemm_batch".to_string()
+    })?;
+    let bar = scx
+        .ext::<Barrier>(|s| {
+            // Memory work on the stream: what is deferred goes first.
+            s.flush_launches();
+            let mut words = s.alloc::<u32>(2)?;
+            s.stream()
+                .memset_zeros(&mut words)
+                .map_err(|e| rtx_runtime::Error::cuda("cuMemsetD8Async", e))?;
+            let addr = device_addr(&words, s);
+            Ok(Barrier {
+                _words: words,
+                addr,
+            })
+        })?
+        .addr;
+    let act = match g.act {
+        Activation::None => 0u32,
+        Activation::Relu => 1,
+        Activation::Gelu => 2,
+    };
+    let code = 2 * act + u32::from(T::DTYPE == DType::BF16);
+    let tiles = dm.m.div_ceil(TILE_M) * dm.n.div_ceil(TILE_N);
+    // `SgStep` as C lays it out: u32 code, i32 m, n, k, then x, w, bias, y and the
+    // barrier's address.
+    let mut step = [0u8; rtx_runtime::cuda::BATCH_STEP_BYTES];
+    step[0..4].copy_from_slice(&code.to_ne_bytes());
+    step[4..8].copy_from_slice(&(dm.m as i32).to_ne_bytes());
+    step[8..12].copy_from_slice(&(dm.n as i32).to_ne_bytes());
+    step[12..16].copy_from_slice(&(dm.k as i32).to_ne_bytes());
+    for (i, a) in [ops.x, ops.w, ops.bias, ops.y, bar].into_iter().enumerate() {
+        step[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_ne_bytes());
+    }
+    let geo = rtx_runtime::cuda::Geometry {
+        grid: tiles.min(BATCH_GRID) as u32,
+        threads: THREADS,
+        coop: true,
+    };
+    // SAFETY: `small_gemm_batch` is a batch kernel of `StreamCx::defer_launch`'s form
+    // (one `SgBatch` by value; a cooperative grid of THREADS-thread blocks whose steps
+    // are separated by a grid barrier on `bar`, two words of this stream zeroed at
+    // their allocation and left zeroed by every launch; x, w and bias read through L2).
+    // The step is what `run`'s own launch would compute for batch 1: `eligible`
+    // checked the shapes (m, n, k in i32, n and k multiples of 8) and the alignment of
+    // x, w, y (16 bytes) and bias (2); y is fresh and overlaps nothing; the op holds
+    // every buffer until its completion. Its code names the activation and dtype.
+    Ok(unsafe { scx.defer_launch(&f, geo, &step) })
 }
