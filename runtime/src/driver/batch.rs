@@ -102,6 +102,11 @@ impl LaunchBatch {
         self.open = on;
     }
 
+    /// Whether the op running now may defer.
+    pub(crate) fn is_open(&self) -> bool {
+        self.open
+    }
+
     /// Whether steps are waiting for their launch.
     pub(crate) fn pending(&self) -> bool {
         self.block.count > 0

@@ -131,6 +131,11 @@ impl StreamCx {
             .borrow_mut()
             .defer(f, geo, step, &self.stream, &self.counters)
     }
+    /// Whether the op running now may defer its launches ([`StreamCx::defer_launch`]
+    /// would take a step): for a launcher that must prepare something first.
+    pub fn launch_batch_open(&self) -> bool {
+        self.batch.borrow().is_open()
+    }
     /// Launches the steps deferred on this stream ([`StreamCx::defer_launch`]), if any:
     /// an op of [`Op::batches_launches`](crate::Op::batches_launches) calls it before a
     /// launch it does not defer. Cheap when nothing is pending. A failed launch fails

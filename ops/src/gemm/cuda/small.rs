@@ -188,6 +188,10 @@ struct Barrier {
 /// `small_gemm_batch` (`small_gemm.cu`, "batched launches"); `false` when the batch
 /// declines (the caller launches its own kernel).
 fn defer<T: Element>(scx: &mut StreamCx, g: &GemmArgs<'_, T>, ops: &Operands) -> Result<bool> {
+    // (Before the barrier's first allocation: never inside a capture.)
+    if !scx.launch_batch_open() {
+        return Ok(false);
+    }
     let dm = g.dims;
     let f = kernels::function(scx, MODULE, 0xff, DType::F32, || {
         "small_gemm_batch".to_string()
