@@ -66,6 +66,11 @@ VARIANTS = [
                    "ATTN_WG_D128_ORDER": 0, "ATTN_WG_D128_MINB": 2}, (128,),
      "D128: 1 WG x 64 keys, S/PV overlap, 2 CTAs/SM"),
     ("d128np", {"ATTN_WG_D128_PIPE": 0}, (128,), "D128: defaults without S/PV overlap"),
+    # flash_fwd_tma_d128_* (same program): a producer warpgroup with bulk tensor copies, two
+    # consumer warpgroups, stages handed over by mbarriers (tma_cfg below)
+    ("tma", {}, (128,), "D128 TMA: producer WG + 2 consumer WG, 2 K + 2 V stages"),
+    ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
+    ("tmak3v3", {"ATTN_TMA_KS": 3, "ATTN_TMA_VS": 3}, (128,), "D128 TMA with 3 K and 3 V stages"),
 ]
 # D -> (warpgroups, keys per tile, PIPE), the defaults of attention_wgmma.cu
 DEFAULT_TILES = {128: (2, 128, 1), 64: (2, 64, 0)}
@@ -82,6 +87,43 @@ def wg_cfg(defs, D):
 
 
 assert wg_cfg({}, 128) == (256, 197632, 128) and wg_cfg({}, 64) == (256, 50176, 128)
+
+
+def tma_cfg(defs):
+    """(threads, dynamic smem bytes, query rows per block) of flash_fwd_tma_d128_* (the launch
+    documented above the kernel in attention_wgmma.cu)."""
+    ks, vs = int(defs.get("ATTN_TMA_KS", 2)), int(defs.get("ATTN_TMA_VS", 2))
+    return 384, 1024 + 128 * 128 * 2 + (ks + vs) * 128 * 128 * 2 + 8 * (1 + 2 * ks + 2 * vs), 128
+
+
+class TensorMaps:
+    """CUtensorMap encoding through the driver (cuTensorMapEncodeTiled, ctypes): the 3-D maps
+    (D, L, B * heads) of q, k, v that flash_fwd_tma_* takes, box (64, 128, 1), 128-byte swizzle."""
+    def __init__(self):
+        import ctypes
+        self.ct = ctypes
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.cache = {}
+
+    def encode(self, ptr, D, L, heads, bf16):
+        ct = self.ct
+        key = (int(ptr), D, L, heads, bf16)
+        if key in self.cache:
+            return self.cache[key]
+        m = (ct.c_uint64 * 16)()
+        dims = (ct.c_uint64 * 3)(D, L, heads)
+        strides = (ct.c_uint64 * 2)(D * 2, L * D * 2)
+        box = (ct.c_uint32 * 3)(64, 128, 1)
+        es = (ct.c_uint32 * 3)(1, 1, 1)
+        # data type BFLOAT16 = 9 / FLOAT16 = 6, interleave none, swizzle 128B = 3,
+        # L2 promotion 128B = 2, OOB fill none (zeros) = 0
+        r = self.lib.cuTensorMapEncodeTiled(ct.byref(m), 9 if bf16 else 6, 3, ct.c_void_p(int(ptr)), dims, strides,
+                                            box, es, 0, 3, 2, 0)
+        if r != 0:
+            raise RuntimeError("cuTensorMapEncodeTiled failed: CUresult %d" % r)
+        out = bytes(bytearray(m))
+        self.cache[key] = out
+        return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -164,6 +206,24 @@ def gpu_main(args):
             self.m.launch("flash_fwd_wgmma_d%d_%s" % (D, dt), ((Lq + br - 1) // br, H, B),
                           (threads, 1, 1), smem, p)
 
+    class Tma(Wg):
+        maps = None
+
+        def fwd(self, p, B, H, Lq, D, dt):
+            import numpy as np
+            if Tma.maps is None:
+                Tma.maps = TensorMaps()
+            tdt = np.dtype({"names": ["p", "q", "k", "v"], "formats": [ac.PARAMS_DTYPE, "V128", "V128", "V128"],
+                            "offsets": [0, 192, 320, 448], "itemsize": 576})
+            tp = np.zeros(1, dtype=tdt)
+            tp["p"] = p
+            pp = p[0] if getattr(p, "shape", ()) else p
+            Hkv, Lk, bf = int(pp["Hkv"]), int(pp["Lk"]), dt == "bf16"
+            for f, L, heads in (("q", Lq, B * H), ("k", Lk, B * Hkv), ("v", Lk, B * Hkv)):
+                tp[f] = np.frombuffer(Tma.maps.encode(pp[f], D, L, heads, bf), dtype="V128")[0]
+            threads, smem, br = tma_cfg(self.defs)
+            self.m.launch("flash_fwd_tma_d%d_%s" % (D, dt), ((Lq + br - 1) // br, H, B), (threads, 1, 1), smem, tp)
+
     class Mma:
         name, dims = "mma", (64, 128)
 
@@ -186,7 +246,7 @@ def gpu_main(args):
         if (sel and name not in sel and name != "wg") or (args.child and name != args.child):
             continue
         try:
-            builds.append(Wg(name, defs, dims))
+            builds.append((Tma if name.startswith("tma") else Wg)(name, defs, dims))
             rep = manifest.get(name, {})
             print("loaded %-10s [%s]  %s" % (name, note, "; ".join(
                 r for r in rep.get("report", []) if "bf16" in r)))
@@ -318,7 +378,7 @@ def gpu_main(args):
     elif args.child:
         fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
         for K in [K for K in builds if K.name == args.child]:
-            full = K.name == "wg" and not args.quick
+            full = K.name in ("wg", "tma") and not args.quick
             gen = torch.Generator(device="cuda")
             gen.manual_seed(1234)
             res, worst, t1 = [], {"o": 0.0, "lse": 0.0}, time.time()
@@ -366,11 +426,11 @@ def gpu_main(args):
             if lost:
                 break
         # determinism: the same inputs three times give bitwise the same output
-        if args.child == "wg" and "wg" in ok_names:
+        if args.child in ("wg", "tma") and args.child in ok_names:
             K = builds[0]
             gen = torch.Generator(device="cuda")
             gen.manual_seed(99)
-            for D in (128, 64):
+            for D in [D for D in (128, 64) if D in K.dims]:
                 q, k, v, mask, mstr = make_inputs(torch.bfloat16, D, 2, 4097, 4097, 1, 4, 2, gen)
                 outs = [run_case(K, q, k, v, mask, mstr, 1, 1.0 / math.sqrt(D)) for _ in range(3)]
                 same = all(torch.equal(outs[0][0], x[0]) and torch.equal(outs[0][1].nan_to_num(), x[1].nan_to_num())

@@ -322,6 +322,43 @@ const _: () = assert!(std::mem::align_of::<FlashParams>() == 8);
 // `float`. It is plain old data, valid for any bit pattern.
 unsafe impl cudarc::driver::DeviceRepr for FlashParams {}
 
+/// A CUDA tensor map (`CUtensorMap`: 128 opaque bytes, 64-byte aligned), the descriptor
+/// of a global tensor that bulk tensor copies (TMA) read; made on the host by
+/// `cuTensorMapEncodeTiled`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TensorMap(pub [u64; 16]);
+
+/// The argument of `flash_fwd_tma_d128_{f16,bf16}` (`attention_wgmma.cu`, struct
+/// `FlashTmaParams`): the [`FlashParams`] of the call and the tensor maps of q, k and v,
+/// each 3-D (D, L, B·heads) with box (64, 128, 1) and the 128-byte swizzle. 576 bytes,
+/// 64-aligned: `p` at 0, `q` at 192, `k` at 320, `v` at 448.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FlashTmaParams {
+    /// Sizes, flags and pointers (the kernel reads o, lse, mask and its strides here).
+    pub p: FlashParams,
+    /// Queries, (D, Lq, B·H).
+    pub q: TensorMap,
+    /// Keys, (D, Lk, B·Hkv).
+    pub k: TensorMap,
+    /// Values, (D, Lk, B·Hkv).
+    pub v: TensorMap,
+}
+
+const _: () = assert!(std::mem::size_of::<TensorMap>() == 128);
+const _: () = assert!(std::mem::size_of::<FlashTmaParams>() == 576);
+const _: () = assert!(std::mem::align_of::<FlashTmaParams>() == 64);
+const _: () = assert!(std::mem::offset_of!(FlashTmaParams, q) == 192);
+const _: () = assert!(std::mem::offset_of!(FlashTmaParams, k) == 320);
+const _: () = assert!(std::mem::offset_of!(FlashTmaParams, v) == 448);
+
+// SAFETY: `FlashTmaParams` is `repr(C, align(64))` with the layout of the C struct the
+// TMA forward takes by value (576 bytes, 64-aligned, the offsets checked above; the C
+// side asserts the same size and alignment): a `FlashParams` (see its impl) and three
+// 128-byte tensor maps, plain bytes. It is plain old data, valid for any bit pattern.
+unsafe impl cudarc::driver::DeviceRepr for FlashTmaParams {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

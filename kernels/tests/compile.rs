@@ -19,8 +19,15 @@ use rtx_kernels::{
     KernelError, KernelSource, Options,
 };
 
-/// Kernels allowed to spill, with the reason. Empty: no kernel spills on sm_90.
-const SPILL_EXCEPTIONS: &[(&str, &str)] = &[];
+/// Kernels allowed to spill, with the reason.
+const SPILL_EXCEPTIONS: &[(&str, &str)] = &[
+    (
+        "flash_fwd_tma_d128_f16",
+        "24 B: its consumer warpgroups hold at most 240 registers (setmaxnreg; the spill-free \
+         wgmma forward uses 255) and it is still 1.2x that kernel on the H200",
+    ),
+    ("flash_fwd_tma_d128_bf16", "as flash_fwd_tma_d128_f16"),
+];
 
 fn nvrtc_or_skip() -> bool {
     if nvrtc_present() {

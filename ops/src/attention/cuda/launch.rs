@@ -8,9 +8,9 @@
 
 use std::collections::HashSet;
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::sys::{self, CUfunction_attribute_enum};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-pub(crate) use rtx_kernels::launch::FlashParams;
+pub(crate) use rtx_kernels::launch::{FlashParams, FlashTmaParams, TensorMap};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Error, Result};
 
@@ -58,6 +58,9 @@ pub(super) enum Kernel {
     ConvertDq,
     /// The sm_90a forward of `attention_wgmma.cu`.
     ForwardWgmma,
+    /// The sm_90a forward of `attention_wgmma.cu` with a producer warpgroup and bulk
+    /// tensor copies (D = 128 only; takes a [`FlashTmaParams`]).
+    ForwardTma,
     /// The sm_90a backward main kernel of `attention_wgmma_bwd.cu` (D = 128 only).
     DqDkDvWgmma,
 }
@@ -70,14 +73,20 @@ impl Kernel {
             Kernel::DqDkDv => "flash_bwd_dq_dk_dv",
             Kernel::ConvertDq => "flash_bwd_convert_dq",
             Kernel::ForwardWgmma => "flash_fwd_wgmma",
+            Kernel::ForwardTma => "flash_fwd_tma",
             Kernel::DqDkDvWgmma => "flash_bwd_wgmma",
         }
+    }
+
+    /// The kernel's name without the head dim and dtype (for logs).
+    pub(super) fn name(self) -> &'static str {
+        self.prefix()
     }
 
     /// The program (`kernels/cuda/<module>.cu`) that holds it.
     fn module(self) -> &'static str {
         match self {
-            Kernel::ForwardWgmma => WGMMA_MODULE,
+            Kernel::ForwardWgmma | Kernel::ForwardTma => WGMMA_MODULE,
             Kernel::DqDkDvWgmma => WGMMA_BWD_MODULE,
             _ => MODULE,
         }
@@ -86,7 +95,7 @@ impl Kernel {
     /// The op that launches it (for errors).
     fn op(self) -> &'static str {
         match self {
-            Kernel::Forward | Kernel::ForwardWgmma => FWD,
+            Kernel::Forward | Kernel::ForwardWgmma | Kernel::ForwardTma => FWD,
             _ => BWD,
         }
     }
@@ -97,9 +106,10 @@ impl Kernel {
     }
 
     /// Threads per block (the D=64 forward is preset 1: 4 warps, 2 blocks per SM; the
-    /// wgmma kernels have 2 warpgroups of 128 threads).
+    /// wgmma kernels have 2 warpgroups of 128 threads, the TMA forward 3).
     fn threads(self, d: usize) -> u32 {
         match (self, d) {
+            (Kernel::ForwardTma, _) => 384,
             (Kernel::DqDkDv, _) | (Kernel::Forward, 64) => 128,
             _ => 256,
         }
@@ -114,6 +124,7 @@ impl Kernel {
             (Kernel::DqDkDv, _) => 70_144,
             (Kernel::ForwardWgmma, 64) => 50_176,
             (Kernel::ForwardWgmma, _) => 197_632,
+            (Kernel::ForwardTma, _) => 164_936,
             (Kernel::DqDkDvWgmma, _) => 184_320,
             _ => 0,
         }
@@ -155,9 +166,21 @@ pub(super) struct AttnState {
     wgmma_failed: HashSet<Kernel>,
 }
 
-/// The forward for head dim `d`: the wgmma kernel on compute capability 9.0, else the
-/// `mma.sync` one (see [`hopper_or`]).
+/// The forward for head dim `d` on compute capability 9.0: for D = 128 the TMA kernel,
+/// else (or where that one is unavailable) the wgmma kernel; elsewhere the `mma.sync`
+/// one (see [`hopper_or`]).
 pub(super) fn forward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch> {
+    if d == 128 {
+        if let Some(f) = hopper(scx, Kernel::ForwardTma, d, dtype)? {
+            return Ok(f);
+        }
+    }
+    wgmma_forward_function(scx, d, dtype)
+}
+
+/// The forward for head dim `d` without the TMA kernel: the wgmma kernel on compute
+/// capability 9.0, else the `mma.sync` one (see [`hopper_or`]).
+pub(super) fn wgmma_forward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch> {
     hopper_or(scx, Some(Kernel::ForwardWgmma), Kernel::Forward, d, dtype)
 }
 
@@ -174,32 +197,94 @@ pub(super) fn backward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> R
 /// logged once and remembered for the stream, and `fallback` is returned.
 fn hopper_or(
     scx: &mut StreamCx,
-    hopper: Option<Kernel>,
+    hopper_kernel: Option<Kernel>,
     fallback: Kernel,
     d: usize,
     dtype: DType,
 ) -> Result<Launch> {
-    if let Some(k) = hopper {
-        if scx.arch() == (9, 0)
-            && scx.settings().attn_wgmma
-            && !state(scx)?.wgmma_failed.contains(&k)
-        {
-            match function(scx, k, d, dtype) {
-                Ok(f) => return Ok(f),
-                Err(e) => {
-                    tracing::warn!(
-                        "attention: the sm_90a kernel {} is unavailable on device {}, \
-                         using {} on this stream: {e}",
-                        k.prefix(),
-                        scx.ordinal(),
-                        fallback.prefix()
-                    );
-                    state(scx)?.wgmma_failed.insert(k);
-                }
-            }
+    if let Some(k) = hopper_kernel {
+        if let Some(f) = hopper(scx, k, d, dtype)? {
+            return Ok(f);
         }
     }
     function(scx, fallback, d, dtype)
+}
+
+/// The sm_90a kernel `k` when this stream may use it (compute capability 9.0, the
+/// setting `attn_wgmma` on, not failed here before), else `None`. A failure to get it
+/// ready is logged once and remembered for the stream (its fallback then runs).
+fn hopper(scx: &mut StreamCx, k: Kernel, d: usize, dtype: DType) -> Result<Option<Launch>> {
+    if scx.arch() != (9, 0) || !scx.settings().attn_wgmma || state(scx)?.wgmma_failed.contains(&k) {
+        return Ok(None);
+    }
+    match function(scx, k, d, dtype) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) => {
+            tracing::warn!(
+                "attention: the sm_90a kernel {} is unavailable on device {}, \
+                 using its fallback on this stream: {e}",
+                k.prefix(),
+                scx.ordinal(),
+            );
+            state(scx)?.wgmma_failed.insert(k);
+            Ok(None)
+        }
+    }
+}
+
+/// The tensor map of a contiguous `[heads, l, d]` tensor of 16-bit elements at `ptr`,
+/// as the TMA forward reads it: 3-D (d, l, heads), box (64, 128, 1), 128-byte swizzle
+/// (the shared-memory panels of `attention_wgmma.cu`), rows past `l` read as zeros.
+/// Errors when the driver refuses it (e.g. `ptr` not 16-byte aligned).
+pub(super) fn tensor_map(
+    ptr: u64,
+    dtype: DType,
+    d: usize,
+    l: usize,
+    heads: usize,
+) -> std::result::Result<TensorMap, String> {
+    use sys::{
+        CUtensorMapDataType as Dt, CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il,
+        CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
+    };
+    let dt = match dtype {
+        DType::F16 => Dt::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::BF16 => Dt::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        other => return Err(format!("no tensor map for {other:?}")),
+    };
+    let row = d.checked_mul(2).ok_or("row bytes overflow")?;
+    let plane = row.checked_mul(l).ok_or("plane bytes overflow")?;
+    let dims: [u64; 3] = [d as u64, l as u64, heads as u64];
+    let strides: [u64; 2] = [row as u64, plane as u64];
+    let boxes: [u32; 3] = [64, 128, 1];
+    let steps: [u32; 3] = [1, 1, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
+    // SAFETY: every pointer argument points at a live array of the length the call reads
+    // for rank 3 (3 dims, 2 strides, 3 box sizes, 3 element strides) and `map` at room for
+    // one CUtensorMap, which the call writes whole when it succeeds (checked below). The
+    // global address is only recorded in the map, not dereferenced.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            dt,
+            3,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            Sw::CU_TENSOR_MAP_SWIZZLE_128B,
+            L2::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            Oob::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuTensorMapEncodeTiled: {r:?}"));
+    }
+    // SAFETY: the call succeeded, so it wrote the whole map.
+    let map = unsafe { map.assume_init() };
+    Ok(TensorMap(map.opaque))
 }
 
 pub(super) fn state(scx: &mut StreamCx) -> Result<&mut AttnState> {
@@ -296,6 +381,30 @@ impl Launch {
         unsafe { lb.launch(cfg) }.map_err(|e| launch_error(self.kernel.op(), e))?;
         Ok(())
     }
+
+    /// Enqueues the TMA forward on `stream` over `grid` with `params`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Launch::launch`], for `params.p`; and the tensor maps of `params` describe q,
+    /// k and v of that call as [`tensor_map`] makes them (the kernel reads the tensors
+    /// through them).
+    pub(super) unsafe fn launch_tma(
+        &self,
+        stream: &CudaStream,
+        grid: (u32, u32, u32),
+        params: &FlashTmaParams,
+    ) -> Result<()> {
+        debug_assert_eq!(self.kernel, Kernel::ForwardTma);
+        let mut lb = stream.launch_builder(&self.f);
+        lb.arg(params);
+        let cfg = self.kernel.config(self.d, grid);
+        // SAFETY: flash_fwd_tma_d128_* takes exactly one `FlashTmaParams` by value; the
+        // block and shared memory are those documented for it (the limit was raised in
+        // `configure`); the pointers and maps are valid per this function's contract.
+        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(self.kernel.op(), e))?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -339,6 +448,15 @@ mod tests {
                 asserted(WGMMA_MODULE, cfg, "BR") as usize
             );
         }
+        let k = Kernel::ForwardTma;
+        let cfg = "AttnTmaLaunchD128";
+        assert_eq!(k.smem(128), asserted(WGMMA_MODULE, cfg, "SMEM_BYTES"));
+        assert_eq!(k.threads(128), asserted(WGMMA_MODULE, cfg, "NTHREADS"));
+        assert_eq!(
+            k.rows_per_block(128),
+            asserted(WGMMA_MODULE, cfg, "BR") as usize
+        );
+        assert_eq!(k.module(), WGMMA_MODULE);
         let program = rtx_kernels::source(WGMMA_MODULE).expect("attention_wgmma.cu is built in");
         assert!(program.arch_specific());
         assert_eq!(Kernel::ForwardWgmma.module(), WGMMA_MODULE);

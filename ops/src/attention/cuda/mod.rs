@@ -2,7 +2,8 @@
 //! of `kernels/cuda/attention_wgmma.cu` (the Hopper forward) and of
 //! `kernels/cuda/attention_wgmma_bwd.cu` (the Hopper backward main kernel, D 128).
 //!
-//! Every kernel takes one `FlashParams` (`rtx_kernels::launch`) by value; the kernel
+//! Every kernel takes one `FlashParams` (`rtx_kernels::launch`) by value (the TMA
+//! forward a `FlashTmaParams`: the same and three tensor maps); the kernel
 //! table (grids, blocks, dynamic shared memory: the ABI documented at the top of each
 //! `.cu` file) and the per-stream state are in `launch.rs`. The backward's f32 workspace (dq_accum, then
 //! dsum) is kept per stream for the next call: every use of it is ordered on that one
@@ -18,6 +19,14 @@
 //! stream, which then stays on the fallback), the forward is the `mma.sync` kernel of
 //! `attention.cu`. Both compute the same function (same ABI, masks, causal rule, lse
 //! convention); `RTX_ATTN_WGMMA=0` in the environment forces the `mma.sync` forward.
+//!
+//! For D = 128 on 9.0 the forward is `flash_fwd_tma_d128_*` of the same program:
+//! FlashAttention-3's block (a producer warpgroup loading Q, K and V tiles with bulk
+//! tensor copies, two consumer warpgroups in ping-pong, stages handed over by mbarriers),
+//! 1.2× the wgmma kernel on the H200 (`benches/RESULTS.md`, "Attention"). It reads q, k
+//! and v through tensor maps made on the host per call (`cuTensorMapEncodeTiled`); a
+//! call whose maps the driver refuses runs `flash_fwd_wgmma_d128_*` instead, and a
+//! stream where the kernel fails to load runs that one from then on.
 //!
 //! # Which backward
 //!
@@ -36,8 +45,8 @@ use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
 use self::launch::{
-    backward_function, flash_params, forward_function, function, state, FlashParams, Kernel, BWD,
-    FWD,
+    backward_function, flash_params, forward_function, function, state, tensor_map,
+    wgmma_forward_function, FlashParams, FlashTmaParams, Kernel, BWD, FWD,
 };
 use super::geometry::Geometry;
 use crate::gemm::device::{dptr, dptr_mut};
@@ -72,6 +81,11 @@ fn forward_t<T: Element>(
 ) -> Result<(Buffer, Buffer)> {
     let p = &g.p;
     let f = forward_function(scx, p.d, T::DTYPE)?;
+    // The TMA kernel's stand-in for a call whose tensor maps the driver refuses.
+    let stand_in = match f.kernel {
+        Kernel::ForwardTma => Some(wgmma_forward_function(scx, p.d, T::DTYPE)?),
+        _ => None,
+    };
     let mut o = kernels::alloc_out::<T>(scx, p.q_len())?;
     let mut lse = kernels::alloc_out::<f32>(scx, p.lse_len())?;
     let (q, k, v) = (q.cuda::<T>()?, k.cuda::<T>()?, v.cuda::<T>()?);
@@ -95,12 +109,38 @@ fn forward_t<T: Element>(
         };
         let rows = f.kernel.rows_per_block(p.d);
         let grid = (p.lq.div_ceil(rows) as u32, p.h as u32, p.b as u32);
-        // SAFETY: q, k, v are the op's inputs ([B,H,Lq,D], [B,Hkv,Lk,D] x2 of T, kept
-        // alive by the op until its completion), the mask (if any) holds the planes
-        // its strides in `params` address (validated at submit), o and lse are fresh
-        // allocations of B*H*Lq*D T and B*H*Lq f32 on this stream; all are whole,
-        // contiguous device allocations (aligned beyond the 16 bytes the kernels need).
-        unsafe { f.launch(stream, grid, &params) }?;
+        let maps = stand_in.as_ref().map(|_| {
+            let dt = T::DTYPE;
+            Ok::<_, String>((
+                tensor_map(qp, dt, p.d, p.lq, p.b * p.h)?,
+                tensor_map(kp, dt, p.d, p.lk, p.b * p.h_kv)?,
+                tensor_map(vp, dt, p.d, p.lk, p.b * p.h_kv)?,
+            ))
+        });
+        // SAFETY (both launches): q, k, v are the op's inputs ([B,H,Lq,D], [B,Hkv,Lk,D]
+        // x2 of T, kept alive by the op until its completion), the mask (if any) holds
+        // the planes its strides in `params` address (validated at submit), o and lse
+        // are fresh allocations of B*H*Lq*D T and B*H*Lq f32 on this stream; all are
+        // whole, contiguous device allocations (aligned beyond the 16 bytes the kernels
+        // need). The tensor maps are those of q, k and v, made by `tensor_map` for these
+        // pointers and shapes.
+        match (maps, &stand_in) {
+            (Some(Ok((q, k, v))), _) => {
+                let tp = FlashTmaParams { p: params, q, k, v };
+                // SAFETY: the buffers and maps above, for the kernel `f` is.
+                unsafe { f.launch_tma(stream, grid, &tp) }?;
+            }
+            (Some(Err(e)), Some(w)) => {
+                tracing::warn!(
+                    "attention: no tensor maps for this call ({e}); {} runs it",
+                    w.kernel.name()
+                );
+                // SAFETY: the buffers above; `w` takes the same FlashParams.
+                unsafe { w.launch(stream, grid, &params) }?;
+            }
+            // SAFETY: the buffers above; `f` is not the TMA kernel here.
+            _ => unsafe { f.launch(stream, grid, &params) }?,
+        }
     }
     Ok((Buffer::from_cuda(o), Buffer::from_cuda(lse)))
 }
