@@ -66,9 +66,13 @@ VARIANTS = [
                    "ATTN_WG_D128_ORDER": 0, "ATTN_WG_D128_MINB": 2}, (128,),
      "D128: 1 WG x 64 keys, S/PV overlap, 2 CTAs/SM"),
     ("d128np", {"ATTN_WG_D128_PIPE": 0}, (128,), "D128: defaults without S/PV overlap"),
-    # flash_fwd_tma_d128_* (same program): a producer warpgroup with bulk tensor copies, two
-    # consumer warpgroups, stages handed over by mbarriers (tma_cfg below)
-    ("tma", {}, (128,), "D128 TMA: producer WG + 2 consumer WG, 2 K + 2 V stages"),
+    # flash_fwd_tma_d128_* (same program; rtx's D=128 forward on the H200): a producer
+    # warpgroup with bulk tensor copies, two consumer warpgroups, stages handed over by
+    # mbarriers (tma_cfg below). 2026-12-04: tma 0.86-0.89x SDPA at L >= 4096 (wg 0.66-0.77);
+    # 3 K stages, or 3 K and 3 V, 3-9 % slower; D64 slower than wg at L = 1024 (the kernel's
+    # comment); 176-key tiles (FlashAttention-3's non-causal tile) spill 788 B, not built.
+    ("tma", {}, (128,), "TMA: producer WG + 2 consumer WG x 64 rows, 128 keys, 2 K + 2 V stages"),
+    ("tma64", {"ATTN_TMA_D64": 1}, (64, 128), "TMA, also D64 (not adopted)"),
     ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
     ("tmak3v3", {"ATTN_TMA_KS": 3, "ATTN_TMA_VS": 3}, (128,), "D128 TMA with 3 K and 3 V stages"),
 ]
@@ -89,11 +93,14 @@ def wg_cfg(defs, D):
 assert wg_cfg({}, 128) == (256, 197632, 128) and wg_cfg({}, 64) == (256, 50176, 128)
 
 
-def tma_cfg(defs):
-    """(threads, dynamic smem bytes, query rows per block) of flash_fwd_tma_d128_* (the launch
+def tma_cfg(defs, D=128):
+    """(threads, dynamic smem bytes, query rows per block) of flash_fwd_tma_d{D}_* (the launch
     documented above the kernel in attention_wgmma.cu)."""
     ks, vs = int(defs.get("ATTN_TMA_KS", 2)), int(defs.get("ATTN_TMA_VS", 2))
-    return 384, 1024 + 128 * 128 * 2 + (ks + vs) * 128 * 128 * 2 + 8 * (1 + 2 * ks + 2 * vs), 128
+    return 384, 1024 + 128 * D * 2 + (ks + vs) * 128 * D * 2 + 8 * (1 + 2 * ks + 2 * vs), 128
+
+
+assert tma_cfg({})[1] == 164936 and tma_cfg({}, 64)[1] == 83016
 
 
 class TensorMaps:
@@ -221,7 +228,7 @@ def gpu_main(args):
             Hkv, Lk, bf = int(pp["Hkv"]), int(pp["Lk"]), dt == "bf16"
             for f, L, heads in (("q", Lq, B * H), ("k", Lk, B * Hkv), ("v", Lk, B * Hkv)):
                 tp[f] = np.frombuffer(Tma.maps.encode(pp[f], D, L, heads, bf), dtype="V128")[0]
-            threads, smem, br = tma_cfg(self.defs)
+            threads, smem, br = tma_cfg(self.defs, D)
             self.m.launch("flash_fwd_tma_d%d_%s" % (D, dt), ((Lq + br - 1) // br, H, B), (threads, 1, 1), smem, tp)
 
     class Mma:

@@ -22,6 +22,8 @@
 //    tiles: the ATTN_WG_D{D}_* tunables at the bottom; launch = block 128*NWG, grid ceil(Lq/BR).)
 //   Semantics, pointers and alignment: exactly as flash_fwd_* in attention.cu (o and the f32
 //   natural-log lse [B, H, Lq]; fully masked rows give o = 0, lse = -inf).
+//   The same program holds flash_fwd_tma_d128_{T} (FlashAttention-3's warp-specialized block,
+//   bulk tensor copies, its own argument struct): its launch is documented above its body.
 //
 // ======================================================================================
 // Design
@@ -455,11 +457,13 @@ __device__ __forceinline__ void flash_fwd_wgmma_body(const FlashParams& p, unsig
 // -------------------------------------------------------------------------------------
 // The forward with a producer warpgroup (TMA) and mbarriers: flash_fwd_tma_d128_{T}
 // -------------------------------------------------------------------------------------
-// Experimental (kernels/checks/attention_wgmma_check.py times it; rtx does not launch it yet).
-// FlashAttention-3's layout of the block: warpgroup 0 is the producer (setmaxnreg down to 24
-// registers; one thread issues every load as bulk tensor copies, cp.async.bulk.tensor, into the
+// rtx's forward for D = 128 on compute capability 9.0 (ops/src/attention/cuda/; the wgmma
+// kernel above is its fallback). FlashAttention-3's layout of the block: warpgroup 0 is the
+// producer (setmaxnreg down to 24 registers; one thread issues every load as bulk tensor
+// copies, cp.async.bulk.tensor, into the
 // same 128-byte-swizzled panels as above), warpgroups 1 and 2 are the consumers (setmaxnreg up
-// to 240) running the PIPE + ORDER steps above on query rows 64 (wg - 1) ... Stages are handed
+// to 240) running the PIPE steps above on query rows 64 (wg - 1) .. + 63, their GEMMs issued in
+// strict alternation (tma_turn_wait / tma_turn_pass below). Stages are handed
 // over by mbarriers instead of __syncthreads: full[s] (the producer's expect_tx arrival and the
 // copies' transaction bytes) and empty[s] (256 consumer arrivals, each thread's after its
 // wgmma reading the stage has completed), so a consumer warpgroup is never held by the other
@@ -512,6 +516,9 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, uns
 #ifndef ATTN_TMA_KS
 #define ATTN_TMA_KS 2  // K stages
 #endif
+#ifndef ATTN_TMA_D64
+#define ATTN_TMA_D64 0  // 1: also flash_fwd_tma_d64_* (see the kernels at the bottom)
+#endif
 #ifndef ATTN_TMA_VS
 #define ATTN_TMA_VS 2  // V stages
 #endif
@@ -548,7 +555,8 @@ __device__ __forceinline__ void tma_turn_pass(int cw, int j, int n) {
 
 template <typename Tr, typename Cfg, int KS, int VS>
 __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, unsigned char* smem) {
-    static_assert(Cfg::PIPE && Cfg::NWG == 2 && Cfg::BC == 128 && Cfg::BR == 128, "TMA forward: PIPE, 2 x 64 rows, 128 keys");
+    static_assert(Cfg::PIPE && Cfg::NWG == 2 && Cfg::BC == 128 && Cfg::BR == 128 && (Cfg::D == 64 || Cfg::D == 128),
+                  "TMA forward: PIPE, 2 x 64 rows, 128 keys, D 64 or 128");
     typedef typename Tr::T T;
     const FlashParams& p = tp.p;
     constexpr int D = Cfg::D;
@@ -839,25 +847,39 @@ ATTN_WG_FWD_KERNEL(flash_fwd_wgmma_d64_bf16, AttnBF16, AttnWgCfgD64)
 ATTN_WG_FWD_KERNEL(flash_fwd_wgmma_d128_f16, AttnF16, AttnWgCfgD128)
 ATTN_WG_FWD_KERNEL(flash_fwd_wgmma_d128_bf16, AttnBF16, AttnWgCfgD128)
 
-// The TMA forward (above): D = 128, 2 consumer warpgroups x 64 rows, 128 keys per tile, PIPE, ORDER.
+// The TMA forward (above): D = 64 and 128, 2 consumer warpgroups x 64 rows, 128 keys per tile,
+// PIPE, ping-pong turns; one block of 384 threads per SM.
 typedef WgFwdCfg<128, 128, 2, true, true, 1> AttnTmaCfgD128;
-#define ATTN_TMA_SMEM (1024 + AttnTmaCfgD128::Q_BYTES + (ATTN_TMA_KS + ATTN_TMA_VS) * AttnTmaCfgD128::KV_BYTES + \
-                       8 * (1 + 2 * ATTN_TMA_KS + 2 * ATTN_TMA_VS))
-static_assert(ATTN_TMA_SMEM <= 232448, "TMA forward: shared memory per block");
-struct AttnTmaLaunchD128 {
-    static constexpr int SMEM_BYTES = ATTN_TMA_SMEM;
+typedef WgFwdCfg<64, 128, 2, true, true, 1> AttnTmaCfgD64;
+template <typename Cfg>
+struct AttnTmaLaunch {
+    static constexpr int SMEM_BYTES =
+        1024 + Cfg::Q_BYTES + (ATTN_TMA_KS + ATTN_TMA_VS) * Cfg::KV_BYTES + 8 * (1 + 2 * ATTN_TMA_KS + 2 * ATTN_TMA_VS);
     static constexpr int NTHREADS = 384;  // producer warpgroup + 2 consumer warpgroups
-    static constexpr int BR = AttnTmaCfgD128::BR;
+    static constexpr int BR = Cfg::BR;
+    static_assert(SMEM_BYTES <= 232448, "TMA forward: shared memory per block");
 };
+typedef AttnTmaLaunch<AttnTmaCfgD128> AttnTmaLaunchD128;
+typedef AttnTmaLaunch<AttnTmaCfgD64> AttnTmaLaunchD64;
 #if ATTN_TMA_KS == 2 && ATTN_TMA_VS == 2
 static_assert(AttnTmaLaunchD128::SMEM_BYTES == 164936 && AttnTmaLaunchD128::NTHREADS == 384 &&
                   AttnTmaLaunchD128::BR == 128,
               "documented (tma fwd d128)");
+static_assert(AttnTmaLaunchD64::SMEM_BYTES == 83016 && AttnTmaLaunchD64::NTHREADS == 384 &&
+                  AttnTmaLaunchD64::BR == 128,
+              "documented (tma fwd d64)");
 #endif
-#define ATTN_TMA_FWD_KERNEL(NAME, TR)                                                                   \
-    extern "C" __global__ void __launch_bounds__(AttnTmaLaunchD128::NTHREADS, 1) NAME(                   \
+#define ATTN_TMA_FWD_KERNEL(NAME, TR, CFG)                                                              \
+    extern "C" __global__ void __launch_bounds__(AttnTmaLaunch<CFG>::NTHREADS, 1) NAME(                 \
         const __grid_constant__ FlashTmaParams tp) {                                                    \
-        flash_fwd_tma_body<TR, AttnTmaCfgD128, ATTN_TMA_KS, ATTN_TMA_VS>(tp, attn_wg_smem);             \
+        flash_fwd_tma_body<TR, CFG, ATTN_TMA_KS, ATTN_TMA_VS>(tp, attn_wg_smem);                        \
     }
-ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_f16, AttnF16)
-ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_bf16, AttnBF16)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_f16, AttnF16, AttnTmaCfgD128)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_bf16, AttnBF16, AttnTmaCfgD128)
+#if ATTN_TMA_D64
+// D = 64 (off by default): on the H200 (attention_wgmma_check.py, 2026-12-04) against
+// flash_fwd_wgmma_d64_* 311 / 402 / 423 TFLOP/s at L = 1024 / 4096 / 16384 against 335 / 393 /
+// 401 (causal 230 / 356 / 421 against 281 / 357 / 387): slower on short sequences, not adopted.
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_f16, AttnF16, AttnTmaCfgD64)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_bf16, AttnBF16, AttnTmaCfgD64)
+#endif
