@@ -68,7 +68,7 @@ VARIANTS = [
     ("d128np", {"ATTN_WG_D128_PIPE": 0}, (128,), "D128: defaults without S/PV overlap"),
     # flash_fwd_tma_d128_* (same program; rtx's D=128 forward on the H200): a producer
     # warpgroup with bulk tensor copies, two consumer warpgroups, stages handed over by
-    # mbarriers (tma_cfg below). 2026-12-04: tma 0.86-0.89x SDPA at L >= 4096 (wg 0.66-0.77);
+    # mbarriers (tma_cfg below). 2026-12-04: tma 0.83-0.94x SDPA at L >= 4096 (wg 0.66-0.77);
     # 3 K stages, or 3 K and 3 V, 3-9 % slower; D64 slower than wg at L = 1024 (the kernel's
     # comment); 176-key tiles (FlashAttention-3's non-causal tile) spill 788 B, not built.
     ("tma", {}, (128,), "TMA: producer WG + 2 consumer WG x 64 rows, 128 keys, 2 K + 2 V stages"),
