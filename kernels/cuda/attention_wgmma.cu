@@ -522,14 +522,16 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, uns
 #ifndef ATTN_TMA_VS
 #define ATTN_TMA_VS 2  // V stages
 #endif
-// setmaxnreg: the producer warpgroup's registers and the consumers' (128 P + 256 C <= 65536)
+// setmaxnreg: the producer warpgroup's registers and the consumers'. They must fit the block's
+// allocation at launch, 384 threads x 168 registers (65536 / 384 rounded down to a multiple
+// of 8): an increase beyond what the decrease freed would wait forever.
 #ifndef ATTN_TMA_PREGS
 #define ATTN_TMA_PREGS 24
 #endif
 #ifndef ATTN_TMA_CREGS
 #define ATTN_TMA_CREGS 240
 #endif
-static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 65536, "setmaxnreg budget");
+static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxnreg budget");
 
 // The consumers' turns (FlashAttention-3's ping-pong): the two warpgroups issue their GEMMs of
 // an iteration strictly in alternation. Warpgroup 0 waits (named barrier 1) for warpgroup 1's

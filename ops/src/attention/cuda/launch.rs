@@ -191,10 +191,10 @@ pub(super) fn backward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> R
     hopper_or(scx, hopper, Kernel::DqDkDv, d, dtype)
 }
 
-/// `hopper` (an sm_90a kernel) on compute capability 9.0 unless the runtime's setting
-/// `attn_wgmma` is off (`Runtime::builder().attn_wgmma(false)`, `RTX_ATTN_WGMMA=0`) or it
-/// failed before on this stream, else `fallback`. A failure to get `hopper` ready is
-/// logged once and remembered for the stream, and `fallback` is returned.
+/// `hopper_kernel` (an sm_90a kernel) on compute capability 9.0 unless the runtime's
+/// setting `attn_wgmma` is off (`Runtime::builder().attn_wgmma(false)`,
+/// `RTX_ATTN_WGMMA=0`) or it failed before on this stream, else `fallback` (see
+/// [`hopper`]).
 fn hopper_or(
     scx: &mut StreamCx,
     hopper_kernel: Option<Kernel>,
@@ -371,11 +371,18 @@ impl Launch {
         grid: (u32, u32, u32),
         params: &FlashParams,
     ) -> Result<()> {
+        if self.kernel == Kernel::ForwardTma {
+            return Err(Error::invalid(
+                self.kernel.op(),
+                "flash_fwd_tma takes a FlashTmaParams: it is launched by launch_tma",
+            ));
+        }
         let mut lb = stream.launch_builder(&self.f);
         lb.arg(params);
         let cfg = self.kernel.config(self.d, grid);
-        // SAFETY: every kernel of attention.cu, attention_wgmma.cu and attention_wgmma_bwd.cu
-        // takes exactly one `FlashParams` by value; the block and shared memory are those documented for
+        // SAFETY: every kernel of attention.cu and attention_wgmma_bwd.cu, and every one
+        // of attention_wgmma.cu but the TMA forward (refused above), takes exactly one
+        // `FlashParams` by value; the block and shared memory are those documented for
         // this kernel and D (the limit was raised in `configure`); the pointers are valid
         // per this function's contract.
         unsafe { lb.launch(cfg) }.map_err(|e| launch_error(self.kernel.op(), e))?;
@@ -395,7 +402,15 @@ impl Launch {
         grid: (u32, u32, u32),
         params: &FlashTmaParams,
     ) -> Result<()> {
-        debug_assert_eq!(self.kernel, Kernel::ForwardTma);
+        if self.kernel != Kernel::ForwardTma {
+            return Err(Error::invalid(
+                self.kernel.op(),
+                format!(
+                    "{} takes a FlashParams: it is launched by launch",
+                    self.kernel.name()
+                ),
+            ));
+        }
         let mut lb = stream.launch_builder(&self.f);
         lb.arg(params);
         let cfg = self.kernel.config(self.d, grid);

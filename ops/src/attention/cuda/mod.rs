@@ -23,10 +23,11 @@
 //! For D = 128 on 9.0 the forward is `flash_fwd_tma_d128_*` of the same program:
 //! FlashAttention-3's block (a producer warpgroup loading Q, K and V tiles with bulk
 //! tensor copies, two consumer warpgroups in ping-pong, stages handed over by mbarriers),
-//! 1.2× the wgmma kernel on the H200 (`benches/RESULTS.md`, "Attention"). It reads q, k
-//! and v through tensor maps made on the host per call (`cuTensorMapEncodeTiled`); a
-//! call whose maps the driver refuses runs `flash_fwd_wgmma_d128_*` instead, and a
-//! stream where the kernel fails to load runs that one from then on.
+//! 1.13-1.22× the wgmma kernel on the H200 (`benches/RESULTS.md`, "Attention"). It reads
+//! q, k and v through tensor maps made on the host per call (`cuTensorMapEncodeTiled`);
+//! a call whose maps the driver refuses runs the wgmma forward instead (or, where that
+//! one is unavailable too, the `mma.sync` one), and a stream where the TMA kernel fails
+//! to load runs those from then on.
 //!
 //! # Which backward
 //!
@@ -51,6 +52,9 @@ use self::launch::{
 use super::geometry::Geometry;
 use crate::gemm::device::{dptr, dptr_mut};
 use crate::kernels;
+
+/// Set once a call's tensor maps were refused (the warning is logged once per process).
+static MAPS_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Largest backward workspace (bytes) kept per stream between calls; a larger one is
 /// allocated for its call and freed (stream-ordered) after it.
@@ -81,9 +85,10 @@ fn forward_t<T: Element>(
 ) -> Result<(Buffer, Buffer)> {
     let p = &g.p;
     let f = forward_function(scx, p.d, T::DTYPE)?;
-    // The TMA kernel's stand-in for a call whose tensor maps the driver refuses.
+    // The TMA kernel's stand-in for a call whose tensor maps the driver refuses (taken
+    // here, before the stream is borrowed; its own failure fails only such a call).
     let stand_in = match f.kernel {
-        Kernel::ForwardTma => Some(wgmma_forward_function(scx, p.d, T::DTYPE)?),
+        Kernel::ForwardTma => Some(wgmma_forward_function(scx, p.d, T::DTYPE)),
         _ => None,
     };
     let mut o = kernels::alloc_out::<T>(scx, p.q_len())?;
@@ -109,14 +114,14 @@ fn forward_t<T: Element>(
         };
         let rows = f.kernel.rows_per_block(p.d);
         let grid = (p.lq.div_ceil(rows) as u32, p.h as u32, p.b as u32);
-        let maps = stand_in.as_ref().map(|_| {
+        let maps = || {
             let dt = T::DTYPE;
             Ok::<_, String>((
                 tensor_map(qp, dt, p.d, p.lq, p.b * p.h)?,
                 tensor_map(kp, dt, p.d, p.lk, p.b * p.h_kv)?,
                 tensor_map(vp, dt, p.d, p.lk, p.b * p.h_kv)?,
             ))
-        });
+        };
         // SAFETY (both launches): q, k, v are the op's inputs ([B,H,Lq,D], [B,Hkv,Lk,D]
         // x2 of T, kept alive by the op until its completion), the mask (if any) holds
         // the planes its strides in `params` address (validated at submit), o and lse
@@ -124,22 +129,28 @@ fn forward_t<T: Element>(
         // whole, contiguous device allocations (aligned beyond the 16 bytes the kernels
         // need). The tensor maps are those of q, k and v, made by `tensor_map` for these
         // pointers and shapes.
-        match (maps, &stand_in) {
-            (Some(Ok((q, k, v))), _) => {
-                let tp = FlashTmaParams { p: params, q, k, v };
-                // SAFETY: the buffers and maps above, for the kernel `f` is.
-                unsafe { f.launch_tma(stream, grid, &tp) }?;
-            }
-            (Some(Err(e)), Some(w)) => {
-                tracing::warn!(
-                    "attention: no tensor maps for this call ({e}); {} runs it",
-                    w.kernel.name()
-                );
-                // SAFETY: the buffers above; `w` takes the same FlashParams.
-                unsafe { w.launch(stream, grid, &params) }?;
-            }
-            // SAFETY: the buffers above; `f` is not the TMA kernel here.
-            _ => unsafe { f.launch(stream, grid, &params) }?,
+        match stand_in {
+            // SAFETY: the buffers above; `f` is not the TMA kernel (no stand-in).
+            None => unsafe { f.launch(stream, grid, &params) }?,
+            Some(stand_in) => match maps() {
+                Ok((q, k, v)) => {
+                    let tp = FlashTmaParams { p: params, q, k, v };
+                    // SAFETY: the buffers above and their maps, for the TMA kernel `f` is.
+                    unsafe { f.launch_tma(stream, grid, &tp) }?;
+                }
+                Err(e) => {
+                    let w = stand_in?;
+                    if !MAPS_REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::warn!(
+                            "attention: the driver refused the tensor maps of a call ({e}); \
+                             {} runs such calls (logged once)",
+                            w.kernel.name()
+                        );
+                    }
+                    // SAFETY: the buffers above; `w` is a FlashParams kernel.
+                    unsafe { w.launch(stream, grid, &params) }?;
+                }
+            },
         }
     }
     Ok((Buffer::from_cuda(o), Buffer::from_cuda(lse)))
