@@ -11,11 +11,12 @@
 // ======================================================================================
 // Launch (kernels flash_bwd_wgmma_d128_{T}, T = f16 | bf16)
 // ======================================================================================
-//   grid (ceil(Lk / 128), Hkv, B), block (256, 1, 1), dynamic smem 184320 bytes
+//   grid (ceil(Lk / 128), Hkv, B), block (256, 1, 1), dynamic smem 217600 bytes
 //   (BC = 128 keys per block, 2 warpgroups, BR = 64 query rows per step; smem = 1024 alignment
-//    slack + K and V tiles (2 x BC*D*2) + dS^T tile (BC*BR*2) + 2 stages of Q and dO
-//    (2 x 2 x BR*D*2) + 2 stages of lse and dsum (2 x 2 x BR*4) + the dQ staging tile
-//    (BR*(D+8)*4; 149504 bytes in all without it, -DATTN_WGB_DQ_BULK=0); needs
+//    slack + K and V tiles (2 x BC*D*2) + dS^T tile (BC*BR*2) + 3 stages of Q and dO
+//    (3 x 2 x BR*D*2) + 3 stages of lse and dsum (3 x 2 x BR*4) + the dQ staging tile
+//    (BR*(D+8)*4; 182784 bytes in all without it, -DATTN_WGB_DQ_BULK=0; with 2 stages,
+//    -DATTN_WGB_STAGES=2, 184320 and 149504); needs
 //    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
 //   Order on one stream: flash_bwd_preprocess_d128_{T} (attention.cu), this kernel,
 //   flash_bwd_convert_dq_d128_{T} (attention.cu). Pointers, workspaces and alignment as there.
@@ -39,7 +40,8 @@
 //   each warp (unscaled; the convert kernel applies the scale). dK gets the scale at the end.
 // Within a step, S^T and dP^T are two wgmma groups: the exponentials run while dP^T is still
 // on the tensor cores, and dV += P^T dO runs while dS^T is formed.
-// Q, dO, lse, dsum of the steps stream through a 2-stage cp.async ring. Every cp.async'ed tile
+// Q, dO, lse, dsum of the steps stream through a 3-stage cp.async ring (the loads of step it+2
+// are issued at the start of step it). Every cp.async'ed tile
 // and the dS^T tile (st.shared) are published to the tensor cores by fence.proxy.async.shared::cta
 // in each writing thread and a __syncthreads; the staging tile is handed to the bulk engine by
 // fence.proxy.async + __syncwarp, and rewritten only after cp.async.bulk.wait_group.read by the
@@ -79,6 +81,11 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 // This thread's bulk groups have completed (their writes are performed).
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
+#ifndef ATTN_WGB_STAGES
+#define ATTN_WGB_STAGES 3  // stages of the Q, dO, lse, dsum ring (3: loads two steps ahead; on
+                           // the H200 the backward took 2.5-3.2 % less time than with 2,
+                           // attention_wgmma_check.py --bwd, 2026-12-04)
+#endif
 template <int D_, int BC_, bool DQ_BULK_, bool DQ_MMA_>
 struct WgBwdCfg {
     static constexpr int D = D_;
@@ -88,7 +95,7 @@ struct WgBwdCfg {
     static constexpr int NWG = BC / 64;          // warpgroups, 64 keys each
     static constexpr int NTHREADS = 128 * NWG;
     static constexpr int BR = 64;                // query rows per step
-    static constexpr int STAGES = 2;
+    static constexpr int STAGES = ATTN_WGB_STAGES;  // Q / dO / lse / dsum ring (2 or 3)
     static constexpr int KV_BYTES = BC * D * 2;  // K or V tile
     static constexpr int DS_BYTES = BC * BR * 2; // dS^T [BC keys][BR queries]
     static constexpr int Q_BYTES = BR * D * 2;   // Q or dO tile of a step
@@ -185,6 +192,10 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
     loader.template load<BC>(s_v, static_cast<const T*>(p.v) + kv_off, Lk - n0);
     if (total > 0) issue_step(0, 0);
     cp_async_commit();
+    if (Cfg::STAGES == 3) {  // group 1: step 1
+        if (total > 1) issue_step(1, 1);
+        cp_async_commit();
+    }
 
     float dk[KR], dv[KR], s[SR], dp[SR], dq[QR];
     unsigned pf[PR], df[PR];
@@ -221,15 +232,23 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
     const int krow = kw0 + warp * 16 + g;  // this thread's keys: krow and krow + 8
 
     for (int it = 0; it < total; ++it) {
-        cp_async_wait<0>();   // step it (and K, V) landed for this thread ...
+        // step it (and K, V) landed for this thread (3 stages: all groups but step it+1's) ...
+        if (Cfg::STAGES == 3) {
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
         fence_proxy_async_smem();
         __syncthreads();      // ... for all; every warpgroup is done with step it-1 (slot, dS^T)
-        if (it + 1 < total) issue_step(it + 1, (it + 1) & 1);
+        {
+            const int ahead = it + Cfg::STAGES - 1;  // the step whose slot step it-1 freed
+            if (ahead < total) issue_step(ahead, ahead % Cfg::STAGES);
+        }
         cp_async_commit();
 
         const int hh = hk * G + it / per_head;
         const int mm0 = (m_begin + it % per_head) * BR;
-        const int slot = it & 1;
+        const int slot = it % Cfg::STAGES;
         const unsigned st_off = slot * 2 * Cfg::Q_BYTES;
         const float* s_lse = rv_ptr + slot * (Cfg::ROWV_BYTES / 4);
         const float* s_dsum = s_lse + BR;
@@ -443,7 +462,8 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
 // Tunables (compile-time; the defaults are the launch documented at the top):
 //   ATTN_WGB_DQ_BULK = 1 (default): dQ goes through a shared-memory staging tile ([BR][D + 8] f32,
 //     +34816 bytes) and bulk reductions (cp.reduce.async.bulk .add.f32, one per warp row and
-//     64-column half); 0: red.global.add.v2.f32 from the accumulators (smem 149504 bytes).
+//     64-column half); 0: red.global.add.v2.f32 from the accumulators (smem 182784 bytes).
+//   ATTN_WGB_STAGES = 3 (default): the Q / dO / lse / dsum ring's stages; 2: the earlier ring.
 //   ATTN_WGB_DQ_MMA = 1: dQ = dS K with mma.sync + ldmatrix instead of wgmma (same smem).
 // Measured on the H200 (kernels/checks/attention_wgmma_check.py --bwd, 2026-11-29; bf16, B*L = 16384,
 // H = 16, L 4096 / 16384, causal 0/1; all four passed the gradient check): backward
@@ -456,12 +476,12 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
 #define ATTN_WGB_DQ_MMA 0
 #endif
 typedef WgBwdCfg<128, 128, ATTN_WGB_DQ_BULK != 0, ATTN_WGB_DQ_MMA != 0> AttnWgBwdCfgD128;
-#if ATTN_WGB_DQ_BULK
-static_assert(AttnWgBwdCfgD128::SMEM_BYTES == 184320 && AttnWgBwdCfgD128::NTHREADS == 256 &&
+#if ATTN_WGB_DQ_BULK && ATTN_WGB_STAGES == 3
+static_assert(AttnWgBwdCfgD128::SMEM_BYTES == 217600 && AttnWgBwdCfgD128::NTHREADS == 256 &&
                   AttnWgBwdCfgD128::BC == 128,
               "documented (wgmma bwd d128)");
-#else
-static_assert(AttnWgBwdCfgD128::SMEM_BYTES == 149504, "wgmma bwd d128 with dQ red.v2");
+#elif ATTN_WGB_STAGES == 3
+static_assert(AttnWgBwdCfgD128::SMEM_BYTES == 182784, "wgmma bwd d128 with dQ red.v2");
 #endif
 
 extern __shared__ __align__(1024) unsigned char attn_wgb_smem[];

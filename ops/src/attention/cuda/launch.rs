@@ -125,7 +125,7 @@ impl Kernel {
             (Kernel::ForwardWgmma, 64) => 50_176,
             (Kernel::ForwardWgmma, _) => 197_632,
             (Kernel::ForwardTma, _) => 164_936,
-            (Kernel::DqDkDvWgmma, _) => 184_320,
+            (Kernel::DqDkDvWgmma, _) => 217_600,
             _ => 0,
         }
     }
