@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{download, for_each_backend, rand_vec, rel_err, rng, upload};
+use common::{download, for_each_backend, rand_vec, rel_err, rel_err_scaled, rng, upload};
 use rand::rngs::StdRng;
 use rand::Rng;
 use rayon::prelude::*;
@@ -146,6 +146,11 @@ fn tol(dtype: DType) -> f64 {
 struct Reference {
     o: Vec<f64>,
     lse: Vec<f64>,
+    /// Per row, the magnitude its lse is made of: the largest finite score's
+    /// `scale·Σ|q·k| + |mask|`, or |lse| if larger. The lse is compared relative to it
+    /// (a row's scores of both signs can give an lse near zero whose rounding error is
+    /// that of the scores, e.g. a single key: lse = score).
+    lse_scale: Vec<f64>,
     dq: Vec<f64>,
     dk: Vec<f64>,
     dv: Vec<f64>,
@@ -180,6 +185,7 @@ fn reference(c: &Case, x: &Inputs<'_>) -> Reference {
     let mut r = Reference {
         o: vec![0.0; c.b * c.h * lq * d],
         lse: vec![0.0; c.b * c.h * lq],
+        lse_scale: vec![0.0; c.b * c.h * lq],
         dq: vec![0.0; c.b * c.h * lq * d],
         dk: vec![0.0; c.b * c.h_kv * lk * d],
         dv: vec![0.0; c.b * c.h_kv * lk * d],
@@ -195,7 +201,7 @@ fn reference(c: &Case, x: &Inputs<'_>) -> Reference {
             let row = |i: usize,
                        o: &mut [f64],
                        dq: &mut [f64],
-                       lse: &mut f64,
+                       (lse, lse_scale): (&mut f64, &mut f64),
                        acc: &mut (Vec<f64>, Vec<f64>)| {
                 let (qi, doi) = (&qh[i * d..][..d], &doh[i * d..][..d]);
                 let m = c.mask_row(x.mask, bi, hi, i);
@@ -208,14 +214,26 @@ fn reference(c: &Case, x: &Inputs<'_>) -> Reference {
                 dq.fill(0.0);
                 if max == f64::NEG_INFINITY {
                     *lse = f64::NEG_INFINITY;
+                    *lse_scale = 0.0;
                     return;
                 }
+                let abs_dot = |a: &[f64], b: &[f64]| -> f64 {
+                    a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum()
+                };
+                let magnitude = (0..kmax)
+                    .filter(|&j| p[j].is_finite())
+                    .map(|j| {
+                        scale * abs_dot(qi, &kh[j * d..][..d])
+                            + m.map_or(0.0, |m| (m[j] as f64).abs())
+                    })
+                    .fold(0.0, f64::max);
                 let mut sum = 0.0;
                 for s in p.iter_mut() {
                     *s = (*s - max).exp();
                     sum += *s;
                 }
                 *lse = max + sum.ln();
+                *lse_scale = magnitude.max(lse.abs());
                 p.iter_mut().for_each(|s| *s /= sum);
                 for (j, &pj) in p.iter().enumerate() {
                     axpy(o, pj, &vh[j * d..][..d]);
@@ -233,11 +251,18 @@ fn reference(c: &Case, x: &Inputs<'_>) -> Reference {
                 .par_chunks_mut(REF_ROWS * d)
                 .zip(r.dq[bh * lq * d..][..lq * d].par_chunks_mut(REF_ROWS * d))
                 .zip(r.lse[bh * lq..][..lq].par_chunks_mut(REF_ROWS))
+                .zip(r.lse_scale[bh * lq..][..lq].par_chunks_mut(REF_ROWS))
                 .enumerate()
-                .fold(zeros, |mut acc, (blk, ((o, dq), lse))| {
-                    for (r, l) in lse.iter_mut().enumerate() {
+                .fold(zeros, |mut acc, (blk, (((o, dq), lse), lse_scale))| {
+                    for (r, (l, ls)) in lse.iter_mut().zip(lse_scale.iter_mut()).enumerate() {
                         let i = blk * REF_ROWS + r;
-                        row(i, &mut o[r * d..][..d], &mut dq[r * d..][..d], l, &mut acc);
+                        row(
+                            i,
+                            &mut o[r * d..][..d],
+                            &mut dq[r * d..][..d],
+                            (l, ls),
+                            &mut acc,
+                        );
                     }
                     acc
                 })
@@ -363,23 +388,25 @@ fn check_with<T: Element>(
         let e = rel_err(got, want);
         assert!(e <= tol, "{}: relative error {e:e} > {tol:e}", what(name));
     }
-    let e = lse_err(&out.lse, &r.lse);
+    let e = lse_err(&out.lse, &r.lse, &r.lse_scale);
     assert!(e <= tol, "{}: relative error {e:e} > {tol:e}", what("lse"));
     out
 }
 
-/// [`rel_err`] over the finite entries of the reference, NaN unless the `-inf`
-/// entries (fully masked rows) are exactly those of `got`.
-fn lse_err(got: &[f64], want: &[f64]) -> f64 {
-    if got.len() != want.len() {
+/// [`rel_err_scaled`] over the finite entries of the reference, relative to the
+/// magnitudes the lse is made of (`Reference::lse_scale`), NaN unless the `-inf` entries
+/// (fully masked rows) are exactly those of `got`.
+fn lse_err(got: &[f64], want: &[f64], scale: &[f64]) -> f64 {
+    if got.len() != want.len() || scale.len() != want.len() {
         return f64::NAN;
     }
     let inf = |x: &f64| *x == f64::NEG_INFINITY;
     if got.iter().map(inf).ne(want.iter().map(inf)) {
         return f64::NAN;
     }
-    let keep = |x: &[f64]| x.iter().copied().filter(|x| !inf(x)).collect::<Vec<_>>();
-    rel_err(&keep(got), &keep(want))
+    let finite: Vec<usize> = (0..want.len()).filter(|&i| !inf(&want[i])).collect();
+    let keep = |x: &[f64]| finite.iter().map(|&i| x[i]).collect::<Vec<_>>();
+    rel_err_scaled(&keep(got), &keep(want), &keep(scale))
 }
 
 fn run_case_t<T: Element>(rt: &Runtime, label: &str, c: &Case) {
