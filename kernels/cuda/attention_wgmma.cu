@@ -206,6 +206,55 @@ __device__ __forceinline__ void wg_rescale_pack(float (&o)[D / 2], unsigned (&pf
     for (int i = 0; i < BC / 4; ++i) pf[i] = Tr::pack(s[2 * i], s[2 * i + 1]);
 }
 
+// The softmax's per-thread constants for the rows row0 + rw and row0 + rw + 8 of a
+// warpgroup starting at query row row0 (rw: the thread's row within the warpgroup's 64),
+// columns 2t, 2t + 1 of each 8-column group; (b, h) the block's batch and head.
+template <typename T>
+__device__ __forceinline__ WgRows<T> wg_rows(const FlashParams& p, int b, int h, int Lq, int Lk, int row0, int rw,
+                                              int t) {
+    WgRows<T> w;
+    w.qrow = row0 + rw;
+    w.row0 = row0;
+    w.t = t;
+    w.Lq = Lq;
+    w.Lk = Lk;
+    w.causal = p.causal;
+    w.sl2 = p.scale * ATTN_LOG2E;
+    w.inv_scale = 1.f / p.scale;
+    w.mask = static_cast<const T*>(p.mask);
+    w.mask_base = (long long)b * p.mask_stride_b + (long long)h * p.mask_stride_h;
+    w.mask_stride_q = p.mask_stride_q;
+    return w;
+}
+
+// The epilogue of a warpgroup: O /= l and lse = m * scale + ln(l) for the thread's rows of
+// w (l == 0, a fully masked row: O = 0, lse = -inf); l_r, m_r as the steps above keep them.
+template <typename Tr, int D>
+__device__ __forceinline__ void wg_store_o(const FlashParams& p, int b, int h, const WgRows<typename Tr::T>& w,
+                                           const float (&o)[D / 2], const float (&l_r)[2],
+                                           const float (&m_r)[2]) {
+    typedef typename Tr::T T;
+    T* og = static_cast<T*>(p.o) + (long long)(b * p.H + h) * w.Lq * D;
+    float* lse = static_cast<float*>(p.lse) + (long long)(b * p.H + h) * w.Lq;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = l_r[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = (l > 0.f) ? 1.f / l : 0.f;
+        const int row = w.qrow + 8 * r;
+        if (row < w.Lq) {
+            T* orow = og + (long long)row * D;
+#pragma unroll
+            for (int dn = 0; dn < D / 8; ++dn) {
+                *reinterpret_cast<unsigned*>(orow + dn * 8 + 2 * w.t) =
+                    Tr::pack(o[4 * dn + 2 * r] * inv, o[4 * dn + 2 * r + 1] * inv);
+            }
+            if (w.t == 0) lse[row] = (l > 0.f) ? m_r[r] * p.scale + logf(l) : attn_neg_inf();
+        }
+    }
+}
+
 // ORDER: in every iteration warpgroup w > 0 issues its first GEMMs only after warpgroup w - 1
 // has issued its own (named barrier w: 128 arrivals of w - 1, 128 waits of w), so that the
 // tensor cores finish one warpgroup's S while the next one's is still queued, and the
@@ -299,18 +348,7 @@ __device__ __forceinline__ void flash_fwd_wgmma_body(const FlashParams& p, unsig
     float l_r[2] = {0.f, 0.f};
     float alpha[2], rsum[2];
 
-    WgRows<T> w;
-    w.qrow = row0 + warp * 16 + g;
-    w.row0 = row0;
-    w.t = t;
-    w.Lq = Lq;
-    w.Lk = Lk;
-    w.causal = p.causal;
-    w.sl2 = p.scale * ATTN_LOG2E;
-    w.inv_scale = 1.f / p.scale;
-    w.mask = static_cast<const T*>(p.mask);
-    w.mask_base = (long long)b * p.mask_stride_b + (long long)h * p.mask_stride_h;
-    w.mask_stride_q = p.mask_stride_q;
+    const WgRows<T> w = wg_rows<T>(p, b, h, Lq, Lk, row0, warp * 16 + g, t);
 
     // The wgmma issue/wait pairs below each sit whole inside one branch on warpgroup-uniform
     // values (first tile / steady state / drain): with a wgmma group left in flight across a
@@ -432,26 +470,7 @@ __device__ __forceinline__ void flash_fwd_wgmma_body(const FlashParams& p, unsig
 
     if (row0 >= Lq) return;  // warpgroup entirely past Lq: it only helped load tiles
 
-    // ---- epilogue: O /= l, lse = m * scale + ln(l) (l == 0: O = 0, lse = -inf) ----
-    T* og = static_cast<T*>(p.o) + (long long)(b * p.H + h) * Lq * D;
-    float* lse = static_cast<float*>(p.lse) + (long long)(b * p.H + h) * Lq;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float l = l_r[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = (l > 0.f) ? 1.f / l : 0.f;  // fully masked row: O = 0
-        const int row = w.qrow + 8 * r;
-        if (row < Lq) {
-            T* orow = og + (long long)row * D;
-#pragma unroll
-            for (int dn = 0; dn < D / 8; ++dn) {
-                *reinterpret_cast<unsigned*>(orow + dn * 8 + 2 * t) =
-                    Tr::pack(o[4 * dn + 2 * r] * inv, o[4 * dn + 2 * r + 1] * inv);
-            }
-            if (t == 0) lse[row] = (l > 0.f) ? m_r[r] * p.scale + logf(l) : attn_neg_inf();
-        }
-    }
+    wg_store_o<Tr, D>(p, b, h, w, o, l_r, m_r);
 }
 
 // -------------------------------------------------------------------------------------
@@ -660,18 +679,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
     float l_r[2] = {0.f, 0.f};
     float alpha[2], rsum[2];
 
-    WgRows<T> w;
-    w.qrow = row0 + warp * 16 + g;
-    w.row0 = row0;
-    w.t = t;
-    w.Lq = Lq;
-    w.Lk = Lk;
-    w.causal = p.causal;
-    w.sl2 = p.scale * ATTN_LOG2E;
-    w.inv_scale = 1.f / p.scale;
-    w.mask = static_cast<const T*>(p.mask);
-    w.mask_base = (long long)b * p.mask_stride_b + (long long)h * p.mask_stride_h;
-    w.mask_stride_q = p.mask_stride_q;
+    const WgRows<T> w = wg_rows<T>(p, b, h, Lq, Lk, row0, warp * 16 + g, t);
 
     mbar_wait(q_full, 0);
     // Iteration j: S_j = Q K_j^T and O += P_{j-1} V_{j-1} (the PIPE steps of the forward above).
@@ -755,25 +763,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
     }
     if (row0 >= Lq) return;
 
-    T* og = static_cast<T*>(p.o) + (long long)(b * p.H + h) * Lq * D;
-    float* lse = static_cast<float*>(p.lse) + (long long)(b * p.H + h) * Lq;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float l = l_r[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = (l > 0.f) ? 1.f / l : 0.f;
-        const int row = w.qrow + 8 * r;
-        if (row < Lq) {
-            T* orow = og + (long long)row * D;
-#pragma unroll
-            for (int dn = 0; dn < D / 8; ++dn) {
-                *reinterpret_cast<unsigned*>(orow + dn * 8 + 2 * t) =
-                    Tr::pack(o[4 * dn + 2 * r] * inv, o[4 * dn + 2 * r + 1] * inv);
-            }
-            if (t == 0) lse[row] = (l > 0.f) ? m_r[r] * p.scale + logf(l) : attn_neg_inf();
-        }
-    }
+    wg_store_o<Tr, D>(p, b, h, w, o, l_r, m_r);
 }
 
 // -------------------------------------------------------------------------------------
