@@ -66,7 +66,7 @@ VARIANTS = [
                    "ATTN_WG_D128_ORDER": 0, "ATTN_WG_D128_MINB": 2}, (128,),
      "D128: 1 WG x 64 keys, S/PV overlap, 2 CTAs/SM"),
     ("d128np", {"ATTN_WG_D128_PIPE": 0}, (128,), "D128: defaults without S/PV overlap"),
-    # flash_fwd_tma_d128_* (same program; rtx's D=128 forward on the H200): a producer
+    # flash_fwd_tma_d128_* (attention_tma.cu; rtx's D=128 forward on the H200): a producer
     # warpgroup with bulk tensor copies, two consumer warpgroups, stages handed over by
     # mbarriers (tma_cfg below). 2026-12-04: tma 0.83-0.94x SDPA at L >= 4096 (wg 0.66-0.77);
     # 3 K stages, or 3 K and 3 V, 3-9 % slower; D64 slower than wg at L = 1024 (the kernel's
@@ -147,7 +147,9 @@ def build(outdir):
     exe = os.path.join(ROOT, "target", "release", "examples", "ptxas")
     manifest = {}
     tmp = os.path.join(outdir, "tmp")
-    jobs = ([(n, "attention_wgmma", d) for (n, d, _, _) in VARIANTS] + [("attention", "attention", {})] +
+    # the tma* variants are flash_fwd_tma_* of attention_tma.cu, the others attention_wgmma.cu's
+    jobs = ([(n, "attention_tma" if n.startswith("tma") else "attention_wgmma", d) for (n, d, _, _) in VARIANTS] +
+            [("attention", "attention", {})] +
             [(n, "attention_wgmma_bwd", d) for (n, d, _) in BWD_VARIANTS])
     for name, program, defs in jobs:
         os.makedirs(tmp, exist_ok=True)

@@ -138,7 +138,10 @@ mod tests {
             .filter(|s| s.arch_specific())
             .map(|s| s.name)
             .collect();
-        assert_eq!(marked, ["attention_wgmma", "attention_wgmma_bwd"]);
+        assert_eq!(
+            marked,
+            ["attention_tma", "attention_wgmma", "attention_wgmma_bwd"]
+        );
         let plain = Options::default();
         let wgmma = source("attention_wgmma").unwrap();
         assert!(wgmma.options(&plain).arch_specific);

@@ -1,7 +1,7 @@
 //! The launch side of the attention kernels: [`FlashParams`] from a validated call
 //! (the struct itself is `rtx_kernels::launch::FlashParams`), the kernel table (names, blocks, dynamic shared memory, grids
 //! per kernel and head dim: the ABI documented at the top of `attention.cu`,
-//! `attention_wgmma.cu` and `attention_wgmma_bwd.cu`), which kernel runs on this device
+//! `attention_wgmma.cu`, `attention_tma.cu` and `attention_wgmma_bwd.cu`), which kernel runs on this device
 //! (the sm_90a ones on compute capability 9.0, with the fallback rules of `cuda.rs`), and
 //! the per-stream state ([`AttnState`]: functions configured, sm_90a kernels that failed
 //! here, the backward's kept workspace).
@@ -20,6 +20,8 @@ use crate::kernels::{self, launch_error};
 const MODULE: &str = "attention";
 /// The Hopper (sm_90a) forward.
 const WGMMA_MODULE: &str = "attention_wgmma";
+/// The Hopper (sm_90a) forward with a producer warpgroup and bulk tensor copies (D = 128).
+const TMA_MODULE: &str = "attention_tma";
 /// The Hopper (sm_90a) backward main kernel (D = 128).
 const WGMMA_BWD_MODULE: &str = "attention_wgmma_bwd";
 pub(super) const FWD: &str = "attention";
@@ -49,7 +51,8 @@ pub(super) fn flash_params(g: &Geometry) -> FlashParams {
 }
 
 /// The kernels of `attention.cu` and `attention_wgmma.cu`, each built for D 64 and 128
-/// and f16 and bf16, and of `attention_wgmma_bwd.cu` (D 128, f16 and bf16).
+/// and f16 and bf16, of `attention_tma.cu` and `attention_wgmma_bwd.cu` (D 128, f16 and
+/// bf16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Kernel {
     Forward,
@@ -58,7 +61,7 @@ pub(super) enum Kernel {
     ConvertDq,
     /// The sm_90a forward of `attention_wgmma.cu`.
     ForwardWgmma,
-    /// The sm_90a forward of `attention_wgmma.cu` with a producer warpgroup and bulk
+    /// The sm_90a forward of `attention_tma.cu`: a producer warpgroup and bulk
     /// tensor copies (D = 128 only; takes a [`FlashTmaParams`]).
     ForwardTma,
     /// The sm_90a backward main kernel of `attention_wgmma_bwd.cu` (D = 128 only).
@@ -86,7 +89,8 @@ impl Kernel {
     /// The program (`kernels/cuda/<module>.cu`) that holds it.
     fn module(self) -> &'static str {
         match self {
-            Kernel::ForwardWgmma | Kernel::ForwardTma => WGMMA_MODULE,
+            Kernel::ForwardWgmma => WGMMA_MODULE,
+            Kernel::ForwardTma => TMA_MODULE,
             Kernel::DqDkDvWgmma => WGMMA_BWD_MODULE,
             _ => MODULE,
         }
@@ -449,9 +453,9 @@ mod tests {
         assert_eq!(Kernel::DqDkDv.smem(128), a("AttnBwdCfgD128"));
     }
 
-    /// The wgmma forward's launch (smem, threads, rows per block) is what
-    /// `attention_wgmma.cu` asserts for its default tiles, and that program is the one
-    /// compiled for sm_90a.
+    /// The wgmma and TMA forwards' launches (smem, threads, rows per block) are what
+    /// `attention_wgmma.cu` and `attention_tma.cu` assert for their default tiles, and
+    /// those programs are compiled for sm_90a.
     #[test]
     fn wgmma_launch_matches_the_kernel_asserts() {
         for (d, cfg) in [(64, "AttnWgCfgD64"), (128, "AttnWgCfgD128")] {
@@ -465,13 +469,15 @@ mod tests {
         }
         let k = Kernel::ForwardTma;
         let cfg = "AttnTmaLaunchD128";
-        assert_eq!(k.smem(128), asserted(WGMMA_MODULE, cfg, "SMEM_BYTES"));
-        assert_eq!(k.threads(128), asserted(WGMMA_MODULE, cfg, "NTHREADS"));
+        assert_eq!(k.smem(128), asserted(TMA_MODULE, cfg, "SMEM_BYTES"));
+        assert_eq!(k.threads(128), asserted(TMA_MODULE, cfg, "NTHREADS"));
         assert_eq!(
             k.rows_per_block(128),
-            asserted(WGMMA_MODULE, cfg, "BR") as usize
+            asserted(TMA_MODULE, cfg, "BR") as usize
         );
-        assert_eq!(k.module(), WGMMA_MODULE);
+        assert_eq!(k.module(), TMA_MODULE);
+        let program = rtx_kernels::source(TMA_MODULE).expect("attention_tma.cu is built in");
+        assert!(program.arch_specific());
         let program = rtx_kernels::source(WGMMA_MODULE).expect("attention_wgmma.cu is built in");
         assert!(program.arch_specific());
         assert_eq!(Kernel::ForwardWgmma.module(), WGMMA_MODULE);

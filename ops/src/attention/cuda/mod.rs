@@ -1,5 +1,6 @@
 //! CUDA launches of `kernels/cuda/attention.cu` (FlashAttention-2, f16/bf16, D 64/128),
-//! of `kernels/cuda/attention_wgmma.cu` (the Hopper forward) and of
+//! of `kernels/cuda/attention_wgmma.cu` and `kernels/cuda/attention_tma.cu` (the Hopper
+//! forwards) and of
 //! `kernels/cuda/attention_wgmma_bwd.cu` (the Hopper backward main kernel, D 128).
 //!
 //! Every kernel takes one `FlashParams` (`rtx_kernels::launch`) by value (the TMA
@@ -20,7 +21,7 @@
 //! `attention.cu`. Both compute the same function (same ABI, masks, causal rule, lse
 //! convention); `RTX_ATTN_WGMMA=0` in the environment forces the `mma.sync` forward.
 //!
-//! For D = 128 on 9.0 the forward is `flash_fwd_tma_d128_*` of the same program:
+//! For D = 128 on 9.0 the forward is `flash_fwd_tma_d128_*` of `attention_tma.cu`:
 //! FlashAttention-3's block (a producer warpgroup loading Q, K and V tiles with bulk
 //! tensor copies, two consumer warpgroups in ping-pong, stages handed over by mbarriers),
 //! 1.13-1.22× the wgmma kernel on the H200 (`benches/RESULTS.md`, "Attention"). It reads

@@ -1,0 +1,352 @@
+// attention_tma.cu — FlashAttention-3-style forward for Hopper (sm_90a), f16 and bf16, head dim
+// 128: flash_fwd_tma_d128_{T}, rtx's forward for D = 128 on compute capability 9.0 (the wgmma
+// kernel of attention_wgmma.cu is its fallback). Same semantics as flash_fwd_* of attention.cu;
+// its argument is a `struct FlashTmaParams` (below) and its launch is documented above its body.
+// The per-tile steps of its consumer warpgroups are attention_wgmma_fwd.cuh's.
+//
+// rtx-kernels: arch-specific
+// (the line above makes rtx-kernels compile this program for sm_90a instead of sm_90:
+//  wgmma, setmaxnreg and the bulk tensor copies exist only on the architecture-specific
+//  target; such a CUBIN loads only on compute capability 9.0 devices)
+
+#include "attention_common.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_tma.cu needs the sm_90a target (wgmma, setmaxnreg, cp.async.bulk.tensor): compile with arch_specific"
+#endif
+
+#include "attention_wgmma_fwd.cuh"
+
+// -------------------------------------------------------------------------------------
+// The forward with a producer warpgroup (TMA) and mbarriers: flash_fwd_tma_d128_{T}
+// -------------------------------------------------------------------------------------
+// FlashAttention-3's layout of the block: warpgroup 0 is the producer (setmaxnreg down to 24
+// registers; one thread issues every load as bulk tensor copies, cp.async.bulk.tensor, into
+// the same 128-byte-swizzled panels as attention_wgmma.cu), warpgroups 1 and 2 are the
+// consumers (setmaxnreg up to 240) running attention_wgmma.cu's PIPE steps (those of
+// attention_wgmma_fwd.cuh) on query rows 64 (wg - 1) .. + 63, their GEMMs issued in strict
+// alternation (tma_turn_wait / tma_turn_pass below). Stages are handed
+// over by mbarriers instead of __syncthreads: full[s] (the producer's expect_tx arrival and the
+// copies' transaction bytes) and empty[s] (256 consumer arrivals, each thread's after its
+// wgmma reading the stage has completed), so a consumer warpgroup is never held by the other
+// one or by a load it does not need yet.
+// Launch: grid (ceil(Lq / 128), H, B), block (384, 1, 1), dynamic smem
+// 1024 + 128*D*2 (Q) + (TMA_KS + TMA_VS) * 128*D*2 + 8 * (1 + 2 TMA_KS + 2 TMA_VS) bytes,
+// argument `const FlashTmaParams` by value: the FlashParams (pointers for o, lse, mask) and the
+// tensor maps of q, k, v: 3-D (D, L, B * heads), 16-bit elements, box (64, 128, 1),
+// CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero fill out of bounds (rows past L read 0).
+struct __align__(64) TmaMap {
+    unsigned long long w[16];  // a CUtensorMap (opaque, 128 bytes)
+};
+struct __align__(64) FlashTmaParams {
+    FlashParams p;
+    TmaMap q, k, v;
+};
+// (NVRTC has no offsetof: 152 bytes of FlashParams, then q, k, v at 192, 320, 448 is the only
+// layout of this size and alignment.)
+static_assert(sizeof(FlashTmaParams) == 576 && alignof(FlashTmaParams) == 64 && sizeof(TmaMap) == 128,
+              "FlashTmaParams ABI");
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival that also expects `bytes` of transactions (the bulk copies that complete on it).
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred P1;\nTMA_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+        "@P1 bra TMA_DONE;\nbra TMA_WAIT;\nTMA_DONE:\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// Box (c0, c1, c2) of the tensor map into shared memory at dst; completes on bar.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1, int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+        "[%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+
+#ifndef ATTN_TMA_KS
+#define ATTN_TMA_KS 2  // K stages
+#endif
+#ifndef ATTN_TMA_D64
+#define ATTN_TMA_D64 0  // 1: also flash_fwd_tma_d64_* (see the kernels at the bottom)
+#endif
+#ifndef ATTN_TMA_VS
+#define ATTN_TMA_VS 2  // V stages
+#endif
+// setmaxnreg: the producer warpgroup's registers and the consumers'. They must fit the block's
+// allocation at launch, 384 threads x 168 registers (65536 / 384 rounded down to a multiple
+// of 8): an increase beyond what the decrease freed would wait forever.
+#ifndef ATTN_TMA_PREGS
+#define ATTN_TMA_PREGS 24
+#endif
+#ifndef ATTN_TMA_CREGS
+#define ATTN_TMA_CREGS 240
+#endif
+static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxnreg budget");
+
+// The consumers' turns (FlashAttention-3's ping-pong): the two warpgroups issue their GEMMs of
+// an iteration strictly in alternation. Warpgroup 0 waits (named barrier 1) for warpgroup 1's
+// pass of the previous iteration, warpgroup 1 (barrier 2) for warpgroup 0's pass of this one;
+// each barrier completes with 128 arrivals and 128 waits. (A one-way turn as ORDER's
+// lets warpgroup 0 run ahead, its arrivals completing barriers without warpgroup 1, once
+// nothing else holds the two together: it deadlocked on the mbarriers here.) Both warpgroups
+// take every iteration of the block, computing or not.
+__device__ __forceinline__ void tma_turn_wait(int cw, int j) {
+    if (cw == 0) {
+        if (j > 0) named_bar_sync(1, 256);
+    } else {
+        named_bar_sync(2, 256);
+    }
+}
+__device__ __forceinline__ void tma_turn_pass(int cw, int j, int n) {
+    if (cw == 0) {
+        named_bar_arrive(2, 256);
+    } else if (j + 1 < n) {
+        named_bar_arrive(1, 256);
+    }
+}
+
+template <typename Tr, typename Cfg, int KS, int VS>
+__device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, unsigned char* smem) {
+    static_assert(Cfg::PIPE && Cfg::NWG == 2 && Cfg::BC == 128 && Cfg::BR == 128 && (Cfg::D == 64 || Cfg::D == 128),
+                  "TMA forward: PIPE, 2 x 64 rows, 128 keys, D 64 or 128");
+    typedef typename Tr::T T;
+    const FlashParams& p = tp.p;
+    constexpr int D = Cfg::D;
+    constexpr int BC = Cfg::BC;
+    constexpr int BR = Cfg::BR;
+    constexpr int KV_BYTES = Cfg::KV_BYTES;
+    constexpr int SR = BC / 2;
+    constexpr int OR = D / 2;
+    constexpr int PR = BC / 4;
+
+    const int tid = threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // 0 producer, 1 and 2 consumers
+    const int m_block = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    const int hk = h / (p.H / p.Hkv);
+    const int Lq = p.Lq;
+    const int Lk = p.Lk;
+    const int m0 = m_block * BR;
+    int kv_end = Lk;
+    if (p.causal) kv_end = min(Lk, min(Lq, m0 + BR));
+    const int n_tiles = (kv_end + BC - 1) / BC;
+
+    // smem: [Q][K stages][V stages][barriers: q_full, k_full[KS], k_empty[KS], v_full[VS], v_empty[VS]]
+    const unsigned s_q = (smem_u32(smem) + 1023u) & ~1023u;
+    const unsigned s_k = s_q + Cfg::Q_BYTES;
+    const unsigned s_v = s_k + KS * KV_BYTES;
+    const unsigned bar = s_v + VS * KV_BYTES;
+    const unsigned q_full = bar;
+    const unsigned k_full = bar + 8;
+    const unsigned k_empty = k_full + 8 * KS;
+    const unsigned v_full = k_empty + 8 * KS;
+    const unsigned v_empty = v_full + 8 * VS;
+    if (tid == 0) {
+        mbar_init(q_full, 1);
+        for (int i = 0; i < KS; ++i) {
+            mbar_init(k_full + 8 * i, 1);
+            mbar_init(k_empty + 8 * i, 256);
+        }
+        for (int i = 0; i < VS; ++i) {
+            mbar_init(v_full + 8 * i, 1);
+            mbar_init(v_empty + 8 * i, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ---- producer ----
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ATTN_TMA_PREGS) : "memory");
+        if (tid == 0) {
+            const int qh = b * p.H + h, kh = b * p.Hkv + hk;
+            mbar_expect_tx(q_full, Cfg::Q_BYTES);
+#pragma unroll
+            for (int pn = 0; pn < D / 64; ++pn) tma_load_3d(s_q + pn * (BR * 128), &tp.q, q_full, 64 * pn, m0, qh);
+            for (int j = 0; j < n_tiles; ++j) {
+                const int ks = j % KS;
+                if (j >= KS) mbar_wait(k_empty + 8 * ks, ((j / KS) + 1) & 1);
+                mbar_expect_tx(k_full + 8 * ks, KV_BYTES);
+#pragma unroll
+                for (int pn = 0; pn < D / 64; ++pn)
+                    tma_load_3d(s_k + ks * KV_BYTES + pn * (BC * 128), &tp.k, k_full + 8 * ks, 64 * pn, j * BC, kh);
+                const int vs = j % VS;
+                if (j >= VS) mbar_wait(v_empty + 8 * vs, ((j / VS) + 1) & 1);
+                mbar_expect_tx(v_full + 8 * vs, KV_BYTES);
+#pragma unroll
+                for (int pn = 0; pn < D / 64; ++pn)
+                    tma_load_3d(s_v + vs * KV_BYTES + pn * (BC * 128), &tp.v, v_full + 8 * vs, 64 * pn, j * BC, kh);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ATTN_TMA_CREGS) : "memory");
+
+    // ---- consumers: warpgroup cw = wg - 1 owns query rows m0 + 64 cw .. + 63 ----
+    const int cw = wg - 1;
+    const int warp = (tid >> 5) & 3;
+    const int lane = tid & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int row0 = m0 + 64 * cw;
+    int wg_tiles = 0;
+    if (row0 < Lq) wg_tiles = (p.causal ? min(kv_end - 1, row0 + 63) : kv_end - 1) / BC + 1;
+
+    const unsigned long long q_desc = wg_desc(s_q + cw * 64 * 128, 16, 1024);
+    const unsigned long long k_desc = wg_desc(s_k, 16, 1024);
+    const unsigned long long v_desc = wg_desc(s_v, BC * 128, 1024);
+
+    float o[OR];
+    float s[SR];
+    unsigned pf[PR];
+#pragma unroll
+    for (int i = 0; i < OR; ++i) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < SR; ++i) s[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < PR; ++i) pf[i] = 0u;
+    float m_r[2] = {attn_neg_inf(), attn_neg_inf()};
+    float l_r[2] = {0.f, 0.f};
+    float alpha[2], rsum[2];
+
+    const WgRows<T> w = wg_rows<T>(p, b, h, Lq, Lk, row0, warp * 16 + g, t);
+
+    mbar_wait(q_full, 0);
+    // Iteration j: S_j = Q K_j^T and O += P_{j-1} V_{j-1} (the PIPE steps of attention_wgmma.cu).
+    // Every consumer thread waits for K_j and V_{j-1} and arrives on their empty barriers once per
+    // iteration, computing or not (an arrival before the wait could complete a later phase).
+    for (int j = 0; j < n_tiles; ++j) {
+        const int ks = j % KS;
+        const int vs = (j + VS - 1) % VS;  // V_{j-1}
+        mbar_wait(k_full + 8 * ks, (j / KS) & 1);
+        if (j > 0) mbar_wait(v_full + 8 * vs, ((j - 1) / VS) & 1);
+        const int n0 = j * BC;
+        const unsigned long long kd = wg_desc_add(k_desc, ks * KV_BYTES);
+        const unsigned long long vd = wg_desc_add(v_desc, vs * KV_BYTES);
+        if (j == 0) {
+            if (wg_tiles > 0) {
+                tma_turn_wait(cw, j);
+                reg_fence(s);
+                wg_fence();
+                wg_issue_s<Tr, Cfg>(s, q_desc, kd);
+                wg_commit();
+                tma_turn_pass(cw, j, n_tiles);
+                wg_wait<0>();
+                reg_fence(s);
+                mbar_arrive(k_empty + 8 * ks);
+                wg_softmax<Tr, BC>(s, m_r, alpha, rsum, w, n0);
+                wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
+            } else {
+                tma_turn_wait(cw, j);
+                tma_turn_pass(cw, j, n_tiles);
+                mbar_arrive(k_empty + 8 * ks);
+            }
+        } else if (j < wg_tiles) {
+            tma_turn_wait(cw, j);
+            reg_fence(s);
+            reg_fence(o);
+            reg_fence(pf);
+            wg_fence();
+            wg_issue_s<Tr, Cfg>(s, q_desc, kd);
+            wg_commit();
+            wg_issue_pv<Tr, Cfg>(o, pf, vd);
+            wg_commit();
+            tma_turn_pass(cw, j, n_tiles);
+            wg_wait<1>();  // S_j done
+            reg_fence(s);
+            mbar_arrive(k_empty + 8 * ks);
+            wg_softmax<Tr, BC>(s, m_r, alpha, rsum, w, n0);
+            wg_wait<0>();  // P_{j-1} V_{j-1} done
+            reg_fence(o);
+            reg_fence(pf);
+            mbar_arrive(v_empty + 8 * vs);
+            wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
+        } else if (j == wg_tiles) {
+            mbar_arrive(k_empty + 8 * ks);
+            tma_turn_wait(cw, j);
+            reg_fence(o);
+            reg_fence(pf);
+            wg_fence();
+            wg_issue_pv<Tr, Cfg>(o, pf, vd);
+            wg_commit();
+            tma_turn_pass(cw, j, n_tiles);
+            wg_wait<0>();
+            reg_fence(o);
+            mbar_arrive(v_empty + 8 * vs);
+        } else {
+            tma_turn_wait(cw, j);
+            tma_turn_pass(cw, j, n_tiles);
+            mbar_arrive(k_empty + 8 * ks);
+            if (j > 0) mbar_arrive(v_empty + 8 * vs);
+        }
+    }
+    if (wg_tiles == n_tiles) {  // the last P V (V_{n-1} is never refilled: no arrival)
+        const int vs = (n_tiles - 1) % VS;
+        mbar_wait(v_full + 8 * vs, ((n_tiles - 1) / VS) & 1);
+        reg_fence(o);
+        reg_fence(pf);
+        wg_fence();
+        wg_issue_pv<Tr, Cfg>(o, pf, wg_desc_add(v_desc, vs * KV_BYTES));
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(o);
+    }
+    if (row0 >= Lq) return;
+
+    wg_store_o<Tr, D>(p, b, h, w, o, l_r, m_r);
+}
+
+// -------------------------------------------------------------------------------------
+// Kernels
+// -------------------------------------------------------------------------------------
+extern __shared__ __align__(1024) unsigned char attn_tma_smem[];
+
+// The forward above: D = 64 and 128, 2 consumer warpgroups x 64 rows, 128 keys per tile,
+// PIPE, ping-pong turns; one block of 384 threads per SM.
+typedef WgFwdCfg<128, 128, 2, true, true, 1> AttnTmaCfgD128;
+typedef WgFwdCfg<64, 128, 2, true, true, 1> AttnTmaCfgD64;
+template <typename Cfg>
+struct AttnTmaLaunch {
+    static constexpr int SMEM_BYTES =
+        1024 + Cfg::Q_BYTES + (ATTN_TMA_KS + ATTN_TMA_VS) * Cfg::KV_BYTES + 8 * (1 + 2 * ATTN_TMA_KS + 2 * ATTN_TMA_VS);
+    static constexpr int NTHREADS = 384;  // producer warpgroup + 2 consumer warpgroups
+    static constexpr int BR = Cfg::BR;
+    static_assert(SMEM_BYTES <= 232448, "TMA forward: shared memory per block");
+};
+typedef AttnTmaLaunch<AttnTmaCfgD128> AttnTmaLaunchD128;
+typedef AttnTmaLaunch<AttnTmaCfgD64> AttnTmaLaunchD64;
+#if ATTN_TMA_KS == 2 && ATTN_TMA_VS == 2
+static_assert(AttnTmaLaunchD128::SMEM_BYTES == 164936 && AttnTmaLaunchD128::NTHREADS == 384 &&
+                  AttnTmaLaunchD128::BR == 128,
+              "documented (tma fwd d128)");
+static_assert(AttnTmaLaunchD64::SMEM_BYTES == 83016 && AttnTmaLaunchD64::NTHREADS == 384 &&
+                  AttnTmaLaunchD64::BR == 128,
+              "documented (tma fwd d64)");
+#endif
+#define ATTN_TMA_FWD_KERNEL(NAME, TR, CFG)                                                              \
+    extern "C" __global__ void __launch_bounds__(AttnTmaLaunch<CFG>::NTHREADS, 1) NAME(                 \
+        const __grid_constant__ FlashTmaParams tp) {                                                    \
+        flash_fwd_tma_body<TR, CFG, ATTN_TMA_KS, ATTN_TMA_VS>(tp, attn_tma_smem);                        \
+    }
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_f16, AttnF16, AttnTmaCfgD128)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_bf16, AttnBF16, AttnTmaCfgD128)
+#if ATTN_TMA_D64
+// D = 64 (off by default): on the H200 (attention_wgmma_check.py, 2026-12-04) against
+// flash_fwd_wgmma_d64_* 311 / 402 / 423 TFLOP/s at L = 1024 / 4096 / 16384 against 335 / 393 /
+// 401 (causal 230 / 356 / 421 against 281 / 357 / 387): slower on short sequences, not adopted.
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_f16, AttnF16, AttnTmaCfgD64)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_bf16, AttnBF16, AttnTmaCfgD64)
+#endif
