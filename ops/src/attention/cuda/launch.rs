@@ -9,7 +9,9 @@
 use std::collections::HashSet;
 
 use cudarc::driver::sys::{self, CUfunction_attribute_enum};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 pub(crate) use rtx_kernels::launch::{FlashParams, FlashTmaParams, TensorMap};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Error, Result};
@@ -381,16 +383,10 @@ impl Launch {
                 "flash_fwd_tma takes a FlashTmaParams: it is launched by launch_tma",
             ));
         }
-        let mut lb = stream.launch_builder(&self.f);
-        lb.arg(params);
-        let cfg = self.kernel.config(self.d, grid);
         // SAFETY: every kernel of attention.cu and attention_wgmma_bwd.cu, and every one
-        // of attention_wgmma.cu but the TMA forward (refused above), takes exactly one
-        // `FlashParams` by value; the block and shared memory are those documented for
-        // this kernel and D (the limit was raised in `configure`); the pointers are valid
-        // per this function's contract.
-        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(self.kernel.op(), e))?;
-        Ok(())
+        // of attention_wgmma.cu (all but the TMA forward, refused above), takes exactly
+        // one `FlashParams` by value; the pointers are valid per this function's contract.
+        unsafe { self.enqueue(stream, grid, params) }
     }
 
     /// Enqueues the TMA forward on `stream` over `grid` with `params`.
@@ -415,12 +411,30 @@ impl Launch {
                 ),
             ));
         }
-        let mut lb = stream.launch_builder(&self.f);
-        lb.arg(params);
-        let cfg = self.kernel.config(self.d, grid);
         // SAFETY: flash_fwd_tma_d128_* takes exactly one `FlashTmaParams` by value; the
-        // block and shared memory are those documented for it (the limit was raised in
-        // `configure`); the pointers and maps are valid per this function's contract.
+        // pointers and maps are valid per this function's contract.
+        unsafe { self.enqueue(stream, grid, params) }
+    }
+
+    /// Launches the kernel over `grid` with its one argument `arg`, in the block and
+    /// dynamic shared memory documented for it and this D (the limit was raised in
+    /// `configure`).
+    ///
+    /// # Safety
+    ///
+    /// `A` is the argument struct the kernel takes by value, and what it points at is as
+    /// the kernel documents (the callers' contracts).
+    unsafe fn enqueue<A: DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        grid: (u32, u32, u32),
+        arg: &A,
+    ) -> Result<()> {
+        let mut lb = stream.launch_builder(&self.f);
+        lb.arg(arg);
+        let cfg = self.kernel.config(self.d, grid);
+        // SAFETY: the argument and launch shape the kernel expects, per this function's
+        // contract.
         unsafe { lb.launch(cfg) }.map_err(|e| launch_error(self.kernel.op(), e))?;
         Ok(())
     }
