@@ -8,7 +8,7 @@
 
 use rtx::ops::optim::{adamw, AdamW};
 use rtx::ops::{self};
-use rtx::{DType, Runtime, Tensor};
+use rtx::{Backend, BackendKind, DType, Runtime, Tensor};
 
 use crate::bench_util::*;
 
@@ -199,11 +199,11 @@ fn adamw_step(rt: &Runtime) {
 fn embedding(rt: &Runtime) {
     let (v, d, n) = (50257usize, 768usize, 8192usize);
     let table = upload(rt, &random_f32(v * d, 48), &[v, d], DType::F32);
-    let ids: Vec<u32> = random_f32(n, 49)
+    let ids_host: Vec<u32> = random_f32(n, 49)
         .iter()
         .map(|x| (((x + 1.0) * 0.5 * v as f32) as u32).min(v as u32 - 1))
         .collect();
-    let ids = rt.upload(&ids, [n]).expect("upload");
+    let ids = rt.upload(&ids_host, [n]).expect("upload");
     let dy = upload(rt, &random_f32(n * d, 50), &[n, d], DType::F32);
     let ms = time_op(rt, 10, 15, || ops::embedding(&table, &ids));
     emit(
@@ -213,14 +213,29 @@ fn embedding(rt: &Runtime) {
         0.0,
         &[],
     );
+    let bwd_bytes = (v * d * 4 + n * d * 4 + n * 4) as f64;
     let ms = time_op(rt, 10, 15, || ops::embedding_backward(&dy, &ids, v));
-    emit(
-        "emb_bwd_50257x768_n8192_f32",
-        ms,
-        (v * d * 4 + n * d * 4 + n * 4) as f64,
-        0.0,
-        &[],
-    );
+    emit("emb_bwd_50257x768_n8192_f32", ms, bwd_bytes, 0.0, &[]);
+    // The experimental one-launch backward (the setting `embedding_one_launch`), on a
+    // runtime of its own with the same inputs (CUDA only: the CPU backend has one path).
+    if rt.backend() == BackendKind::Cuda {
+        let one = Runtime::builder()
+            .backend(Backend::Cuda(vec![]))
+            .streams(1)
+            .embedding_one_launch(true)
+            .build()
+            .expect("runtime with embedding_one_launch");
+        let ids = one.upload(&ids_host, [n]).expect("upload");
+        let dy = upload(&one, &random_f32(n * d, 50), &[n, d], DType::F32);
+        let ms = time_op(&one, 10, 15, || ops::embedding_backward(&dy, &ids, v));
+        emit(
+            "emb_bwd_50257x768_n8192_f32_one_launch",
+            ms,
+            bwd_bytes,
+            0.0,
+            &[],
+        );
+    }
 }
 
 /// Every case of the suite.

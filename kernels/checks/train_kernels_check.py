@@ -613,8 +613,12 @@ def nt_of(v):
 
 
 class Emb:
-    def __init__(self, mod):
+    """scan: the backward as the launcher takes it with the setting embedding_one_launch
+    on (emb_bwd_scan, one launch, for at most 8192 ids); False (the launcher's default):
+    the five launches (count, scan, scatter, order, emb_bwd)."""
+    def __init__(self, mod, scan=False):
         self.m = mod
+        self.scan = scan
 
     def fwd(self, table, ids, y, bad):
         v, d = table.shape
@@ -648,7 +652,24 @@ class Emb:
                 ("emb_bwd_%s" % tname(dy.dtype), max(1, min((v + 63) // 64, SMS * 8)),
                  (ptr(dy), ptr(sc["off"]), ptr(sc["pos"]), ptr(dt), np.uint64(v), np.uint64(d)))], bad
 
+    def scan_args(self, dy, ids, v, dt, sc):
+        """(name, grid, args, smem) of the one-launch backward emb_bwd_scan, or None where
+        the launcher (ops/src/embedding/cuda.rs) takes the five launches."""
+        n, d = dy.shape
+        r = (v + SMS - 1) // SMS
+        if not self.scan or n > 8192 or r > 4096 or v * SMS >= 1 << 32:
+            return None
+        smem = 4 * n + 2 * (n + n % 2) + 4 * (r + 1) + 4 * r + 4 * 32 * 32 * (16 // dy.element_size())
+        bad = sc["cnt"][v + nt_of(v):]
+        return ("emb_bwd_scan_%s_i32" % tname(dy.dtype), SMS,
+                (ptr(dy), ptr(ids), np.uint64(n), ptr(dt), np.uint64(v), np.uint64(d), ptr(bad)), smem), bad
+
     def bwd(self, dy, ids, v, dt, sc):
+        one = self.scan_args(dy, ids, v, dt, sc)
+        if one is not None:
+            (name, grid, a, smem), bad = one
+            self.m.launch(name, grid, a, block=1024, smem=smem)
+            return bad
         sc["cnt"][:v + nt_of(v)].zero_()  # counts and tile counts (one memset; bad: emb_count)
         launches, bad = self.args(dy, ids, v, dt, sc)
         for name, grid, a in launches:
@@ -659,7 +680,8 @@ class Emb:
 def check_emb(em):
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         for v, d, n, mode in ((1000, 768, 4096, "rand"), (50257, 768, 8192, "zipf"), (37, 13, 100, "rand"),
-                              (5, 64, 3000, "rand"), (300, 96, 2049, "same"), (64, 100, 513, "rand")):
+                              (5, 64, 3000, "rand"), (300, 96, 2049, "same"), (64, 100, 513, "rand"),
+                              (2000, 64, 9000, "zipf"), (600000, 4, 50, "rand")):
             table = torch.randn(v, d, device=DEV).to(dt)
             if mode == "same":
                 ids = torch.full((n,), 7, device=DEV, dtype=torch.int32)
@@ -726,7 +748,8 @@ def bench_emb(em, old=None, variants=()):
     copy_ref(bb, "emb bwd ")
     # the pieces (each launch alone, on consistent scratch; the scatter after a scan,
     # which resets its cursors)
-    em.bwd(dy, ids, v, dt, sc)
+    five = Emb(em.m, scan=False)
+    five.bwd(dy, ids, v, dt, sc)
     launches, _ = em.args(dy, ids, v, dt, sc)
     L = em.m.launch
     (n_c, g_c, a_c), (n_s, g_s, a_s), (n_x, g_x, a_x), (n_o, g_o, a_o), (n_b, g_b, a_b) = launches
@@ -738,7 +761,7 @@ def bench_emb(em, old=None, variants=()):
     report("  of which emb_count", time_ms(lambda: L(n_c, g_c, a_c)), float("nan"), 1)
     report("  of which the memset of counts", time_ms(lambda: sc["cnt"][:v + nt_of(v)].zero_()), float("nan"), 1)
     report("  zero-fill of the table (torch zero_)", time_ms(lambda: dt.zero_()), float("nan"), v * d * 4)
-    em.bwd(dy, ids, v, dt, sc)  # leave the scratch consistent
+    five.bwd(dy, ids, v, dt, sc)  # leave the scratch consistent
     w = 1.0 / torch.arange(1, v + 1, device=DEV, dtype=torch.float64)
     zid = torch.multinomial(w, n, replacement=True).to(torch.int32)
     t_z = time_ms(lambda: torch.autograd.grad(F.embedding(zid.long(), tr), tr, dy))
@@ -835,13 +858,10 @@ def main():
                 print("variant CE_U=%d: %s" % (u, str(e)[:300]))
     emb_vars = []
     if "emb" in only and not args.no_bench:
-        for dfn in ({"EMB_BWD_MIN_BLOCKS": 4}, {"EMB_BWD_MIN_BLOCKS": 2}):
-            try:
-                mod = Module("embedding", defines=dfn)
-                print("  variant %s emb_bwd_f32: %s" % (dfn, mod.regs("emb_bwd_f32")))
-                emb_vars.append((",".join("%s=%s" % kv for kv in dfn.items()), Emb(mod)))
-            except Exception as e:  # noqa: BLE001
-                print("variant %s: %s" % (dfn, str(e)[:300]))
+        # The one-launch backward (emb_bwd_scan; the setting embedding_one_launch), checked
+        # on every case (past 8192 ids it falls back to the five launches, as the launcher).
+        if "embedding" in mods:
+            emb_vars.append(("one-launch", Emb(mods["embedding"], scan=True)))
     ad_vars = []
     if "adamw" in only and not args.no_bench:
         for dfn in ({"RTX_MT_MAX": 24}, {"RTX_MT_MAX": 160}, {"RTX_MT_U": 2}):
@@ -854,7 +874,8 @@ def main():
                 print("variant %s: %s" % (dfn, str(e)[:300]))
     for key, names in (("norm", ["ln_fwd_bf16", "ln_bwd_dx_bf16", "ln_bwd_part_bf16", "ln_fwd_f32",
                                  "ln_bwd_fused_bf16", "ln_bwd_fused_f32", "ln_bwd_final_bf16"]),
-                       ("embedding", ["emb_fwd_f32_i32", "emb_bwd_f32", "emb_bwd_bf16", "emb_scan", "emb_order_i32"]),
+                       ("embedding", ["emb_fwd_f32_i32", "emb_bwd_f32", "emb_bwd_bf16", "emb_scan", "emb_order_i32",
+                                      "emb_bwd_scan_f32_i32", "emb_bwd_scan_bf16_i32"]),
                        ("loss", ["ce_fwd_bf16_i32", "ce_bwd_bf16_i32"]),
                        ("optim", ["adamw_f32_f32", "adamw_mt_f32_f32", "adamw_mt_f32_bf16"]),
                        ("elementwise", ["ew_add_f32", "ew_exp_f16"])):

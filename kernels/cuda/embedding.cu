@@ -1,6 +1,6 @@
 // embedding.cu — embedding lookup (gather rows) and its deterministic backward
-// (scatter-add through a stable counting sort of the ids). CPU reference:
-// ops/src/embedding/cpu.rs.
+// (scatter-add through a stable counting sort of the ids: five launches, or one, see
+// emb_bwd_scan). CPU reference: ops/src/embedding/cpu.rs.
 //
 // dt is f32 / f16 / bf16 (T), it is i32 / u32 (I). Arithmetic in f32. Block: 256 threads
 // (RTX_BLOCK, required by emb_scan and emb_bwd); every kernel is grid-stride (any grid).
@@ -51,6 +51,19 @@
 //     i) and the 8 segment sums are added in segment order. 16-byte vectors as the
 //     forward.
 // n and V are below 2^32 - 1 (checked at submit).
+//
+// The one-launch backward (the experimental setting embedding_one_launch; same sums):
+//   emb_bwd_scan_{dt}_{it}(const T* dy, const I* ids, size_t n, T* dtable, size_t V,
+//       size_t D, unsigned* bad)
+//     every element of dtable written once, as emb_bwd, with no scratch and no launch
+//     before it; *bad = the number of invalid ids (written by block 0, no memset). Blocks
+//     of EMB_SCAN_THREADS = 1024, grid G = the SM count: block b owns rows b, b + G, ...
+//     Needs n <= EMB_SCAN_MAX = 8192, ceil(V / G) <= EMB_SCAN_ROWS = 4096, V * G < 2^32,
+//     and dynamic shared memory 4 n + 2 (n rounded up to even) + 4 (2 R + 1) + 65536 /
+//     sizeof(T) bytes (R = ceil(V / G)); see bwd_scan. A row of more than
+//     EMB_HEAVY entries is summed in 32 segments (emb_bwd: 8) on the 16-byte vector
+//     path (in increasing i on the scalar one, as emb_bwd), so such rows may differ
+//     from emb_bwd's in the last bits.
 
 #include "common.cuh"
 
@@ -345,6 +358,225 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
     }
 }
 
+// ---- the one-launch backward (emb_bwd_scan) ------------------------------------------
+//
+// Each block owns the table rows b, b + G, b + 2G, ... (G = gridDim.x, one block per SM):
+// interleaved, so that the frequent ids of text (low rows) spread over the blocks. Every
+// block reads all n ids (from L2: 32 KiB at n = 8192) and keeps those of its rows as
+// entries (j << 13 | i, j = id / G its local row), in increasing i. A counting sort of
+// the entries by j in shared memory (counts, a block scan, a stable placement by one
+// warp) gives each local row its positions in increasing i; then each warp writes whole
+// rows as emb_bwd does (the ordered sum of its positions, zeros for an empty row), and a
+// row of more than EMB_HEAVY entries is summed by the whole block in NW segments. So the
+// table is written once, with no scratch in device memory and no launch before it.
+// Needs n <= EMB_SCAN_MAX, ceil(V / G) <= EMB_SCAN_ROWS, V * G < 2^32 (the quotient by
+// multiplication below is exact there) and blockDim.x == EMB_SCAN_THREADS; dynamic shared
+// memory scan_smem(n, ceil(V / G), sizeof(T)) bytes (the launcher's formula, in
+// ops/src/embedding/cuda.rs).
+#define EMB_SCAN_THREADS 1024
+#define EMB_SCAN_MAX 8192      // most ids (an entry keeps i in 13 bits)
+#define EMB_SCAN_IBITS 13
+#define EMB_SCAN_ROWS 4096     // most table rows per block (4 counts per thread in the scan)
+#define EMB_SCAN_Q (EMB_SCAN_MAX / 4 / EMB_SCAN_THREADS)  // 16-byte vectors of ids per thread
+#define EMB_SCAN_NW (EMB_SCAN_THREADS / 32)
+
+// Sums dy rows pos[k0..k1) (in increasing k, from 0) over vectors [base, base + 32 U) of
+// the row: acc[u] holds vector base + lane + 32 u. pos is in shared memory.
+template <typename T, int U>
+__device__ __forceinline__ void scan_sum(const T* dy, const unsigned short* pos, unsigned k0, unsigned k1,
+                                         size_t D, size_t nv, size_t base, unsigned lane,
+                                         float (*acc)[Ty<T>::V]) {
+    constexpr int VW = Ty<T>::V;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < VW; ++e) acc[u][e] = 0.0f;
+    for (unsigned k = k0; k < k1; ++k) {
+        const T* src = dy + (size_t)pos[k] * D;
+        uint4 r[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const size_t j = base + lane + 32 * u;
+            if (j < nv) r[u] = ldg16(src + j * VW);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const size_t j = base + lane + 32 * u;
+            if (j < nv) {
+                float f[VW];
+                Ty<T>::unpack(r[u], f);
+#pragma unroll
+                for (int e = 0; e < VW; ++e) acc[u][e] += f[e];
+            }
+        }
+    }
+}
+
+template <typename T, typename I>
+__device__ __forceinline__ void bwd_scan(const T* dy, const I* ids, size_t n, T* dtable, size_t V, size_t D,
+                                         unsigned* bad) {
+    constexpr int VW = Ty<T>::V;
+    constexpr int U = 16 / VW;  // vectors per lane per pass: 16 accumulators
+    constexpr unsigned NW = EMB_SCAN_NW;
+    extern __shared__ __align__(16) unsigned char emb_smem[];
+    __shared__ unsigned s_heavy[EMB_SCAN_MAX / (EMB_HEAVY + 1) + 1], s_nheavy, s_bad;
+    const unsigned G = gridDim.x, b = blockIdx.x, t = threadIdx.x, lane = lane_id(), warp = t >> 5;
+    const unsigned R = (unsigned)((V + G - 1) / G);                         // local rows (layout)
+    const unsigned rows_b = V > b ? (unsigned)((V - b + G - 1) / G) : 0u;   // this block's
+    // Shared memory (the launcher's scan_smem): entries L[n], positions P[n] (u16, padded to 4 bytes),
+    // row offsets off[R + 1], cursors cur[R], heavy partials part[NW][32 VW].
+    unsigned* L = reinterpret_cast<unsigned*>(emb_smem);
+    unsigned short* P = reinterpret_cast<unsigned short*>(L + n);
+    unsigned* off = reinterpret_cast<unsigned*>(P + ((n + 1) & ~(size_t)1));
+    unsigned* cur = off + R + 1;
+    float* part = reinterpret_cast<float*>(cur + R);
+    // id / G as umulhi(id, M), M = ceil(2^32 / G) = floor((2^32 - 1) / G) + 1 for G >= 2
+    // (a 32-bit division): exact for id * G < 2^32 (id < V here); G = 1 (M = 2^32 does not
+    // fit) is the identity.
+    const unsigned M = G > 1 ? 0xffffffffu / G + 1u : 0u;
+    auto quot = [&](unsigned v) { return G > 1 ? __umulhi(v, M) : v; };
+
+    for (unsigned j = t; j <= R; j += blockDim.x) off[j] = 0u;
+    if (t == 0) { s_nheavy = 0u; s_bad = 0u; }
+    // 1. This block's entries. Thread t takes the ids [4 q t, 4 q (t + 1)): contiguous, so
+    // that one block scan of the per-thread counts keeps them in increasing i.
+    const unsigned q = (unsigned)((n + 4 * (size_t)blockDim.x - 1) / (4 * (size_t)blockDim.x));
+    const bool vids = aligned16(ids);
+    unsigned id[EMB_SCAN_Q][4];
+    unsigned c = 0, nbad = 0;
+#pragma unroll
+    for (int u = 0; u < EMB_SCAN_Q; ++u) {
+        const size_t i0 = 4 * ((size_t)q * t + u);
+        if ((unsigned)u < q && vids && i0 + 3 < n) {
+            const uint4 r = ldg16(ids + i0);
+            id[u][0] = valid_id((I)r.x, V);
+            id[u][1] = valid_id((I)r.y, V);
+            id[u][2] = valid_id((I)r.z, V);
+            id[u][3] = valid_id((I)r.w, V);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                id[u][e] = (unsigned)u < q && i0 + e < n ? valid_id(__ldg(ids + i0 + e), V) : RTX_NO_ID - 1u;
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < EMB_SCAN_Q; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const unsigned v = id[u][e];
+            if (v == RTX_NO_ID) ++nbad;  // (RTX_NO_ID - 1: past n, never a valid id here)
+            else if (v < V && v - quot(v) * G == b) ++c;
+        }
+    unsigned total;
+    unsigned w = block_exclusive_scan(c, &total);  // (its barriers also order the zeroing above)
+#pragma unroll
+    for (int u = 0; u < EMB_SCAN_Q; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const unsigned v = id[u][e];
+            const unsigned j = quot(v);
+            if (v != RTX_NO_ID && v < V && v - j * G == b)
+                L[w++] = (j << EMB_SCAN_IBITS) | (unsigned)(4 * ((size_t)q * t + u) + e);
+        }
+    if (b == 0 && nbad) atomicAdd(&s_bad, nbad);
+    const unsigned m = total;
+    __syncthreads();
+    if (b == 0 && t == 0) *bad = s_bad;  // every block sees every id; block 0 reports them
+    // 2. Counting sort by local row: counts, offsets (a block scan, 4 rows per thread), then
+    // one warp places the entries in order, so that each row's positions stay increasing.
+    for (unsigned k = t; k < m; k += blockDim.x) atomicAdd(off + (L[k] >> EMB_SCAN_IBITS), 1u);
+    __syncthreads();
+    unsigned cc[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) cc[e] = 4 * t + e < R ? off[4 * t + e] : 0u;
+    unsigned run = block_exclusive_scan(cc[0] + cc[1] + cc[2] + cc[3], &total);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        if (4 * t + e < R) { off[4 * t + e] = run; cur[4 * t + e] = run; }
+        run += cc[e];
+    }
+    if (t == 0) off[R] = m;
+    __syncthreads();
+    if (warp == 0) {
+        for (unsigned base = 0; base < m; base += 32) {
+            const unsigned k = base + lane;
+            const unsigned e = k < m ? L[k] : 0xffffffffu;
+            const unsigned j = e >> EMB_SCAN_IBITS;  // 2^19 - 1 past m: no row (R <= 4096)
+            const unsigned peers = __match_any_sync(RTX_FULL_MASK, j);
+            const unsigned rank = __popc(peers & ((1u << lane) - 1u));
+            const unsigned at = k < m ? cur[j] : 0u;
+            __syncwarp();
+            if (k < m) {
+                P[at + rank] = (unsigned short)(e & ((1u << EMB_SCAN_IBITS) - 1u));
+                if (rank == 0) cur[j] = at + __popc(peers);
+            }
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+    // 3. The rows: a warp per row of at most EMB_HEAVY entries, the others listed.
+    const bool vec = D % VW == 0 && aligned16(dy) && aligned16(dtable);
+    const size_t nv = D / VW;
+    for (unsigned j = warp; j < rows_b; j += NW) {
+        const unsigned k0 = off[j], k1 = off[j + 1];
+        if (k1 - k0 > EMB_HEAVY) {
+            if (lane == 0) s_heavy[atomicAdd(&s_nheavy, 1u)] = j;
+            continue;
+        }
+        T* out = dtable + ((size_t)b + (size_t)j * G) * D;
+        if (vec) {
+            for (size_t base = 0; base < nv; base += 32 * U) {
+                float acc[U][VW];
+                scan_sum<T, U>(dy, P, k0, k1, D, nv, base, lane, acc);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const size_t q2 = base + lane + 32 * u;
+                    if (q2 < nv) st16(out + q2 * VW, Ty<T>::pack(acc[u]));
+                }
+            }
+        } else {
+            for (size_t q2 = lane; q2 < D; q2 += 32) {
+                float s = 0.0f;
+                for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)P[k] * D + q2);
+                Ty<T>::store(out + q2, s);
+            }
+        }
+    }
+    __syncthreads();
+    // Heavy rows (the list's order does not matter: each row's sum order is fixed): warp w
+    // sums the w-th of NW consecutive segments, the segment sums are added in order.
+    const unsigned nheavy = s_nheavy;
+    for (unsigned h = 0; h < nheavy; ++h) {
+        const unsigned j = s_heavy[h], k0 = off[j], k1 = off[j + 1];
+        T* out = dtable + ((size_t)b + (size_t)j * G) * D;
+        const unsigned seg = (k1 - k0 + NW - 1) / NW;
+        const unsigned s0 = k0 + warp * seg < k1 ? k0 + warp * seg : k1;
+        const unsigned s1 = s0 + seg < k1 ? s0 + seg : k1;
+        if (vec) {
+            for (size_t base = 0; base < nv; base += 32) {
+                float acc[1][VW];
+                scan_sum<T, 1>(dy, P, s0, s1, D, nv, base, lane, acc);
+#pragma unroll
+                for (int e = 0; e < VW; ++e) part[warp * 32 * VW + lane * VW + e] = acc[0][e];
+                __syncthreads();
+                const size_t left = nv - base < 32 ? nv - base : 32;
+                for (size_t q2 = t; q2 < left * VW; q2 += blockDim.x) {
+                    float s = 0.0f;
+                    for (unsigned w2 = 0; w2 < NW; ++w2) s += part[w2 * 32 * VW + q2];
+                    Ty<T>::store(out + base * VW + q2, s);
+                }
+                __syncthreads();
+            }
+        } else {
+            for (size_t q2 = t; q2 < D; q2 += blockDim.x) {
+                float s = 0.0f;
+                for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)P[k] * D + q2);
+                Ty<T>::store(out + q2, s);
+            }
+        }
+    }
+}
+
 #define RTX_EMB_FWD(dt, T, it, I)                                                              \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK) emb_fwd_##dt##_##it(               \
         const T* table, const I* ids, T* y, size_t n, size_t V, size_t D, unsigned* bad) {     \
@@ -376,6 +608,18 @@ RTX_EMB_IDX(u32, unsigned)
         const T* dy, const unsigned* offsets, const unsigned* positions, T* dtable, size_t V, size_t D) { \
         bwd<T>(dy, offsets, positions, dtable, V, D);                                          \
     }
+
+#define RTX_EMB_BWD_SCAN(dt, T, it, I)                                                         \
+    extern "C" __global__ void __launch_bounds__(EMB_SCAN_THREADS, 1) emb_bwd_scan_##dt##_##it(       \
+        const T* dy, const I* ids, size_t n, T* dtable, size_t V, size_t D, unsigned* bad) {   \
+        bwd_scan<T, I>(dy, ids, n, dtable, V, D, bad);                                         \
+    }
+#define RTX_EMB_BWD_SCAN_IDX(it, I)                                                            \
+    RTX_EMB_BWD_SCAN(f32, float, it, I) RTX_EMB_BWD_SCAN(f16, __half, it, I)                  \
+    RTX_EMB_BWD_SCAN(bf16, __nv_bfloat16, it, I)
+
+RTX_EMB_BWD_SCAN_IDX(i32, int)
+RTX_EMB_BWD_SCAN_IDX(u32, unsigned)
 
 RTX_EMB_BWD(f32, float)
 RTX_EMB_BWD(f16, __half)

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use rand::Rng;
 use rtx_ops::embedding::{embedding, embedding_backward};
-use rtx_runtime::{bf16, f16, BackendKind, DType, Element, Error, Runtime, Tensor};
+use rtx_runtime::{bf16, f16, Backend, BackendKind, DType, Element, Error, Runtime, Tensor};
 
 fn ids_tensor(rt: &Runtime, ids: &[i64], shape: &[usize], dt: DType) -> Tensor {
     match dt {
@@ -74,6 +74,10 @@ fn backward_case<T: Element>(rt: &Runtime, label: &str) {
         (5000, 7, 301, false),
         (3, 768, 2049, false),
         (3000, 256, 6000, true),
+        // Past the one-launch backward on CUDA (more than 8192 ids; more than 4096 rows per
+        // block): the five-launch one.
+        (2000, 64, 9000, true),
+        (600_000, 2, 50, false),
     ] {
         let dy = rand_vec::<T>(&mut r, n * d, -1.0, 1.0);
         let ids: Vec<i64> = (0..n)
@@ -129,7 +133,7 @@ backend_test!(backward_scatter_adds_deterministically, |rt, label| {
     backward_case::<f16>(rt, label);
 });
 
-backend_test!(out_of_range_ids, |rt, label| {
+fn out_of_range_case(rt: &Runtime, label: &str) {
     let table = upload(rt, &[1.0f32; 4 * 3], &[4, 3]);
     let ids = upload(rt, &[0i32, 4, -1, 3], &[4]);
     let dy = upload(rt, &[1.0f32; 4 * 3], &[4, 3]);
@@ -160,7 +164,36 @@ backend_test!(out_of_range_ids, |rt, label| {
             );
         }
     }
+}
+
+backend_test!(out_of_range_ids, |rt, label| {
+    out_of_range_case(rt, label);
 });
+
+/// The one-launch backward (the experimental setting `embedding_one_launch`; CUDA only):
+/// the same cases against f64, deterministic, invalid ids counted and skipped, and the
+/// cases past its limits through the five launches.
+#[test]
+fn one_launch_backward_scatter_adds_deterministically() {
+    rtx_ops::set_poison_outputs(true);
+    if !rtx_runtime::cuda::present_for_tests() {
+        return;
+    }
+    for streams in [1, 4] {
+        let rt = Runtime::builder()
+            .backend(Backend::Cuda(vec![]))
+            .streams(streams)
+            .embedding_one_launch(true)
+            .build()
+            .expect("building a CUDA runtime");
+        assert!(rt.settings().embedding_one_launch);
+        let label = format!("cuda/{streams} one-launch");
+        backward_case::<f32>(&rt, &label);
+        backward_case::<bf16>(&rt, &label);
+        backward_case::<f16>(&rt, &label);
+        out_of_range_case(&rt, &label);
+    }
+}
 
 backend_test!(bad_embeddings_are_rejected_and_given_back, |rt, label| {
     let table = upload(rt, &[1.0f32; 12], &[4, 3]);

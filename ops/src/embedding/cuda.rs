@@ -1,14 +1,25 @@
 //! CUDA launches of `kernels/cuda/embedding.cu`.
 //!
 //! The forward is one launch, a warp per output row (8 rows per block of 256).
-//! The backward enqueues five launches on the op's stream: `emb_count_*` (ids per row and
-//! per tile of 1024 rows), `emb_scan` (bucket offsets, a block per tile), `emb_scatter_*` (each id's position into its bucket, in
-//! any order), `emb_order_*` (each bucket sorted by position: a stable sort of the
-//! positions by id) and `emb_bwd_*` (a warp per table row sums its bucket in increasing
-//! position; a bucket of more than 16 by the whole block in 8 segments). Its scratch (counts, offsets, cursors, slots, positions) is freed
-//! stream-ordered after them.
+//! The backward is one launch, with the experimental setting `embedding_one_launch` on
+//! (off by default until measured on a GPU), when the ids are few (at most
+//! [`SCAN_MAX_IDS`]):
+//! `emb_bwd_scan_*`, a block of 1024 threads per SM, each block owning every G-th table
+//! row; every block reads all the ids, sorts those of its rows in shared memory and
+//! writes its rows once (a row's positions summed in increasing order, zeros for an empty
+//! row). It needs up to 114,692 bytes of shared memory per block, asked for once per stream
+//! and dtype; where the device refuses it, or the ids are more, the backward enqueues
+//! five launches on the op's stream: `emb_count_*` (ids per row and per tile of 1024
+//! rows), `emb_scan` (bucket offsets, a block per tile), `emb_scatter_*` (each id's
+//! position into its bucket, in any order), `emb_order_*` (each bucket sorted by
+//! position: a stable sort of the positions by id) and `emb_bwd_*` (a warp per table row
+//! sums its bucket in increasing position; a bucket of more than 64 by the whole block in
+//! 8 segments). Its scratch (counts, offsets, cursors, slots, positions) is freed
+//! stream-ordered after them. Both are deterministic; they may differ from each other in
+//! the last bits of a row summed in segments.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
@@ -25,6 +36,118 @@ const WARPS_PER_BLOCK: usize = BLOCK as usize / 32;
 const SCAN_TILE: usize = 1024;
 /// Table rows per block of `emb_bwd_*` (`EMB_ROWS` in embedding.cu).
 const BWD_ROWS: usize = 64;
+
+/// Most ids of the one-launch backward (`EMB_SCAN_MAX` in embedding.cu: an entry keeps
+/// the id's position in 13 bits).
+pub(crate) const SCAN_MAX_IDS: usize = 8192;
+/// Most table rows per block of the one-launch backward (`EMB_SCAN_ROWS`).
+const SCAN_MAX_ROWS: usize = 4096;
+/// Threads per block of `emb_bwd_scan_*` (`EMB_SCAN_THREADS`).
+const SCAN_THREADS: u32 = 1024;
+
+/// Dynamic shared memory of `emb_bwd_scan_*` for `n` ids, `r` rows per block and
+/// elements of `elem` bytes (embedding.cu's layout: entries `u32[n]`, positions
+/// `u16[n]` padded to 4 bytes, offsets `u32[r + 1]`, cursors `u32[r]`, the heavy rows'
+/// partials `f32[32 warps][32 lanes x 16 / elem]`).
+fn scan_smem(n: usize, r: usize, elem: usize) -> usize {
+    4 * n + 2 * n.next_multiple_of(2) + 4 * (r + 1) + 4 * r + 4 * 32 * 32 * (16 / elem)
+}
+
+/// Per-stream state: whether `emb_bwd_scan_*` was granted its largest shared memory, per
+/// float dtype (f32, f16, bf16).
+#[derive(Default)]
+struct EmbState {
+    scan: [Option<bool>; 3],
+}
+
+/// Whether `emb_bwd_scan_{dt}_*` (both id types) can take [`scan_smem`] bytes at the
+/// largest `n` and `r` on this stream's device (asked once per stream and dtype; a
+/// refusal is remembered and the backward takes the five launches).
+fn scan_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
+    let slot = match T::DTYPE {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        _ => 2,
+    };
+    if let Some(ok) = scx.ext::<EmbState>(|_| Ok(EmbState::default()))?.scan[slot] {
+        return Ok(ok);
+    }
+    let most = scan_smem(SCAN_MAX_IDS, SCAN_MAX_ROWS, std::mem::size_of::<T>());
+    let mut ok = scx.context().bind_to_thread().is_ok();
+    for (code, it) in [(0u16, "i32"), (1, "u32")] {
+        let f = kernels::function(scx, MODULE, 0x700 | code, T::DTYPE, || {
+            format!("emb_bwd_scan_{}_{it}", T::DTYPE.name())
+        })?;
+        ok = ok
+            && f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                most as i32,
+            )
+            .is_ok();
+    }
+    if !ok {
+        tracing::debug!(
+            "embedding_backward: {most} bytes of shared memory refused on device {}; \
+             using the five-launch backward",
+            scx.ordinal()
+        );
+    }
+    scx.ext::<EmbState>(|_| Ok(EmbState::default()))?.scan[slot] = Some(ok);
+    Ok(ok)
+}
+
+/// Enqueues `emb_bwd_scan_*` when it applies (see the module docs); returns `None` where
+/// the five-launch backward must run.
+fn backward_scan<T: Element>(
+    scx: &mut StreamCx,
+    name: &'static str,
+    dy: &Buffer,
+    ids: &Buffer,
+    rows: usize,
+    d: usize,
+) -> Result<Option<(Buffer, Buffer)>> {
+    let (ids_ptr, icode, iname) = ids_addr(scx, ids)?;
+    let n = ids.len();
+    let g = (scx.sm_count() as usize).max(1);
+    let r = rows.div_ceil(g);
+    let fits = n <= SCAN_MAX_IDS
+        && r <= SCAN_MAX_ROWS
+        && (rows as u64)
+            .checked_mul(g as u64)
+            .is_some_and(|p| p < 1 << 32);
+    if !scx.settings().embedding_one_launch || !fits || !scan_ready::<T>(scx)? {
+        return Ok(None);
+    }
+    let f = kernels::function(scx, MODULE, 0x700 | icode, T::DTYPE, || {
+        format!("emb_bwd_scan_{}_{iname}", T::DTYPE.name())
+    })?;
+    let mut bad = scx.alloc::<u32>(1)?;
+    let mut dt = alloc_out::<T>(scx, rows * d)?;
+    let smem = scan_smem(n, r, std::mem::size_of::<T>()) as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (g as u32, 1, 1),
+        block_dim: (SCAN_THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    let mut lb = scx.stream().launch_builder(&f);
+    lb.arg(dy.cuda::<T>()?)
+        .arg(&ids_ptr)
+        .arg(&n)
+        .arg(&mut dt)
+        .arg(&rows)
+        .arg(&d)
+        .arg(&mut bad);
+    // SAFETY: emb_bwd_scan_{dt}_{it}(const T* dy, const I* ids, size_t n, T* dtable,
+    // size_t V, size_t D, unsigned* bad), blocks of EMB_SCAN_THREADS = 1024 over a grid of
+    // G = the SM count: its conditions hold (n <= EMB_SCAN_MAX, ceil(V / G) <=
+    // EMB_SCAN_ROWS, V * G < 2^32, checked above), its dynamic shared memory is
+    // scan_smem(n, ceil(V / G)), within what scan_ready had granted; `dy` holds n * D
+    // elements, `ids_ptr` n ids, `dt` V * D (each element written once: block b writes
+    // rows b, b + G, ...), `bad` one counter (written by block 0). Invalid ids are
+    // never used as addresses.
+    unsafe { lb.launch(cfg) }.map_err(|e| launch_error(name, e))?;
+    Ok(Some((Buffer::from_cuda(dt), Buffer::from_cuda(bad))))
+}
 
 /// The ids' address and kernel suffix.
 fn ids_addr(scx: &StreamCx, ids: &Buffer) -> Result<(u64, u16, &'static str)> {
@@ -90,6 +213,12 @@ pub(super) fn backward(
     rows: usize,
     d: usize,
 ) -> Result<(Buffer, Buffer)> {
+    let scan = float_dispatch!(dtype, name, |T| backward_scan::<T>(
+        scx, name, dy, ids, rows, d
+    ))?;
+    if let Some(out) = scan {
+        return Ok(out);
+    }
     let (ids_ptr, icode, iname) = ids_addr(scx, ids)?;
     let n = ids.len();
     // Set to 0 by emb_count and counted by emb_scatter (no memset of its own).

@@ -194,6 +194,13 @@ impl Builder {
         self.settings.launch_batching = on;
         self
     }
+    /// Experimental: on CUDA, run `embedding_backward` with at most 8192 ids as one
+    /// launch instead of five (default off until measured on a GPU; see the [settings
+    /// table](crate::settings)). `RTX_EMB_ONE_LAUNCH=1` turns it on.
+    pub fn embedding_one_launch(mut self, on: bool) -> Self {
+        self.settings.embedding_one_launch = on;
+        self
+    }
     /// Experimental: choose each GEMM problem's cuBLASLt algorithm by timing the
     /// heuristic's candidates once per process (default off: the heuristic's first, the
     /// same in every run; see the [settings table](crate::settings), which says why).
