@@ -260,6 +260,84 @@ class LNPipe(LN):
                       (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d)), block=self.m.final_block(t))
 
 
+class LNBulk(LNPipe):
+    """The forward as ln_fwd_bulk (norm.cu built with LN_FWD_BULK: rows copied whole into
+    a ring in shared memory by bulk copies; one block of `threads` per SM), the backward
+    as LNPipe's (the launcher's). threads / nv / s: the module's LN_FWD_BULK_THREADS /
+    LN_FWD_BULK_NV / LN_FWD_BULK_S. Rows its ring path does not take go to LN.fwd."""
+    SMEM = 232448 - 2048  # the most dynamic shared memory of a block (227 KiB) less its static part
+
+    def __init__(self, mod, threads=256, nv=16, s=3):
+        super().__init__(mod, launcher=True)
+        self.threads, self.nv, self.s = threads, nv, s
+
+    def plan(self, x, g, b, y):
+        """(groups per block, dynamic shared memory) of ln_fwd_bulk for these rows (its
+        groups as norm.cu's ln_group, stages as many as fit up to s), or None."""
+        v = 16 // x.element_size()
+        d = x.shape[1]
+        nv = d // v
+        if d % v or nv == 0 or nv > self.threads * self.nv or any(t.data_ptr() % 16 for t in (x, g, b, y)):
+            return None
+        gn = 32
+        while gn < self.threads and gn * self.nv < nv:
+            gn *= 2
+        stage = self.threads // gn * nv * 16
+        s = min(self.s, self.SMEM // stage)
+        return (self.threads // gn, s * stage) if s else None
+
+    def fwd(self, x, g, b, y, mean, rstd, eps=1e-5):
+        rows, d = x.shape
+        p = self.plan(x, g, b, y)
+        if p is None:
+            return LN.fwd(self, x, g, b, y, mean, rstd, eps)
+        grid = max(1, min(SMS, (rows + p[0] - 1) // p[0]))
+        self.m.launch("ln_fwd_bulk_" + tname(x.dtype), grid,
+                      (ptr(x), ptr(g), ptr(b), ptr(y), ptr(mean), ptr(rstd), np.uint64(rows), np.uint64(d),
+                       np.float32(eps)), block=self.threads, smem=p[1])
+
+
+class LNBulkBwd(LNPipe):
+    """The backward as ln_bwd_bulk (norm.cu built with LN_BWD_BULK: dy and x rows copied
+    whole into a ring in shared memory by bulk copies; one block of `threads` per SM, grid
+    SMs, so SMs partial rows) + ln_bwd_final; the forward as `fwd_k` (an LNBulk on the same
+    module) or ln_fwd. threads / nv / s: the module's LN_BWD_BULK_THREADS / LN_BWD_BULK_NV /
+    LN_BWD_BULK_S. Rows under 8 KiB, or off its path: LNPipe's (the launcher's) backward."""
+    SMEM = LNBulk.SMEM
+
+    def __init__(self, mod, threads=256, nv=4, s=6, fwd_k=None):
+        super().__init__(mod, launcher=True)
+        self.threads, self.nv, self.s, self.fwd_k = threads, nv, s, fwd_k
+
+    def fwd(self, x, g, b, y, mean, rstd, eps=1e-5):
+        if self.fwd_k is not None:
+            return self.fwd_k.fwd(x, g, b, y, mean, rstd, eps)
+        return LN.fwd(self, x, g, b, y, mean, rstd, eps)
+
+    def bwd(self, dy, x, mean, rstd, g, dx, dg, db, scratch):
+        rows, d = x.shape
+        t = tname(x.dtype)
+        v = 16 // x.element_size()
+        nv = d // v
+        if (d % v or nv == 0 or nv > self.threads * self.nv or d * x.element_size() < 8192
+                or any(u.data_ptr() % 16 for u in (dy, x, dx, g))):
+            return LNPipe.bwd(self, dy, x, mean, rstd, g, dx, dg, db, scratch)
+        gn = 32
+        while gn < self.threads and gn * self.nv < nv:
+            gn *= 2
+        stage = self.threads // gn * 2 * nv * 16
+        s = min(self.s, self.SMEM // stage)
+        if s == 0:
+            return LNPipe.bwd(self, dy, x, mean, rstd, g, dx, dg, db, scratch)
+        grid = max(1, min(rows, SMS))
+        pg, pb = scratch[0][: grid * d], scratch[1][: grid * d]
+        self.m.launch("ln_bwd_bulk_" + t, grid,
+                      (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(g), ptr(dx), ptr(pg), ptr(pb),
+                       np.uint64(rows), np.uint64(d)), block=self.threads, smem=s * stage)
+        self.m.launch("ln_bwd_final_" + t, (d + 31) // 32,
+                      (ptr(pg), ptr(pb), ptr(dg), ptr(db), np.uint64(grid), np.uint64(d)), block=self.m.final_block(t))
+
+
 def ln_scratch(rows, d):
     _, chunks = ln_chunking(rows, d)
     chunks = max(chunks, SMS * 4)
@@ -849,6 +927,30 @@ def main():
                                 LNPipe(mod, **kw)))
             except Exception as e:  # noqa: BLE001
                 print("pipe variant %s: %s" % (dfn, str(e)[:600]))
+        # The forward on a ring of bulk copies (ln_fwd_bulk, norm.cu's LN_FWD_BULK): (block
+        # threads, most vectors per thread, most stages). At bf16 d = 4096: a warp per row,
+        # 8 x 3 rows in flight per SM; 64 threads per row, 8 x 3; a warp per row, 16 x 1.
+        for th, nv, s in ((256, 16, 3), (512, 8, 3), (512, 16, 1)):
+            dfn = {"LN_FWD_BULK": 1, "LN_FWD_BULK_THREADS": th, "LN_FWD_BULK_NV": nv, "LN_FWD_BULK_S": s}
+            try:
+                mod = Module("norm", defines=dfn)
+                print("  bulk variant %s ln_fwd_bulk_bf16: %s" % (dfn, mod.regs("ln_fwd_bulk_bf16")))
+                ln_vars.append(("bulk T=%d,NV=%d,S=%d" % (th, nv, s), LNBulk(mod, th, nv, s)))
+            except Exception as e:  # noqa: BLE001
+                print("bulk variant %s: %s" % (dfn, str(e)[:600]))
+        # The backward on a ring of bulk copies (ln_bwd_bulk): (threads, vectors per thread,
+        # stages), with ln_fwd, and the last with the forward's bulk variant too.
+        for th, nv, s, fwd in ((256, 4, 6, False), (256, 4, 4, False), (512, 2, 6, False), (256, 4, 6, True)):
+            dfn = {"LN_BWD_BULK": 1, "LN_BWD_BULK_THREADS": th, "LN_BWD_BULK_NV": nv, "LN_BWD_BULK_S": s}
+            if fwd:
+                dfn.update({"LN_FWD_BULK": 1})
+            try:
+                mod = Module("norm", defines=dfn)
+                print("  bulk variant %s ln_bwd_bulk_bf16: %s" % (dfn, mod.regs("ln_bwd_bulk_bf16")))
+                ln_vars.append(("bulk bwd T=%d,NV=%d,S=%d%s" % (th, nv, s, " + bulk fwd" if fwd else ""),
+                                LNBulkBwd(mod, th, nv, s, LNBulk(mod) if fwd else None)))
+            except Exception as e:  # noqa: BLE001
+                print("bulk variant %s: %s" % (dfn, str(e)[:600]))
     ce_vars = []
     if "ce" in only and not args.no_bench:
         for u in (2, 8):

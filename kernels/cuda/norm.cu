@@ -10,6 +10,31 @@
 //       T* y, float* mean, float* rstd, size_t rows, size_t d, float eps)
 //   mean[r] = sum x / d; var = sum (x - mean)^2 / d (two passes, biased);
 //   rstd[r] = rsqrt(var + eps); y = (x - mean) * rstd * gamma + beta.
+// With -DLN_FWD_BULK (a variant, sm_90 only; not in the default build), also:
+//   extern "C" __global__ void ln_fwd_bulk_{dt}(same arguments as ln_fwd)
+//     the forward with x staged through shared memory by Hopper bulk copies
+//     (cp.async.bulk completing on mbarriers): a row goes to a group of gn threads (as
+//     ln_group, at most LN_FWD_BULK_NV vectors per thread: bf16 d = 4096 a warp per row
+//     at 16), each group's lane 0 copies its rows whole into the group's S slots of the
+//     ring, S rows ahead. Block: LN_FWD_BULK_THREADS (its launch bound), one per SM;
+//     grid: SMs (grid-stride). Dynamic shared memory: G * S * d * sizeof(T) bytes, G =
+//     blockDim.x / gn groups, S = min(LN_FWD_BULK_S, what the dynamic shared memory
+//     holds). Statistics from one group reduction (each thread's count, mean and sum of
+//     squared deviations, combined by Chan's formula in lane, then warp, order), so mean
+//     and rstd may differ from ln_fwd's in the last bits. Its path needs d % V == 0, x,
+//     y, gamma, beta 16-byte aligned, d / V <= blockDim.x * LN_FWD_BULK_NV and S >= 1;
+//     otherwise it runs ln_fwd's code (correct, not faster).
+// With -DLN_BWD_BULK (a variant, sm_90 only; not in the default build), also:
+//   extern "C" __global__ void ln_bwd_bulk_{dt}(same arguments as ln_bwd_pipe)
+//     ln_bwd_pipe's computation and partials (the same groups and order of every sum for
+//     the same grid and vectors per thread) with each row of dy and of x copied whole by
+//     a bulk copy from the group's lane 0 into the group's S slots, S rows ahead, on
+//     mbarriers (no per-vector copy instructions, deeper rings). Block:
+//     LN_BWD_BULK_THREADS (its launch bound), one per SM; grid SMs (the partial rows).
+//     Dynamic shared memory: G * S * 2 * d * sizeof(T) bytes, G = blockDim.x / gn, S =
+//     min(LN_BWD_BULK_S, what it holds). Needs the register path's conditions with
+//     LN_BWD_BULK_NV vectors per thread and S >= 1 (else NaN partials). Both bulk
+//     variants live in norm_bulk.cuh.
 //
 // Backward, on the register path (below) two launches, ln_bwd_pipe (or ln_bwd_fused)
 // then ln_bwd_final:
@@ -85,6 +110,11 @@
 //     (kernels/checks/train_kernels_check.py, 2026-12-02) the bf16 backward at 8192 x
 //     4096 took 0.0909 ms with it against 0.0942 without, at 8192 x 768 0.0348 against
 //     0.0355; the other variants listed there were no faster.
+//   LN_FWD_BULK (undefined): defined, also ln_fwd_bulk_{dt} (above). Its knobs:
+//     LN_FWD_BULK_THREADS (256) its block, LN_FWD_BULK_NV (16) most vectors per thread,
+//     LN_FWD_BULK_S (3) most ring stages.
+//   LN_BWD_BULK (undefined): defined, also ln_bwd_bulk_{dt} (above). Its knobs:
+//     LN_BWD_BULK_THREADS (256), LN_BWD_BULK_NV (4), LN_BWD_BULK_S (6).
 
 #include "common.cuh"
 
@@ -731,6 +761,36 @@ __device__ __forceinline__ void ln_bwd_final(const float* part_g, const float* p
 
 // ln_bwd_pipe, the backward on a cp.async ring: norm_ring.cuh (it uses the helpers above).
 #include "norm_ring.cuh"
+
+#if defined(LN_FWD_BULK) || defined(LN_BWD_BULK)
+// The variants on rings of bulk copies (sm_90): norm_bulk.cuh.
+#include "norm_bulk.cuh"
+#endif
+
+#ifdef LN_FWD_BULK
+#define RTX_LN_BULK(dt, T)                                                                     \
+    extern "C" __global__ void __launch_bounds__(LN_FWD_BULK_THREADS, 1)                       \
+        ln_fwd_bulk_##dt(const T* x, const T* gamma, const T* beta, T* y, float* mean,         \
+                         float* rstd, size_t rows, size_t d, float eps) {                      \
+        ln_fwd_bulk<T>(x, gamma, beta, y, mean, rstd, rows, d, eps);                           \
+    }
+RTX_LN_BULK(f32, float)
+RTX_LN_BULK(f16, __half)
+RTX_LN_BULK(bf16, __nv_bfloat16)
+#endif  // LN_FWD_BULK
+
+#ifdef LN_BWD_BULK
+#define RTX_LN_BWD_BULK(dt, T)                                                                 \
+    extern "C" __global__ void __launch_bounds__(LN_BWD_BULK_THREADS, 1)                       \
+        ln_bwd_bulk_##dt(const T* dy, const T* x, const float* mean, const float* rstd,        \
+                         const T* gamma, T* dx, float* part_g, float* part_b, size_t rows,     \
+                         size_t d) {                                                           \
+        ln_bwd_bulk<T>(dy, x, mean, rstd, gamma, dx, part_g, part_b, rows, d);                 \
+    }
+RTX_LN_BWD_BULK(f32, float)
+RTX_LN_BWD_BULK(f16, __half)
+RTX_LN_BWD_BULK(bf16, __nv_bfloat16)
+#endif  // LN_BWD_BULK
 
 #define RTX_LN(dt, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK, LN_MIN_BLOCKS)                     \
