@@ -302,12 +302,13 @@ class LNBulkBwd(LNPipe):
     whole into a ring in shared memory by bulk copies; one block of `threads` per SM, grid
     SMs, so SMs partial rows) + ln_bwd_final; the forward as `fwd_k` (an LNBulk on the same
     module) or ln_fwd. threads / nv / s: the module's LN_BWD_BULK_THREADS / LN_BWD_BULK_NV /
-    LN_BWD_BULK_S. Rows under 8 KiB, or off its path: LNPipe's (the launcher's) backward."""
+    LN_BWD_BULK_S. Rows off its path, and with short=False rows under 8 KiB (the
+    launcher's gate for ln_bwd_pipe): LNPipe's (the launcher's) backward."""
     SMEM = LNBulk.SMEM
 
-    def __init__(self, mod, threads=256, nv=4, s=6, fwd_k=None):
+    def __init__(self, mod, threads=256, nv=4, s=6, fwd_k=None, short=False):
         super().__init__(mod, launcher=True)
-        self.threads, self.nv, self.s, self.fwd_k = threads, nv, s, fwd_k
+        self.threads, self.nv, self.s, self.fwd_k, self.short = threads, nv, s, fwd_k, short
 
     def fwd(self, x, g, b, y, mean, rstd, eps=1e-5):
         if self.fwd_k is not None:
@@ -319,7 +320,7 @@ class LNBulkBwd(LNPipe):
         t = tname(x.dtype)
         v = 16 // x.element_size()
         nv = d // v
-        if (d % v or nv == 0 or nv > self.threads * self.nv or d * x.element_size() < 8192
+        if (d % v or nv == 0 or nv > self.threads * self.nv or (not self.short and d * x.element_size() < 8192)
                 or any(u.data_ptr() % 16 for u in (dy, x, dx, g))):
             return LNPipe.bwd(self, dy, x, mean, rstd, g, dx, dg, db, scratch)
         gn = 32
@@ -940,15 +941,18 @@ def main():
                 print("bulk variant %s: %s" % (dfn, str(e)[:600]))
         # The backward on a ring of bulk copies (ln_bwd_bulk): (threads, vectors per thread,
         # stages), with ln_fwd, and the last with the forward's bulk variant too.
-        for th, nv, s, fwd in ((256, 4, 6, False), (256, 4, 4, False), (512, 2, 6, False), (256, 4, 6, True)):
+        # "short": rows under 8 KiB (bf16 d = 768) through it too, not the three kernels.
+        for th, nv, s, fwd, short in ((256, 4, 6, False, False), (256, 4, 4, False, False),
+                                      (512, 2, 6, False, False), (256, 4, 6, True, True)):
             dfn = {"LN_BWD_BULK": 1, "LN_BWD_BULK_THREADS": th, "LN_BWD_BULK_NV": nv, "LN_BWD_BULK_S": s}
             if fwd:
                 dfn.update({"LN_FWD_BULK": 1})
             try:
                 mod = Module("norm", defines=dfn)
                 print("  bulk variant %s ln_bwd_bulk_bf16: %s" % (dfn, mod.regs("ln_bwd_bulk_bf16")))
-                ln_vars.append(("bulk bwd T=%d,NV=%d,S=%d%s" % (th, nv, s, " + bulk fwd" if fwd else ""),
-                                LNBulkBwd(mod, th, nv, s, LNBulk(mod) if fwd else None)))
+                ln_vars.append(("bulk bwd T=%d,NV=%d,S=%d%s%s" % (th, nv, s, " + bulk fwd" if fwd else "",
+                                                                  " short" if short else ""),
+                                LNBulkBwd(mod, th, nv, s, LNBulk(mod) if fwd else None, short)))
             except Exception as e:  # noqa: BLE001
                 print("bulk variant %s: %s" % (dfn, str(e)[:600]))
     ce_vars = []

@@ -381,8 +381,10 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
 #define EMB_SCAN_NW (EMB_SCAN_THREADS / 32)
 
 // Sums dy rows pos[k0..k1) (in increasing k, from 0) over vectors [base, base + 32 U) of
-// the row: acc[u] holds vector base + lane + 32 u. pos is in shared memory.
-template <typename T, int U>
+// the row: acc[u] holds vector base + lane + 32 u. pos is in shared memory. The loads of
+// KU rows are issued before any of them is added (the same additions in the same order):
+// a long segment then waits on a row's latency every KU rows, not every row.
+template <typename T, int U, int KU>
 __device__ __forceinline__ void scan_sum(const T* dy, const unsigned short* pos, unsigned k0, unsigned k1,
                                          size_t D, size_t nv, size_t base, unsigned lane,
                                          float (*acc)[Ty<T>::V]) {
@@ -391,14 +393,7 @@ __device__ __forceinline__ void scan_sum(const T* dy, const unsigned short* pos,
     for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int e = 0; e < VW; ++e) acc[u][e] = 0.0f;
-    for (unsigned k = k0; k < k1; ++k) {
-        const T* src = dy + (size_t)pos[k] * D;
-        uint4 r[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const size_t j = base + lane + 32 * u;
-            if (j < nv) r[u] = ldg16(src + j * VW);
-        }
+    auto add = [&](const uint4 (&r)[U]) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const size_t j = base + lane + 32 * u;
@@ -408,6 +403,29 @@ __device__ __forceinline__ void scan_sum(const T* dy, const unsigned short* pos,
 #pragma unroll
                 for (int e = 0; e < VW; ++e) acc[u][e] += f[e];
             }
+        }
+    };
+    auto load = [&](unsigned k, uint4 (&r)[U]) {
+        const T* src = dy + (size_t)pos[k] * D;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const size_t j = base + lane + 32 * u;
+            if (j < nv) r[u] = ldg16(src + j * VW);
+        }
+    };
+    unsigned k = k0;
+    for (; k + KU <= k1; k += KU) {
+        uint4 r[KU][U];
+#pragma unroll
+        for (int q = 0; q < KU; ++q) load(k + q, r[q]);
+#pragma unroll
+        for (int q = 0; q < KU; ++q) add(r[q]);
+    }
+    if constexpr (KU > 1) {
+        for (; k < k1; ++k) {
+            uint4 r[U];
+            load(k, r);
+            add(r);
         }
     }
 }
@@ -527,7 +545,7 @@ __device__ __forceinline__ void bwd_scan(const T* dy, const I* ids, size_t n, T*
         if (vec) {
             for (size_t base = 0; base < nv; base += 32 * U) {
                 float acc[U][VW];
-                scan_sum<T, U>(dy, P, k0, k1, D, nv, base, lane, acc);
+                scan_sum<T, U, 1>(dy, P, k0, k1, D, nv, base, lane, acc);
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const size_t q2 = base + lane + 32 * u;
@@ -555,7 +573,7 @@ __device__ __forceinline__ void bwd_scan(const T* dy, const I* ids, size_t n, T*
         if (vec) {
             for (size_t base = 0; base < nv; base += 32) {
                 float acc[1][VW];
-                scan_sum<T, 1>(dy, P, s0, s1, D, nv, base, lane, acc);
+                scan_sum<T, 1, 4>(dy, P, s0, s1, D, nv, base, lane, acc);
 #pragma unroll
                 for (int e = 0; e < VW; ++e) part[warp * 32 * VW + lane * VW + e] = acc[0][e];
                 __syncthreads();

@@ -103,8 +103,9 @@ __device__ __forceinline__ void ln_fwd_bulk(const T* x, const T* gamma, const T*
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     const size_t fit = nv ? dyn / (gpb * bytes) : 0;
     const unsigned S = fit < LN_FWD_BULK_S ? (unsigned)fit : LN_FWD_BULK_S;
-    if (!(d % V == 0 && nv <= (size_t)blockDim.x * NV && S >= 1 && aligned16(x) && aligned16(y) &&
-          aligned16(gamma) && aligned16(beta))) {
+    // (blockDim.x % gn, gpb <= 15: every thread in a group, a named barrier per group.)
+    if (!(d % V == 0 && nv <= (size_t)blockDim.x * NV && S >= 1 && blockDim.x % gn == 0 && gpb <= 15 &&
+          aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta))) {
         ln_fwd<T>(x, gamma, beta, y, mean, rstd, rows, d, eps);
         return;
     }
@@ -114,6 +115,7 @@ __device__ __forceinline__ void ln_fwd_bulk(const T* x, const T* gamma, const T*
     if (threadIdx.x == 0) {
         for (unsigned i = 0; i < gpb * LN_FWD_BULK_S; ++i) ln_mbar_init(ln_smem_addr(full + i), 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
     __syncthreads();
     const float inv_d = 1.0f / (float)d;
@@ -232,8 +234,8 @@ __device__ __forceinline__ void ln_bwd_bulk(const T* dy, const T* x, const float
     // of the partials' row, which reuses the ring at the end).
     const size_t fit = nv ? dyn / (gpb * 2 * bytes) : 0;
     const unsigned S = fit < LN_BWD_BULK_S ? (unsigned)fit : LN_BWD_BULK_S;
-    if (!(d % V == 0 && nv <= (size_t)blockDim.x * NV && S >= 1 && aligned16(dy) && aligned16(x) &&
-          aligned16(dx) && aligned16(gamma))) {
+    if (!(d % V == 0 && nv <= (size_t)blockDim.x * NV && S >= 1 && blockDim.x % gn == 0 && gpb <= 15 &&
+          aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(gamma))) {
         // Not this kernel's rows (the launcher takes another path): NaN partials, as ln_bwd_pipe.
         for (size_t j = threadIdx.x; j < d; j += blockDim.x) {
             part_g[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
@@ -248,6 +250,7 @@ __device__ __forceinline__ void ln_bwd_bulk(const T* dy, const T* x, const float
     if (threadIdx.x == 0) {
         for (unsigned i = 0; i < gpb * LN_BWD_BULK_S; ++i) ln_mbar_init(ln_smem_addr(full + i), 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
     __syncthreads();
     const size_t stride = (size_t)gridDim.x * gpb, row0 = (size_t)blockIdx.x * gpb + gi;
