@@ -931,7 +931,10 @@ def main():
         # The forward on a ring of bulk copies (ln_fwd_bulk, norm.cu's LN_FWD_BULK): (block
         # threads, most vectors per thread, most stages). At bf16 d = 4096: a warp per row,
         # 8 x 3 rows in flight per SM; 64 threads per row, 8 x 3; a warp per row, 16 x 1.
-        for th, nv, s in ((256, 16, 3), (512, 8, 3), (512, 16, 1)):
+        # (threads, vectors per thread, most stages; a stage count past what the shared
+        # memory holds is cut to it: 12 gives bf16 d = 768 twelve rows ahead per warp and
+        # d = 4096 three)
+        for th, nv, s in ((256, 16, 3), (512, 8, 3), (512, 16, 1), (256, 16, 12)):
             dfn = {"LN_FWD_BULK": 1, "LN_FWD_BULK_THREADS": th, "LN_FWD_BULK_NV": nv, "LN_FWD_BULK_S": s}
             try:
                 mod = Module("norm", defines=dfn)
@@ -940,19 +943,19 @@ def main():
             except Exception as e:  # noqa: BLE001
                 print("bulk variant %s: %s" % (dfn, str(e)[:600]))
         # The backward on a ring of bulk copies (ln_bwd_bulk): (threads, vectors per thread,
-        # stages), with ln_fwd, and the last with the forward's bulk variant too.
+        # stages), with ln_fwd, and the last with the forward's bulk variant (12 stages) too.
         # "short": rows under 8 KiB (bf16 d = 768) through it too, not the three kernels.
         for th, nv, s, fwd, short in ((256, 4, 6, False, False), (256, 4, 4, False, False),
-                                      (512, 2, 6, False, False), (256, 4, 6, True, True)):
+                                      (512, 2, 6, False, False), (256, 4, 12, True, True)):
             dfn = {"LN_BWD_BULK": 1, "LN_BWD_BULK_THREADS": th, "LN_BWD_BULK_NV": nv, "LN_BWD_BULK_S": s}
             if fwd:
-                dfn.update({"LN_FWD_BULK": 1})
+                dfn.update({"LN_FWD_BULK": 1, "LN_FWD_BULK_S": 12})
             try:
                 mod = Module("norm", defines=dfn)
                 print("  bulk variant %s ln_bwd_bulk_bf16: %s" % (dfn, mod.regs("ln_bwd_bulk_bf16")))
                 ln_vars.append(("bulk bwd T=%d,NV=%d,S=%d%s%s" % (th, nv, s, " + bulk fwd" if fwd else "",
                                                                   " short" if short else ""),
-                                LNBulkBwd(mod, th, nv, s, LNBulk(mod) if fwd else None, short)))
+                                LNBulkBwd(mod, th, nv, s, LNBulk(mod, s=12) if fwd else None, short)))
             except Exception as e:  # noqa: BLE001
                 print("bulk variant %s: %s" % (dfn, str(e)[:600]))
     ce_vars = []
