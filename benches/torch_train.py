@@ -131,14 +131,15 @@ def layer_norm(compile_):
         def fwdbwd(f):
             return lambda: torch.autograd.grad(f(x, w, b), (x, w, b), dy)
         xb = rows * d * 2
-        emit(f"ln_fwd_{rows}x{d}_bf16",
-             {"eager": median_ms(fwd(ln)),
-              "compiled": guarded("ln compiled", lambda: median_ms(fwd(lc))) if lc else None},
-             2 * xb)  # read x, write y
-        emit(f"ln_fwdbwd_{rows}x{d}_bf16",
-             {"eager": median_ms(fwdbwd(ln)),
-              "compiled": guarded("ln compiled bwd", lambda: median_ms(fwdbwd(lc))) if lc else None},
-             2 * xb + 3 * xb)  # fwd: x, y; bwd: x, dy read, dx written
+        f = {"eager": median_ms(fwd(ln)),
+             "compiled": guarded("ln compiled", lambda: median_ms(fwd(lc))) if lc else None}
+        fb = {"eager": median_ms(fwdbwd(ln)),
+              "compiled": guarded("ln compiled bwd", lambda: median_ms(fwdbwd(lc))) if lc else None}
+        # the same PyTorch forms against rtx's experimental bulk-copy kernels too
+        # (benches/train.rs, cases ending in _bulk)
+        for suffix in ("", "_bulk"):
+            emit(f"ln_fwd_{rows}x{d}_bf16{suffix}", f, 2 * xb)  # read x, write y
+            emit(f"ln_fwdbwd_{rows}x{d}_bf16{suffix}", fb, 2 * xb + 3 * xb)  # fwd: x, y; bwd: x, dy read, dx written
 
 
 def gpt2_small_sizes():

@@ -8,7 +8,7 @@
 
 use rtx::ops::optim::{adamw, AdamW};
 use rtx::ops::{self};
-use rtx::{Backend, BackendKind, DType, Runtime, Tensor};
+use rtx::{Backend, BackendKind, Builder, DType, Runtime, Tensor};
 
 use crate::bench_util::*;
 
@@ -83,7 +83,26 @@ fn cross_entropy(rt: &Runtime) {
     );
 }
 
+/// A one-stream CUDA runtime with an experimental setting on, beside `rt` (`None` on the
+/// CPU backend, which has one path).
+fn experimental(rt: &Runtime, set: impl FnOnce(Builder) -> Builder) -> Option<Runtime> {
+    (rt.backend() == BackendKind::Cuda).then(|| {
+        set(Runtime::builder().backend(Backend::Cuda(vec![])).streams(1))
+            .build()
+            .expect("runtime with an experimental setting")
+    })
+}
+
+/// The layer-norm cases; then, on CUDA, the same on the bulk-copy kernels (the setting
+/// `layer_norm_bulk`, case names ending in `_bulk`).
 fn layer_norm(rt: &Runtime) {
+    layer_norm_cases(rt, "");
+    if let Some(bulk) = experimental(rt, |b| b.layer_norm_bulk(true)) {
+        layer_norm_cases(&bulk, "_bulk");
+    }
+}
+
+fn layer_norm_cases(rt: &Runtime, suffix: &str) {
     for (rows, d) in [(8192usize, 768usize), (8192, 4096)] {
         let x = upload(rt, &random_f32(rows * d, 44), &[rows, d], DType::BF16);
         let g: Vec<f32> = random_f32(d, 45).iter().map(|v| 1.0 + 0.1 * v).collect();
@@ -92,7 +111,13 @@ fn layer_norm(rt: &Runtime) {
         let dy = upload(rt, &random_f32(rows * d, 47), &[rows, d], DType::BF16);
         let xb = (rows * d * 2) as f64;
         let ms = time_op(rt, 10, 15, || ops::layer_norm(&x, &g, &b, 1e-5));
-        emit(&format!("ln_fwd_{rows}x{d}_bf16"), ms, 2.0 * xb, 0.0, &[]);
+        emit(
+            &format!("ln_fwd_{rows}x{d}_bf16{suffix}"),
+            ms,
+            2.0 * xb,
+            0.0,
+            &[],
+        );
         let ms = time_with(rt, 10, 15, |rt, s| {
             let f = rt
                 .submit_on(s, ops::layer_norm(&x, &g, &b, 1e-5))
@@ -105,7 +130,7 @@ fn layer_norm(rt: &Runtime) {
                 .expect("submit");
         });
         emit(
-            &format!("ln_fwdbwd_{rows}x{d}_bf16"),
+            &format!("ln_fwdbwd_{rows}x{d}_bf16{suffix}"),
             ms,
             5.0 * xb,
             0.0,
@@ -217,14 +242,8 @@ fn embedding(rt: &Runtime) {
     let ms = time_op(rt, 10, 15, || ops::embedding_backward(&dy, &ids, v));
     emit("emb_bwd_50257x768_n8192_f32", ms, bwd_bytes, 0.0, &[]);
     // The experimental one-launch backward (the setting `embedding_one_launch`), on a
-    // runtime of its own with the same inputs (CUDA only: the CPU backend has one path).
-    if rt.backend() == BackendKind::Cuda {
-        let one = Runtime::builder()
-            .backend(Backend::Cuda(vec![]))
-            .streams(1)
-            .embedding_one_launch(true)
-            .build()
-            .expect("runtime with embedding_one_launch");
+    // runtime of its own with the same inputs.
+    if let Some(one) = experimental(rt, |b| b.embedding_one_launch(true)) {
         let ids = one.upload(&ids_host, [n]).expect("upload");
         let dy = upload(&one, &random_f32(n * d, 50), &[n, d], DType::F32);
         let ms = time_op(&one, 10, 15, || ops::embedding_backward(&dy, &ids, v));

@@ -261,7 +261,7 @@ class LNPipe(LN):
 
 
 class LNBulk(LNPipe):
-    """The forward as ln_fwd_bulk (norm.cu built with LN_FWD_BULK: rows copied whole into
+    """The forward as ln_fwd_bulk (norm_bulk.cuh: rows copied whole into
     a ring in shared memory by bulk copies; one block of `threads` per SM), the backward
     as LNPipe's (the launcher's). threads / nv / s: the module's LN_FWD_BULK_THREADS /
     LN_FWD_BULK_NV / LN_FWD_BULK_S. Rows its ring path does not take go to LN.fwd."""
@@ -298,7 +298,7 @@ class LNBulk(LNPipe):
 
 
 class LNBulkBwd(LNPipe):
-    """The backward as ln_bwd_bulk (norm.cu built with LN_BWD_BULK: dy and x rows copied
+    """The backward as ln_bwd_bulk (norm_bulk.cuh: dy and x rows copied
     whole into a ring in shared memory by bulk copies; one block of `threads` per SM, grid
     SMs, so SMs partial rows) + ln_bwd_final; the forward as `fwd_k` (an LNBulk on the same
     module) or ln_fwd. threads / nv / s: the module's LN_BWD_BULK_THREADS / LN_BWD_BULK_NV /
@@ -928,34 +928,29 @@ def main():
                                 LNPipe(mod, **kw)))
             except Exception as e:  # noqa: BLE001
                 print("pipe variant %s: %s" % (dfn, str(e)[:600]))
-        # The forward on a ring of bulk copies (ln_fwd_bulk, norm.cu's LN_FWD_BULK): (block
-        # threads, most vectors per thread, most stages). At bf16 d = 4096: a warp per row,
-        # 8 x 3 rows in flight per SM; 64 threads per row, 8 x 3; a warp per row, 16 x 1.
-        # (threads, vectors per thread, most stages; a stage count past what the shared
-        # memory holds is cut to it: 12 gives bf16 d = 768 twelve rows ahead per warp and
-        # d = 4096 three)
-        for th, nv, s in ((256, 16, 3), (512, 8, 3), (512, 16, 1), (256, 16, 12)):
-            dfn = {"LN_FWD_BULK": 1, "LN_FWD_BULK_THREADS": th, "LN_FWD_BULK_NV": nv, "LN_FWD_BULK_S": s}
+        # The bulk-copy rings (norm_bulk.cuh). First as the launcher takes them with the
+        # setting layer_norm_bulk (the module's defaults: ln_fwd_bulk 256 threads, 16 vectors
+        # per thread, up to 12 stages; ln_bwd_bulk 256, 4, up to 12; every row they take),
+        # then other shapes of each: (block threads, most vectors per thread, most stages;
+        # a stage count past what the shared memory holds is cut to it).
+        if "norm" in mods:
+            m = mods["norm"]
+            ln_vars.append(("bulk (layer_norm_bulk)", LNBulkBwd(m, 256, 4, 12, LNBulk(m, 256, 16, 12), short=True)))
+        for th, nv, s in ((256, 16, 3), (512, 8, 3), (512, 16, 1)):
+            dfn = {"LN_FWD_BULK_THREADS": th, "LN_FWD_BULK_NV": nv, "LN_FWD_BULK_S": s}
             try:
                 mod = Module("norm", defines=dfn)
                 print("  bulk variant %s ln_fwd_bulk_bf16: %s" % (dfn, mod.regs("ln_fwd_bulk_bf16")))
-                ln_vars.append(("bulk T=%d,NV=%d,S=%d" % (th, nv, s), LNBulk(mod, th, nv, s)))
+                ln_vars.append(("bulk fwd T=%d,NV=%d,S=%d" % (th, nv, s), LNBulk(mod, th, nv, s)))
             except Exception as e:  # noqa: BLE001
                 print("bulk variant %s: %s" % (dfn, str(e)[:600]))
-        # The backward on a ring of bulk copies (ln_bwd_bulk): (threads, vectors per thread,
-        # stages), with ln_fwd, and the last with the forward's bulk variant (12 stages) too.
-        # "short": rows under 8 KiB (bf16 d = 768) through it too, not the three kernels.
-        for th, nv, s, fwd, short in ((256, 4, 6, False, False), (256, 4, 4, False, False),
-                                      (512, 2, 6, False, False), (256, 4, 12, True, True)):
-            dfn = {"LN_BWD_BULK": 1, "LN_BWD_BULK_THREADS": th, "LN_BWD_BULK_NV": nv, "LN_BWD_BULK_S": s}
-            if fwd:
-                dfn.update({"LN_FWD_BULK": 1, "LN_FWD_BULK_S": 12})
+        # The backward's, with ln_fwd and rows of at least 8 KiB only (the others: LNPipe's).
+        for th, nv, s in ((256, 4, 6), (256, 4, 4), (512, 2, 6)):
+            dfn = {"LN_BWD_BULK_THREADS": th, "LN_BWD_BULK_NV": nv, "LN_BWD_BULK_S": s}
             try:
                 mod = Module("norm", defines=dfn)
                 print("  bulk variant %s ln_bwd_bulk_bf16: %s" % (dfn, mod.regs("ln_bwd_bulk_bf16")))
-                ln_vars.append(("bulk bwd T=%d,NV=%d,S=%d%s%s" % (th, nv, s, " + bulk fwd" if fwd else "",
-                                                                  " short" if short else ""),
-                                LNBulkBwd(mod, th, nv, s, LNBulk(mod, s=12) if fwd else None, short)))
+                ln_vars.append(("bulk bwd T=%d,NV=%d,S=%d" % (th, nv, s), LNBulkBwd(mod, th, nv, s)))
             except Exception as e:  # noqa: BLE001
                 print("bulk variant %s: %s" % (dfn, str(e)[:600]))
     ce_vars = []

@@ -10,7 +10,9 @@
 //       T* y, float* mean, float* rstd, size_t rows, size_t d, float eps)
 //   mean[r] = sum x / d; var = sum (x - mean)^2 / d (two passes, biased);
 //   rstd[r] = rsqrt(var + eps); y = (x - mean) * rstd * gamma + beta.
-// With -DLN_FWD_BULK (a variant, sm_90 only; not in the default build), also:
+// On rings of Hopper bulk copies (norm_bulk.cuh; sm_90 and newer, before it the entry
+// points run ln_fwd's code and write NaN partials; taken by the launcher with the
+// experimental setting layer_norm_bulk, not yet measured on a GPU):
 //   extern "C" __global__ void ln_fwd_bulk_{dt}(same arguments as ln_fwd)
 //     the forward with x staged through shared memory by Hopper bulk copies
 //     (cp.async.bulk completing on mbarriers): a row goes to a group of gn threads (as
@@ -24,7 +26,6 @@
 //     and rstd may differ from ln_fwd's in the last bits. Its path needs d % V == 0, x,
 //     y, gamma, beta 16-byte aligned, d / V <= blockDim.x * LN_FWD_BULK_NV and S >= 1;
 //     otherwise it runs ln_fwd's code (correct, not faster).
-// With -DLN_BWD_BULK (a variant, sm_90 only; not in the default build), also:
 //   extern "C" __global__ void ln_bwd_bulk_{dt}(same arguments as ln_bwd_pipe)
 //     ln_bwd_pipe's computation and partials (the same groups and order of every sum for
 //     the same grid and vectors per thread) with each row of dy and of x copied whole by
@@ -33,8 +34,7 @@
 //     LN_BWD_BULK_THREADS (its launch bound), one per SM; grid SMs (the partial rows).
 //     Dynamic shared memory: G * S * 2 * d * sizeof(T) bytes, G = blockDim.x / gn, S =
 //     min(LN_BWD_BULK_S, what it holds). Needs the register path's conditions with
-//     LN_BWD_BULK_NV vectors per thread and S >= 1 (else NaN partials). Both bulk
-//     variants live in norm_bulk.cuh.
+//     LN_BWD_BULK_NV vectors per thread and S >= 1 (else NaN partials).
 //
 // Backward, on the register path (below) two launches, ln_bwd_pipe (or ln_bwd_fused)
 // then ln_bwd_final:
@@ -110,11 +110,10 @@
 //     (kernels/checks/train_kernels_check.py, 2026-12-02) the bf16 backward at 8192 x
 //     4096 took 0.0909 ms with it against 0.0942 without, at 8192 x 768 0.0348 against
 //     0.0355; the other variants listed there were no faster.
-//   LN_FWD_BULK (undefined): defined, also ln_fwd_bulk_{dt} (above). Its knobs:
-//     LN_FWD_BULK_THREADS (256) its block, LN_FWD_BULK_NV (16) most vectors per thread,
-//     LN_FWD_BULK_S (3) most ring stages.
-//   LN_BWD_BULK (undefined): defined, also ln_bwd_bulk_{dt} (above). Its knobs:
-//     LN_BWD_BULK_THREADS (256), LN_BWD_BULK_NV (4), LN_BWD_BULK_S (6).
+//   ln_fwd_bulk's LN_FWD_BULK_THREADS (256) its block, LN_FWD_BULK_NV (16) most vectors
+//     per thread, LN_FWD_BULK_S (12) most ring stages; ln_bwd_bulk's LN_BWD_BULK_THREADS
+//     (256), LN_BWD_BULK_NV (4), LN_BWD_BULK_S (12). The launcher's constants in
+//     ops/src/norm/cuda.rs follow the defaults.
 
 #include "common.cuh"
 
@@ -423,6 +422,15 @@ __device__ __forceinline__ void ln_dx_row(const T* dyr, const T* xr, const T* ga
     }
 }
 
+// Row blockIdx.x of part_g / part_b set to NaN: a partial-sums kernel handed rows it does
+// not take (the launcher never does) poisons dgamma and dbeta instead of leaving them unset.
+__device__ __forceinline__ void ln_nan_partials(float* part_g, float* part_b, size_t d) {
+    for (size_t j = threadIdx.x; j < d; j += blockDim.x) {
+        part_g[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
+        part_b[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
+    }
+}
+
 // The block's parameter-gradient partials out (ln_bwd_fused, ln_bwd_pipe): the groups'
 // sums ag, ab (NV vectors per thread, as ln_dx_regs adds them) are added in group order
 // into red (d floats of shared memory), then written to row blockIdx.x of part_g /
@@ -697,10 +705,7 @@ __device__ __forceinline__ void ln_bwd_fused(const T* dy, const T* x, const floa
     const size_t nv = d / V;
     __shared__ float red[LN_RED];
     if (!(vec && nv <= (size_t)blockDim.x * LN_FUSED_NV && d <= LN_RED)) {
-        for (size_t j = threadIdx.x; j < d; j += blockDim.x) {
-            part_g[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
-            part_b[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
-        }
+        ln_nan_partials(part_g, part_b, d);
         return;
     }
     __shared__ float sm[LN_PAIR_SUM ? 64 : 32];
@@ -762,35 +767,33 @@ __device__ __forceinline__ void ln_bwd_final(const float* part_g, const float* p
 // ln_bwd_pipe, the backward on a cp.async ring: norm_ring.cuh (it uses the helpers above).
 #include "norm_ring.cuh"
 
-#if defined(LN_FWD_BULK) || defined(LN_BWD_BULK)
-// The variants on rings of bulk copies (sm_90): norm_bulk.cuh.
+// ln_fwd_bulk, ln_bwd_bulk, on rings of bulk copies: norm_bulk.cuh. Before sm_90 (no bulk
+// copies) their entry points run ln_fwd's code and write NaN partials (the launcher never
+// takes them there).
 #include "norm_bulk.cuh"
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define LN_FWD_BULK_BODY(T) ln_fwd_bulk<T>(x, gamma, beta, y, mean, rstd, rows, d, eps)
+#define LN_BWD_BULK_BODY(T) ln_bwd_bulk<T>(dy, x, mean, rstd, gamma, dx, part_g, part_b, rows, d)
+#else
+#define LN_FWD_BULK_BODY(T) ln_fwd<T>(x, gamma, beta, y, mean, rstd, rows, d, eps)
+#define LN_BWD_BULK_BODY(T) ln_nan_partials(part_g, part_b, d)
 #endif
 
-#ifdef LN_FWD_BULK
 #define RTX_LN_BULK(dt, T)                                                                     \
     extern "C" __global__ void __launch_bounds__(LN_FWD_BULK_THREADS, 1)                       \
         ln_fwd_bulk_##dt(const T* x, const T* gamma, const T* beta, T* y, float* mean,         \
                          float* rstd, size_t rows, size_t d, float eps) {                      \
-        ln_fwd_bulk<T>(x, gamma, beta, y, mean, rstd, rows, d, eps);                           \
-    }
-RTX_LN_BULK(f32, float)
-RTX_LN_BULK(f16, __half)
-RTX_LN_BULK(bf16, __nv_bfloat16)
-#endif  // LN_FWD_BULK
-
-#ifdef LN_BWD_BULK
-#define RTX_LN_BWD_BULK(dt, T)                                                                 \
+        LN_FWD_BULK_BODY(T);                                                                   \
+    }                                                                                          \
     extern "C" __global__ void __launch_bounds__(LN_BWD_BULK_THREADS, 1)                       \
         ln_bwd_bulk_##dt(const T* dy, const T* x, const float* mean, const float* rstd,        \
                          const T* gamma, T* dx, float* part_g, float* part_b, size_t rows,     \
                          size_t d) {                                                           \
-        ln_bwd_bulk<T>(dy, x, mean, rstd, gamma, dx, part_g, part_b, rows, d);                 \
+        LN_BWD_BULK_BODY(T);                                                                   \
     }
-RTX_LN_BWD_BULK(f32, float)
-RTX_LN_BWD_BULK(f16, __half)
-RTX_LN_BWD_BULK(bf16, __nv_bfloat16)
-#endif  // LN_BWD_BULK
+RTX_LN_BULK(f32, float)
+RTX_LN_BULK(f16, __half)
+RTX_LN_BULK(bf16, __nv_bfloat16)
 
 #define RTX_LN(dt, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(RTX_BLOCK, LN_MIN_BLOCKS)                     \

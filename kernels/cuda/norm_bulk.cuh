@@ -1,8 +1,9 @@
 // norm_bulk.cuh — layer norm on rings of Hopper bulk copies (ln_fwd_bulk, ln_bwd_bulk),
-// compile-time variants of norm.cu: included by it, after its row helpers (ln_group,
-// group_sum2, ln_fwd's code, ln_dx_regs, ln_write_partials) and norm_ring.cuh
-// (ln_smem_addr), only when LN_FWD_BULK or LN_BWD_BULK is defined. norm.cu's header
-// documents the kernels and defines the entry points.
+// a part of norm.cu: included by it after its row helpers (ln_group, group_sum2, ln_fwd's
+// code, ln_dx_regs, ln_write_partials) and norm_ring.cuh (ln_smem_addr). norm.cu's header
+// documents the kernels and defines the entry points, which call these only on sm_90 and
+// newer (bulk copies and mbarrier transaction counts); the launcher takes them there with
+// the setting layer_norm_bulk.
 #pragma once
 
 // ---- the forward on a ring of bulk copies (ln_fwd_bulk, a variant) ----------------------
@@ -13,9 +14,6 @@
 // registers (after the row's one reduction, which orders the lanes' reads before the
 // refill), so S rows per group stay in flight while it normalizes and stores
 // (bf16 d = 4096 at the defaults: 8 warps x 3 slots of 8 KiB, 192 KiB per SM).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "LN_FWD_BULK / LN_BWD_BULK need sm_90 (cp.async.bulk, mbarrier transaction counts)"
-#endif
 #ifndef LN_FWD_BULK_THREADS
 #define LN_FWD_BULK_THREADS 256  // ln_fwd_bulk: its block (one per SM)
 #endif
@@ -23,7 +21,8 @@
 #define LN_FWD_BULK_NV 16  // ln_fwd_bulk: most 16-byte vectors of a row per thread (sets the group)
 #endif
 #ifndef LN_FWD_BULK_S
-#define LN_FWD_BULK_S 3  // ln_fwd_bulk: most ring stages (rows ahead per group)
+#define LN_FWD_BULK_S 12  // ln_fwd_bulk: most ring stages (rows ahead per group; fewer where
+                          // the dynamic shared memory holds fewer: 3 at bf16 d = 4096)
 #endif
 
 #ifndef LN_BWD_BULK_THREADS
@@ -33,7 +32,8 @@
 #define LN_BWD_BULK_NV 4  // ln_bwd_bulk: most 16-byte vectors of a row per thread (as LN_BPIPE_NV)
 #endif
 #ifndef LN_BWD_BULK_S
-#define LN_BWD_BULK_S 6  // ln_bwd_bulk: most ring stages (rows ahead per group)
+#define LN_BWD_BULK_S 12  // ln_bwd_bulk: most ring stages (rows ahead per group; fewer where
+                          // the dynamic shared memory holds fewer: 6 at bf16 d = 4096)
 #endif
 
 namespace {
@@ -237,10 +237,7 @@ __device__ __forceinline__ void ln_bwd_bulk(const T* dy, const T* x, const float
     if (!(d % V == 0 && nv <= (size_t)blockDim.x * NV && S >= 1 && blockDim.x % gn == 0 && gpb <= 15 &&
           aligned16(dy) && aligned16(x) && aligned16(dx) && aligned16(gamma))) {
         // Not this kernel's rows (the launcher takes another path): NaN partials, as ln_bwd_pipe.
-        for (size_t j = threadIdx.x; j < d; j += blockDim.x) {
-            part_g[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
-            part_b[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
-        }
+        ln_nan_partials(part_g, part_b, d);
         return;
     }
     const float inv_d = 1.0f / (float)d;

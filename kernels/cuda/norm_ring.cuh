@@ -59,10 +59,7 @@ __device__ __forceinline__ void ln_bwd_pipe(const T* dy, const T* x, const float
     const bool arch_ok = true;
 #endif
     if (!ok || !arch_ok) {
-        for (size_t j = threadIdx.x; j < d; j += blockDim.x) {
-            part_g[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
-            part_b[blockIdx.x * d + j] = __int_as_float(0x7fc00000);
-        }
+        ln_nan_partials(part_g, part_b, d);
         return;
     }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800

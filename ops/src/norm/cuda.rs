@@ -1,5 +1,10 @@
 //! CUDA launches of `kernels/cuda/norm.cu`.
 //!
+//! With the experimental setting `layer_norm_bulk`, on compute capability 9.0 and newer,
+//! 16-byte aligned rows of the register path take `ln_fwd_bulk_*` and `ln_bwd_bulk_*`
+//! (norm_bulk.cuh: whole rows copied into rings in shared memory by bulk copies, one block
+//! per SM; the backward then `ln_bwd_final_*` as below) instead of the kernels below.
+//!
 //! The backward, when a row fits the kernels' register path (16-byte aligned rows of at
 //! most 1024 vectors of 16 bytes, d <= 8192) and is at least 8 KiB long, is two launches:
 //! `ln_bwd_pipe_*` (dx, and each block's partial sums of dgamma and dbeta over its rows,
@@ -50,6 +55,44 @@ const PIPE_BLOCKS_PER_SM: usize = 1;
 const PIPE_SMEM: usize = PIPE_STAGES * (2 * PIPE_NV * BLOCK as usize * 16 + 8 * BLOCK as usize)
     + PIPE_NV * BLOCK as usize * 16;
 
+/// `ln_fwd_bulk_*` (norm_bulk.cuh, `LN_FWD_BULK_*` in norm.cu): threads per block, most
+/// 16-byte vectors per thread, most ring stages.
+const BULK_FWD: (usize, usize, usize) = (256, 16, 12);
+/// `ln_bwd_bulk_*` (`LN_BWD_BULK_*`): the same.
+const BULK_BWD: (usize, usize, usize) = (256, 4, 12);
+/// The most dynamic shared memory the bulk kernels ask for: a block's 227 KiB on compute
+/// capability 9.0 less 2 KiB for their static shared memory.
+const BULK_SMEM: usize = 232_448 - 2048;
+
+/// Threads per row group of the register path for rows of `nv` 16-byte vectors
+/// (norm.cu's `ln_group`): the fewest, a power of two from a warp to the block, that
+/// hold the row at `per` vectors per thread.
+fn row_group(nv: usize, per: usize, block: usize) -> usize {
+    let mut gn = 32;
+    while gn < block && gn * per < nv {
+        gn *= 2;
+    }
+    gn
+}
+
+/// (groups per block, dynamic shared memory) of a bulk kernel of `(threads, per, stages)`
+/// for rows of `nv` vectors, `operands` rows per slot (x; or dy and x): as many stages,
+/// up to `stages`, as [`BULK_SMEM`] holds (the kernel derives the same count from the
+/// dynamic shared memory it is given). `None` where the row is off its register path.
+fn bulk_plan(
+    nv: usize,
+    (threads, per, stages): (usize, usize, usize),
+    operands: usize,
+) -> Option<(usize, u32)> {
+    if nv == 0 || nv > threads * per {
+        return None;
+    }
+    let gpb = threads / row_group(nv, per, threads);
+    let stage = gpb * operands * nv * 16;
+    let s = stages.min(BULK_SMEM / stage);
+    (s > 0).then(|| (gpb, (s * stage) as u32))
+}
+
 const _: () = assert!(
     PIPE_NV == LN_NV,
     "ln_bwd_pipe takes the rows of the register path's gate"
@@ -61,6 +104,7 @@ const _: () = assert!(
 #[derive(Default)]
 struct NormState {
     pipe: [Option<bool>; 3],
+    bulk: [Option<bool>; 3],
 }
 
 fn dtype_slot(dtype: DType) -> usize {
@@ -103,6 +147,41 @@ fn pipe_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
     Ok(ok)
 }
 
+/// Whether the bulk-copy kernels (`ln_fwd_bulk_*`, `ln_bwd_bulk_*`) run for `T` on this
+/// stream: the setting `layer_norm_bulk` on, compute capability 9.0 or newer, and
+/// [`BULK_SMEM`] bytes of dynamic shared memory granted to both functions (asked for once
+/// per stream and dtype; a refusal is remembered and the ops take their other kernels).
+fn bulk_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
+    if !scx.settings().layer_norm_bulk || scx.arch().0 < 9 {
+        return Ok(false);
+    }
+    let slot = dtype_slot(T::DTYPE);
+    if let Some(ok) = scx.ext::<NormState>(|_| Ok(NormState::default()))?.bulk[slot] {
+        return Ok(ok);
+    }
+    let mut ok = scx.context().bind_to_thread().is_ok();
+    for (code, kernel) in [(6u16, "fwd_bulk"), (7, "bwd_bulk")] {
+        let f = kernels::function(scx, MODULE, code, T::DTYPE, || {
+            format!("ln_{kernel}_{}", T::DTYPE.name())
+        })?;
+        ok = ok
+            && f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                BULK_SMEM as i32,
+            )
+            .is_ok();
+    }
+    if !ok {
+        tracing::debug!(
+            "layer_norm: {BULK_SMEM} bytes of shared memory refused on device {}; \
+             the bulk-copy kernels are not used",
+            scx.ordinal()
+        );
+    }
+    scx.ext::<NormState>(|_| Ok(NormState::default()))?.bulk[slot] = Some(ok);
+    Ok(ok)
+}
+
 /// Enqueues the forward; returns `(y, mean, rstd)`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn forward(
@@ -127,10 +206,44 @@ fn forward_t<T: Element>(
     d: usize,
     eps: f32,
 ) -> Result<[Buffer; 3]> {
-    let f = kernels::function(scx, MODULE, 0, T::DTYPE, || {
-        format!("ln_fwd_{}", T::DTYPE.name())
-    })?;
     let (x, g, b) = (x.cuda::<T>()?, g.cuda::<T>()?, b.cuda::<T>()?);
+    let v = 16 / std::mem::size_of::<T>();
+    // ln_fwd_bulk_{dt} (the setting layer_norm_bulk) on 16-byte aligned rows of its
+    // register path: one block per SM (at most one per row group), else ln_fwd_{dt}.
+    let bulk = d.is_multiple_of(v)
+        && [
+            device_addr(x, scx),
+            device_addr(g, scx),
+            device_addr(b, scx),
+        ]
+        .iter()
+        .all(|a| a % 16 == 0)
+        && bulk_ready::<T>(scx)?;
+    let plan = if bulk {
+        bulk_plan(d / v, BULK_FWD, 1)
+    } else {
+        None
+    };
+    let (f, cfg) = match plan {
+        Some((gpb, smem)) => {
+            let f = kernels::function(scx, MODULE, 6, T::DTYPE, || {
+                format!("ln_fwd_bulk_{}", T::DTYPE.name())
+            })?;
+            let blocks = rows.div_ceil(gpb).min(scx.sm_count() as usize).max(1) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (BULK_FWD.0 as u32, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            (f, cfg)
+        }
+        None => {
+            let f = kernels::function(scx, MODULE, 0, T::DTYPE, || {
+                format!("ln_fwd_{}", T::DTYPE.name())
+            })?;
+            (f, config(grid(scx, rows), 0))
+        }
+    };
     let mut y = kernels::alloc_out::<T>(scx, rows * d)?;
     let mut mean = kernels::alloc_out::<f32>(scx, rows)?;
     let mut rstd = kernels::alloc_out::<f32>(scx, rows)?;
@@ -143,9 +256,12 @@ fn forward_t<T: Element>(
         .arg(&mut rstd);
     lb.arg(&rows).arg(&d).arg(&eps);
     // SAFETY: matches norm.cu's `ln_fwd_{dt}(const T* x, const T* gamma, const T* beta, T*
-    // y, float* mean, float* rstd, size_t rows, size_t d, float eps)`: `x` and `y` hold
-    // rows * d elements, `gamma`, `beta` d, `mean`, `rstd` rows; every output is written.
-    unsafe { lb.launch(config(grid(scx, rows), 0)) }.map_err(|e| launch_error(FWD, e))?;
+    // y, float* mean, float* rstd, size_t rows, size_t d, float eps)`, and
+    // `ln_fwd_bulk_{dt}` with the same arguments: `x` and `y` hold rows * d elements,
+    // `gamma`, `beta` d, `mean`, `rstd` rows; every output is written (both are
+    // grid-stride over rows). The bulk kernel's block is its launch bound, its dynamic
+    // shared memory at most the BULK_SMEM bulk_ready had granted.
+    unsafe { lb.launch(cfg) }.map_err(|e| launch_error(FWD, e))?;
     Ok([
         Buffer::from_cuda(y),
         Buffer::from_cuda(mean),
@@ -215,9 +331,18 @@ fn backward_t<T: Element>(
         && d / v <= BLOCK as usize * LN_NV
         && d <= FUSED_MAX_D
         && d * std::mem::size_of::<T>() >= FUSED_MIN_BYTES;
-    let pipe = fused && pipe_ready::<T>(scx)?;
+    // ln_bwd_bulk_{dt} (the setting layer_norm_bulk) on every row of its register path,
+    // short ones too.
+    let bulk_smem = if aligned && d.is_multiple_of(v) && bulk_ready::<T>(scx)? {
+        bulk_plan(d / v, BULK_BWD, 2).map(|(_, smem)| smem)
+    } else {
+        None
+    };
+    let pipe = bulk_smem.is_none() && fused && pipe_ready::<T>(scx)?;
     let sms = scx.sm_count() as usize;
-    let (rpc, chunks) = if pipe {
+    let (rpc, chunks) = if bulk_smem.is_some() {
+        (0, rows.min(sms).max(1))
+    } else if pipe {
         (0, rows.min(sms * PIPE_BLOCKS_PER_SM).max(1))
     } else if fused {
         (0, rows.min(sms * FUSED_BLOCKS_PER_SM).max(1))
@@ -230,13 +355,14 @@ fn backward_t<T: Element>(
     // The stream's persistent scratch (its uses on this stream are ordered).
     let part_g = scx.scratch::<f32>("ln_bwd.part_g", scratch)?;
     let part_b = scx.scratch::<f32>("ln_bwd.part_b", scratch)?;
-    if fused {
-        // ln_bwd_pipe_{dt} where pipe_ready granted its ring, else ln_bwd_fused_{dt}: the
-        // same arguments and results.
-        let (code, kernel, smem) = if pipe {
-            (5, "pipe", PIPE_SMEM as u32)
-        } else {
-            (4, "fused", 0)
+    if bulk_smem.is_some() || fused {
+        // ln_bwd_bulk_{dt} where bulk_ready and its plan hold, ln_bwd_pipe_{dt} where
+        // pipe_ready granted its ring, else ln_bwd_fused_{dt}: the same arguments and
+        // results (a partial row per block).
+        let (code, kernel, smem, threads) = match bulk_smem {
+            Some(smem) => (7, "bulk", smem, BULK_BWD.0 as u32),
+            None if pipe => (5, "pipe", PIPE_SMEM as u32, BLOCK),
+            None => (4, "fused", 0, BLOCK),
         };
         let f = kernels::function(scx, MODULE, code, T::DTYPE, || name(kernel))?;
         let mut lb = scx.stream().launch_builder(&f);
@@ -252,13 +378,20 @@ fn backward_t<T: Element>(
             .arg(&d);
         // SAFETY: `ln_bwd_fused_{dt}(const T* dy, const T* x, const float* mean, const
         // float* rstd, const T* gamma, T* dx, float* part_g, float* part_b, size_t rows,
-        // size_t d)`, and `ln_bwd_pipe_{dt}` with the same arguments: `dy`, `x`, `dx` hold
-        // rows * d elements, `mean`, `rstd` rows, `gamma` d; the register path's
-        // conditions hold (checked above; dx is a fresh 256-byte aligned allocation), so
-        // dx is written entirely and each block b < chunks writes part_*[b * d .. (b + 1)
-        // * d] (scratch = chunks * d). The pipe's PIPE_SMEM bytes of dynamic shared memory
-        // were granted to its function by pipe_ready.
-        unsafe { lb.launch(config(chunks as u32, smem)) }.map_err(|e| launch_error(BWD, e))?;
+        // size_t d)`, and `ln_bwd_pipe_{dt}`, `ln_bwd_bulk_{dt}` with the same arguments:
+        // `dy`, `x`, `dx` hold rows * d elements, `mean`, `rstd` rows, `gamma` d; the
+        // register path's conditions of the kernel taken hold (checked above; dx is a
+        // fresh 256-byte aligned allocation), so dx is written entirely and each block b <
+        // chunks writes part_*[b * d .. (b + 1) * d] (scratch = chunks * d). The dynamic
+        // shared memory (the pipe's PIPE_SMEM, the bulk kernel's at most BULK_SMEM) was
+        // granted to its function by pipe_ready or bulk_ready; `threads` is the kernel's
+        // launch bound.
+        let cfg = LaunchConfig {
+            grid_dim: (chunks as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        unsafe { lb.launch(cfg) }.map_err(|e| launch_error(BWD, e))?;
     } else {
         let f_dx = kernels::function(scx, MODULE, 1, T::DTYPE, || name("dx"))?;
         let f_part = kernels::function(scx, MODULE, 2, T::DTYPE, || name("part"))?;

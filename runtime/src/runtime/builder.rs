@@ -201,6 +201,14 @@ impl Builder {
         self.settings.embedding_one_launch = on;
         self
     }
+    /// Experimental: on CUDA devices of compute capability 9.0 and newer, run the
+    /// layer-norm ops on rings of bulk copies where they apply (default off until
+    /// measured on a GPU; see the [settings table](crate::settings)). `RTX_LN_BULK=1`
+    /// turns it on.
+    pub fn layer_norm_bulk(mut self, on: bool) -> Self {
+        self.settings.layer_norm_bulk = on;
+        self
+    }
     /// Experimental: choose each GEMM problem's cuBLASLt algorithm by timing the
     /// heuristic's candidates once per process (default off: the heuristic's first, the
     /// same in every run; see the [settings table](crate::settings), which says why).
