@@ -936,21 +936,17 @@ def main():
         if "norm" in mods:
             m = mods["norm"]
             ln_vars.append(("bulk (layer_norm_bulk)", LNBulkBwd(m, 256, 4, 12, LNBulk(m, 256, 16, 12), short=True)))
-        for th, nv, s in ((256, 16, 3), (512, 8, 3), (512, 16, 1)):
-            dfn = {"LN_FWD_BULK_THREADS": th, "LN_FWD_BULK_NV": nv, "LN_FWD_BULK_S": s}
+        # The forward's (the backward LNPipe's), and the backward's (the forward ln_fwd; rows
+        # of at least 8 KiB only, the others LNPipe's).
+        for kind, th, nv, s in (("FWD", 256, 16, 3), ("FWD", 512, 8, 3), ("FWD", 512, 16, 1),
+                                ("BWD", 256, 4, 6), ("BWD", 256, 4, 4), ("BWD", 512, 2, 6)):
+            dfn = {"LN_%s_BULK_THREADS" % kind: th, "LN_%s_BULK_NV" % kind: nv, "LN_%s_BULK_S" % kind: s}
+            kn = "ln_%s_bulk_bf16" % kind.lower()
             try:
                 mod = Module("norm", defines=dfn)
-                print("  bulk variant %s ln_fwd_bulk_bf16: %s" % (dfn, mod.regs("ln_fwd_bulk_bf16")))
-                ln_vars.append(("bulk fwd T=%d,NV=%d,S=%d" % (th, nv, s), LNBulk(mod, th, nv, s)))
-            except Exception as e:  # noqa: BLE001
-                print("bulk variant %s: %s" % (dfn, str(e)[:600]))
-        # The backward's, with ln_fwd and rows of at least 8 KiB only (the others: LNPipe's).
-        for th, nv, s in ((256, 4, 6), (256, 4, 4), (512, 2, 6)):
-            dfn = {"LN_BWD_BULK_THREADS": th, "LN_BWD_BULK_NV": nv, "LN_BWD_BULK_S": s}
-            try:
-                mod = Module("norm", defines=dfn)
-                print("  bulk variant %s ln_bwd_bulk_bf16: %s" % (dfn, mod.regs("ln_bwd_bulk_bf16")))
-                ln_vars.append(("bulk bwd T=%d,NV=%d,S=%d" % (th, nv, s), LNBulkBwd(mod, th, nv, s)))
+                print("  bulk variant %s %s: %s" % (dfn, kn, mod.regs(kn)))
+                k = LNBulk(mod, th, nv, s) if kind == "FWD" else LNBulkBwd(mod, th, nv, s)
+                ln_vars.append(("bulk %s T=%d,NV=%d,S=%d" % (kind.lower(), th, nv, s), k))
             except Exception as e:  # noqa: BLE001
                 print("bulk variant %s: %s" % (dfn, str(e)[:600]))
     ce_vars = []

@@ -228,19 +228,58 @@ __device__ __forceinline__ void order(const I* ids, size_t n, size_t V, const un
     }
 }
 
-// Sums entries [k0, k1) of a bucket (the dy rows positions[k], in increasing k, from
-// 0) over vectors [base, base + 32 * U) of the row: acc[u] holds vector base + lane + 32 u.
-template <typename T, int U>
-__device__ __forceinline__ void bucket_sum(const T* dy, const unsigned* positions, unsigned k0, unsigned k1,
-                                           size_t D, size_t nv, size_t base, unsigned lane,
-                                           float (*acc)[Ty<T>::V]) {
+// A bucket's dy rows pos(k), k in [k0, k1): from global memory (emb_bwd's positions) or
+// shared memory (emb_bwd_scan's).
+struct GlobalPos {
+    const unsigned* p;
+    __device__ __forceinline__ unsigned operator()(unsigned k) const { return __ldg(p + k); }
+};
+struct SharedPos {
+    const unsigned short* p;
+    __device__ __forceinline__ unsigned operator()(unsigned k) const { return p[k]; }
+};
+
+// Sums the dy rows pos(k0..k1) (in increasing k, from 0) over vectors [base, base + 32 U)
+// of the row: acc[u] holds vector base + lane + 32 u. The loads of KU rows are issued
+// before any of them is added (the same additions in the same order): a long segment then
+// waits on a row's latency every KU rows, not every row.
+template <typename T, int U, int KU, typename Pos>
+__device__ __forceinline__ void rows_sum(const T* dy, Pos pos, unsigned k0, unsigned k1, size_t D, size_t nv,
+                                         size_t base, unsigned lane, float (*acc)[Ty<T>::V]) {
     constexpr int VW = Ty<T>::V;
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int e = 0; e < VW; ++e) acc[u][e] = 0.0f;
-    for (unsigned k = k0; k < k1; ++k) {
-        const T* src = dy + (size_t)__ldg(positions + k) * D;
+    unsigned k = k0;
+    if constexpr (KU > 1) {
+        for (; k + KU <= k1; k += KU) {
+            uint4 r[KU][U];
+#pragma unroll
+            for (int q = 0; q < KU; ++q) {
+                const T* src = dy + (size_t)pos(k + q) * D;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const size_t j = base + lane + 32 * u;
+                    if (j < nv) r[q][u] = ldg16(src + j * VW);
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < KU; ++q)
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const size_t j = base + lane + 32 * u;
+                    if (j < nv) {
+                        float f[VW];
+                        Ty<T>::unpack(r[q][u], f);
+#pragma unroll
+                        for (int e = 0; e < VW; ++e) acc[u][e] += f[e];
+                    }
+                }
+        }
+    }
+    for (; k < k1; ++k) {
+        const T* src = dy + (size_t)pos(k) * D;
         uint4 r[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -256,6 +295,74 @@ __device__ __forceinline__ void bucket_sum(const T* dy, const unsigned* position
 #pragma unroll
                 for (int e = 0; e < VW; ++e) acc[u][e] += f[e];
             }
+        }
+    }
+}
+
+// One warp writes table row `out`: the sum of the dy rows pos(k0..k1) in increasing k
+// (zeros for an empty bucket), in 16-byte vectors (U per lane per pass) when vec, else
+// element by element.
+template <typename T, int U, typename Pos>
+__device__ __forceinline__ void warp_row(const T* dy, Pos pos, unsigned k0, unsigned k1, T* out, size_t D,
+                                         bool vec, unsigned lane) {
+    constexpr int VW = Ty<T>::V;
+    if (vec) {
+        const size_t nv = D / VW;
+        for (size_t base = 0; base < nv; base += 32 * U) {
+            float acc[U][VW];
+            rows_sum<T, U, 1>(dy, pos, k0, k1, D, nv, base, lane, acc);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const size_t j = base + lane + 32 * u;
+                if (j < nv) st16(out + j * VW, Ty<T>::pack(acc[u]));
+            }
+        }
+    } else {
+        for (size_t j = lane; j < D; j += 32) {
+            float s = 0.0f;
+            for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)pos(k) * D + j);
+            Ty<T>::store(out + j, s);
+        }
+    }
+}
+
+// The whole block writes table row `out` (every thread calls it: block barriers). On the
+// vector path warp w of nw sums the w-th of nw consecutive segments of ceil((k1 - k0) / nw)
+// entries, and the segment sums are added in segment order through part (nw rows of PS >=
+// 32 U VW floats of shared memory); on the scalar path each thread sums its elements in
+// increasing k.
+template <typename T, int U, int KU, int PS, typename Pos>
+__device__ __forceinline__ void block_row(const T* dy, Pos pos, unsigned k0, unsigned k1, T* out, size_t D,
+                                          bool vec, float* part) {
+    constexpr int VW = Ty<T>::V;
+    static_assert(PS >= 32 * U * VW, "a warp's partials fit its row of part");
+    const unsigned lane = lane_id(), warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (vec) {
+        const size_t nv = D / VW;
+        const unsigned seg = (k1 - k0 + nw - 1) / nw;
+        const unsigned s0 = k0 + warp * seg < k1 ? k0 + warp * seg : k1;
+        const unsigned s1 = s0 + seg < k1 ? s0 + seg : k1;
+        for (size_t base = 0; base < nv; base += 32 * U) {
+            float acc[U][VW];
+            rows_sum<T, U, KU>(dy, pos, s0, s1, D, nv, base, lane, acc);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int e = 0; e < VW; ++e) part[warp * PS + (lane + 32 * u) * VW + e] = acc[u][e];
+            __syncthreads();
+            const size_t left = nv - base < (size_t)(32 * U) ? nv - base : (size_t)(32 * U);
+            for (size_t q = threadIdx.x; q < left * VW; q += blockDim.x) {
+                float t = 0.0f;
+                for (unsigned w = 0; w < nw; ++w) t += part[w * PS + q];
+                Ty<T>::store(out + base * VW + q, t);
+            }
+            __syncthreads();
+        }
+    } else {
+        for (size_t j = threadIdx.x; j < D; j += blockDim.x) {
+            float s = 0.0f;
+            for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)pos(k) * D + j);
+            Ty<T>::store(out + j, s);
         }
     }
 }
@@ -278,7 +385,6 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
     __shared__ unsigned long long s_heavy;  // bit j: row j of the tile has > EMB_HEAVY entries
     const unsigned lane = lane_id(), warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const bool vec = D % VW == 0 && aligned16(dy) && aligned16(dtable) && blockDim.x <= RTX_BLOCK;
-    const size_t nv = D / VW;
     // Tile t holds rows t, t + ntiles, t + 2 ntiles, ... (interleaved, not consecutive):
     // frequent ids cluster at low rows in real text (Zipf), and consecutive tiles would
     // give one block every heavy bucket to sum one after another.
@@ -302,57 +408,12 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
             if (row >= V) break;
             const unsigned k0 = s_k[0][j], k1 = s_k[1][j];
             if (k1 - k0 > EMB_HEAVY) continue;
-            T* out = dtable + row * D;
-            if (vec) {
-                for (size_t base = 0; base < nv; base += 32 * U) {
-                    float acc[U][VW];
-                    bucket_sum<T, U>(dy, positions, k0, k1, D, nv, base, lane, acc);
-#pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const size_t j = base + lane + 32 * u;
-                        if (j < nv) st16(out + j * VW, Ty<T>::pack(acc[u]));
-                    }
-                }
-            } else {
-                for (size_t j = lane; j < D; j += 32) {
-                    float s = 0.0f;
-                    for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)__ldg(positions + k) * D + j);
-                    Ty<T>::store(out + j, s);
-                }
-            }
+            warp_row<T, U>(dy, GlobalPos{positions}, k0, k1, dtable + row * D, D, vec, lane);
         }
         for (unsigned long long heavy = s_heavy; heavy; heavy &= heavy - 1) {  // uniform over the block
             const size_t j = (size_t)(__ffsll((long long)heavy) - 1);
-            const size_t row = tile + j * ntiles;
-            const unsigned k0 = s_k[0][j], k1 = s_k[1][j];
-            T* out = dtable + row * D;
-            if (vec) {
-                const unsigned seg = (k1 - k0 + nw - 1) / nw;
-                const unsigned s0 = k0 + warp * seg < k1 ? k0 + warp * seg : k1;
-                const unsigned s1 = s0 + seg < k1 ? s0 + seg : k1;
-                for (size_t base = 0; base < nv; base += 32 * U) {
-                    float acc[U][VW];
-                    bucket_sum<T, U>(dy, positions, s0, s1, D, nv, base, lane, acc);
-#pragma unroll
-                    for (int u = 0; u < U; ++u)
-#pragma unroll
-                        for (int e = 0; e < VW; ++e) part[warp][(lane + 32 * u) * VW + e] = acc[u][e];
-                    __syncthreads();
-                    const size_t left = nv - base < (size_t)(32 * U) ? nv - base : (size_t)(32 * U);
-                    for (size_t q = threadIdx.x; q < left * VW; q += blockDim.x) {
-                        float t = 0.0f;
-                        for (unsigned w = 0; w < nw; ++w) t += part[w][q];
-                        Ty<T>::store(out + base * VW + q, t);
-                    }
-                    __syncthreads();
-                }
-            } else {
-                for (size_t j = threadIdx.x; j < D; j += blockDim.x) {
-                    float s = 0.0f;
-                    for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)__ldg(positions + k) * D + j);
-                    Ty<T>::store(out + j, s);
-                }
-            }
+            block_row<T, U, 1, 32 * U * 8>(dy, GlobalPos{positions}, s_k[0][j], s_k[1][j],
+                                           dtable + (tile + j * ntiles) * D, D, vec, &part[0][0]);
         }
         __syncthreads();  // s_k is rewritten by the next tile
     }
@@ -379,56 +440,6 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
 #define EMB_SCAN_ROWS 4096     // most table rows per block (4 counts per thread in the scan)
 #define EMB_SCAN_Q (EMB_SCAN_MAX / 4 / EMB_SCAN_THREADS)  // 16-byte vectors of ids per thread
 #define EMB_SCAN_NW (EMB_SCAN_THREADS / 32)
-
-// Sums dy rows pos[k0..k1) (in increasing k, from 0) over vectors [base, base + 32 U) of
-// the row: acc[u] holds vector base + lane + 32 u. pos is in shared memory. The loads of
-// KU rows are issued before any of them is added (the same additions in the same order):
-// a long segment then waits on a row's latency every KU rows, not every row.
-template <typename T, int U, int KU>
-__device__ __forceinline__ void scan_sum(const T* dy, const unsigned short* pos, unsigned k0, unsigned k1,
-                                         size_t D, size_t nv, size_t base, unsigned lane,
-                                         float (*acc)[Ty<T>::V]) {
-    constexpr int VW = Ty<T>::V;
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int e = 0; e < VW; ++e) acc[u][e] = 0.0f;
-    auto add = [&](const uint4 (&r)[U]) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const size_t j = base + lane + 32 * u;
-            if (j < nv) {
-                float f[VW];
-                Ty<T>::unpack(r[u], f);
-#pragma unroll
-                for (int e = 0; e < VW; ++e) acc[u][e] += f[e];
-            }
-        }
-    };
-    auto load = [&](unsigned k, uint4 (&r)[U]) {
-        const T* src = dy + (size_t)pos[k] * D;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const size_t j = base + lane + 32 * u;
-            if (j < nv) r[u] = ldg16(src + j * VW);
-        }
-    };
-    unsigned k = k0;
-    for (; k + KU <= k1; k += KU) {
-        uint4 r[KU][U];
-#pragma unroll
-        for (int q = 0; q < KU; ++q) load(k + q, r[q]);
-#pragma unroll
-        for (int q = 0; q < KU; ++q) add(r[q]);
-    }
-    if constexpr (KU > 1) {
-        for (; k < k1; ++k) {
-            uint4 r[U];
-            load(k, r);
-            add(r);
-        }
-    }
-}
 
 template <typename T, typename I>
 __device__ __forceinline__ void bwd_scan(const T* dy, const I* ids, size_t n, T* dtable, size_t V, size_t D,
@@ -534,64 +545,22 @@ __device__ __forceinline__ void bwd_scan(const T* dy, const I* ids, size_t n, T*
     __syncthreads();
     // 3. The rows: a warp per row of at most EMB_HEAVY entries, the others listed.
     const bool vec = D % VW == 0 && aligned16(dy) && aligned16(dtable);
-    const size_t nv = D / VW;
     for (unsigned j = warp; j < rows_b; j += NW) {
         const unsigned k0 = off[j], k1 = off[j + 1];
         if (k1 - k0 > EMB_HEAVY) {
             if (lane == 0) s_heavy[atomicAdd(&s_nheavy, 1u)] = j;
             continue;
         }
-        T* out = dtable + ((size_t)b + (size_t)j * G) * D;
-        if (vec) {
-            for (size_t base = 0; base < nv; base += 32 * U) {
-                float acc[U][VW];
-                scan_sum<T, U, 1>(dy, P, k0, k1, D, nv, base, lane, acc);
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const size_t q2 = base + lane + 32 * u;
-                    if (q2 < nv) st16(out + q2 * VW, Ty<T>::pack(acc[u]));
-                }
-            }
-        } else {
-            for (size_t q2 = lane; q2 < D; q2 += 32) {
-                float s = 0.0f;
-                for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)P[k] * D + q2);
-                Ty<T>::store(out + q2, s);
-            }
-        }
+        warp_row<T, U>(dy, SharedPos{P}, k0, k1, dtable + ((size_t)b + (size_t)j * G) * D, D, vec, lane);
     }
     __syncthreads();
     // Heavy rows (the list's order does not matter: each row's sum order is fixed): warp w
     // sums the w-th of NW consecutive segments, the segment sums are added in order.
     const unsigned nheavy = s_nheavy;
     for (unsigned h = 0; h < nheavy; ++h) {
-        const unsigned j = s_heavy[h], k0 = off[j], k1 = off[j + 1];
-        T* out = dtable + ((size_t)b + (size_t)j * G) * D;
-        const unsigned seg = (k1 - k0 + NW - 1) / NW;
-        const unsigned s0 = k0 + warp * seg < k1 ? k0 + warp * seg : k1;
-        const unsigned s1 = s0 + seg < k1 ? s0 + seg : k1;
-        if (vec) {
-            for (size_t base = 0; base < nv; base += 32) {
-                float acc[1][VW];
-                scan_sum<T, 1, 4>(dy, P, s0, s1, D, nv, base, lane, acc);
-#pragma unroll
-                for (int e = 0; e < VW; ++e) part[warp * 32 * VW + lane * VW + e] = acc[0][e];
-                __syncthreads();
-                const size_t left = nv - base < 32 ? nv - base : 32;
-                for (size_t q2 = t; q2 < left * VW; q2 += blockDim.x) {
-                    float s = 0.0f;
-                    for (unsigned w2 = 0; w2 < NW; ++w2) s += part[w2 * 32 * VW + q2];
-                    Ty<T>::store(out + base * VW + q2, s);
-                }
-                __syncthreads();
-            }
-        } else {
-            for (size_t q2 = t; q2 < D; q2 += blockDim.x) {
-                float s = 0.0f;
-                for (unsigned k = k0; k < k1; ++k) s += Ty<T>::load(dy + (size_t)P[k] * D + q2);
-                Ty<T>::store(out + q2, s);
-            }
-        }
+        const unsigned j = s_heavy[h];
+        block_row<T, 1, 4, 32 * VW>(dy, SharedPos{P}, off[j], off[j + 1], dtable + ((size_t)b + (size_t)j * G) * D,
+                                    D, vec, part);
     }
 }
 

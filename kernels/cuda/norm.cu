@@ -235,6 +235,27 @@ __device__ __forceinline__ void ln_load_row(const T* xr, size_t nv, unsigned gl,
     }
 }
 
+// y = (x - mu) * r * gamma + beta for this thread's NV vectors of the row (raw: vector gl
+// + k * gn at k), stored with ln_st_stream.
+template <typename T, int NV>
+__device__ __forceinline__ void ln_store_row(const uint4* raw, const T* gamma, const T* beta, T* yr, size_t nv,
+                                             unsigned gl, unsigned gn, float mu, float r, bool stream) {
+    constexpr int V = Ty<T>::V;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const size_t i = gl + (size_t)k * gn;
+        if (i < nv) {
+            float f[V], g[V], b[V];
+            Ty<T>::unpack(raw[k], f);
+            load_vec<T, V>(gamma + i * V, g);
+            load_vec<T, V>(beta + i * V, b);
+#pragma unroll
+            for (int e = 0; e < V; ++e) f[e] = (f[e] - mu) * r * g[e] + b[e];
+            ln_st_stream(yr + i * V, Ty<T>::pack(f), stream);
+        }
+    }
+}
+
 // One row of the forward by a group of `gn` threads (lane `gl`), nv = d / V vectors, the
 // row already in `raw` (ln_load_row).
 template <typename T>
@@ -267,19 +288,7 @@ __device__ __forceinline__ void ln_fwd_row(const uint4* raw, const T* gamma, con
         }
     }
     r = rsqrtf(group_sum(q, gi, gn, sm) * inv_d + eps);
-#pragma unroll
-    for (int k = 0; k < LN_NV; ++k) {
-        const size_t i = gl + (size_t)k * gn;
-        if (i < nv) {
-            float f[V], g[V], b[V];
-            Ty<T>::unpack(raw[k], f);
-            load_vec<T, V>(gamma + i * V, g);
-            load_vec<T, V>(beta + i * V, b);
-#pragma unroll
-            for (int e = 0; e < V; ++e) f[e] = (f[e] - mu) * r * g[e] + b[e];
-            ln_st_stream(yr + i * V, Ty<T>::pack(f), stream);
-        }
-    }
+    ln_store_row<T, LN_NV>(raw, gamma, beta, yr, nv, gl, gn, mu, r, stream);
 }
 
 // The row's dy and x vectors this thread holds (NV per thread, as ln_load_row).

@@ -188,20 +188,7 @@ __device__ __forceinline__ void ln_fwd_bulk(const T* x, const T* gamma, const T*
             ln_bulk_load(ring + s * rb, x + ahead * d, rb, bar + 8u * s);
         }
         const float mu = a.m, r = rsqrtf(a.q * inv_d + eps);
-        T* yr = y + row * d;
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {
-            const size_t i = gl + (size_t)k * gn;
-            if (i < nv) {
-                float f[V], g[V], b[V];
-                Ty<T>::unpack(raw[k], f);
-                load_vec<T, V>(gamma + i * V, g);
-                load_vec<T, V>(beta + i * V, b);
-#pragma unroll
-                for (int e = 0; e < V; ++e) f[e] = (f[e] - mu) * r * g[e] + b[e];
-                ln_st_stream(yr + i * V, Ty<T>::pack(f), stream);
-            }
-        }
+        ln_store_row<T, NV>(raw, gamma, beta, y + row * d, nv, gl, gn, mu, r, stream);
         if (gl == 0) { mean[row] = mu; rstd[row] = r; }
         if (++s == S) { s = 0; ph ^= 1; }
     }

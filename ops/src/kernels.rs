@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
     CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg,
 };
@@ -206,6 +207,20 @@ pub(crate) fn function(
         .0
         .insert(key, f.clone());
     Ok(f)
+}
+
+/// Raises `f`'s dynamic shared-memory limit to `bytes` on this stream's device (above 48
+/// KiB a kernel must ask); false where the device refuses, and the caller takes a kernel
+/// that needs less.
+pub(crate) fn allow_dynamic_smem(scx: &StreamCx, f: &CudaFunction, bytes: usize) -> bool {
+    scx.context().bind_to_thread().is_ok()
+        && i32::try_from(bytes).is_ok_and(|b| {
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                b,
+            )
+            .is_ok()
+        })
 }
 
 /// The CUBIN of `module` for compute capability `arch`, from the global kernel cache.

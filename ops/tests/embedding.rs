@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use rand::Rng;
 use rtx_ops::embedding::{embedding, embedding_backward};
-use rtx_runtime::{bf16, f16, Backend, BackendKind, DType, Element, Error, Runtime, Tensor};
+use rtx_runtime::{bf16, f16, BackendKind, DType, Element, Error, Runtime, Tensor};
 
 fn ids_tensor(rt: &Runtime, ids: &[i64], shape: &[usize], dt: DType) -> Tensor {
     match dt {
@@ -175,24 +175,17 @@ backend_test!(out_of_range_ids, |rt, label| {
 /// cases past its limits through the five launches.
 #[test]
 fn one_launch_backward_scatter_adds_deterministically() {
-    rtx_ops::set_poison_outputs(true);
-    if !rtx_runtime::cuda::present_for_tests() {
-        return;
-    }
-    for streams in [1, 4] {
-        let rt = Runtime::builder()
-            .backend(Backend::Cuda(vec![]))
-            .streams(streams)
-            .embedding_one_launch(true)
-            .build()
-            .expect("building a CUDA runtime");
-        assert!(rt.settings().embedding_one_launch);
-        let label = format!("cuda/{streams} one-launch");
-        backward_case::<f32>(&rt, &label);
-        backward_case::<bf16>(&rt, &label);
-        backward_case::<f16>(&rt, &label);
-        out_of_range_case(&rt, &label);
-    }
+    for_each_cuda_with(
+        |b| b.embedding_one_launch(true),
+        "one-launch",
+        |rt, label| {
+            assert!(rt.settings().embedding_one_launch);
+            backward_case::<f32>(rt, label);
+            backward_case::<bf16>(rt, label);
+            backward_case::<f16>(rt, label);
+            out_of_range_case(rt, label);
+        },
+    );
 }
 
 backend_test!(bad_embeddings_are_rejected_and_given_back, |rt, label| {

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use rtx_ops::norm::{layer_norm, layer_norm_backward};
-use rtx_runtime::{bf16, f16, Backend, DType, Element, Error, Runtime};
+use rtx_runtime::{bf16, f16, DType, Element, Error, Runtime};
 
 /// The f64 forward: (y, mean, rstd).
 fn forward_ref(x: &[f64], g: &[f64], b: &[f64], eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
@@ -148,23 +148,16 @@ backend_test!(layer_norm_matches_f64, |rt, label| {
 /// capability 9.0 and newer, else the same kernels as above): the same cases against f64.
 #[test]
 fn bulk_layer_norm_matches_f64() {
-    rtx_ops::set_poison_outputs(true);
-    if !rtx_runtime::cuda::present_for_tests() {
-        return;
-    }
-    for streams in [1, 4] {
-        let rt = Runtime::builder()
-            .backend(Backend::Cuda(vec![]))
-            .streams(streams)
-            .layer_norm_bulk(true)
-            .build()
-            .expect("building a CUDA runtime");
-        assert!(rt.settings().layer_norm_bulk);
-        let label = format!("cuda/{streams} bulk");
-        parity::<f32>(&rt, &label);
-        parity::<f16>(&rt, &label);
-        parity::<bf16>(&rt, &label);
-    }
+    for_each_cuda_with(
+        |b| b.layer_norm_bulk(true),
+        "bulk",
+        |rt, label| {
+            assert!(rt.settings().layer_norm_bulk);
+            parity::<f32>(rt, label);
+            parity::<f16>(rt, label);
+            parity::<bf16>(rt, label);
+        },
+    );
 }
 
 // The backward against central finite differences of L = sum(w · y) in f64.

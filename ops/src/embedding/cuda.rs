@@ -18,7 +18,6 @@
 //! stream-ordered after them. Both are deterministic; they may differ from each other in
 //! the last bits of a row summed in segments.
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
@@ -73,17 +72,12 @@ fn scan_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
         return Ok(ok);
     }
     let most = scan_smem(SCAN_MAX_IDS, SCAN_MAX_ROWS, std::mem::size_of::<T>());
-    let mut ok = scx.context().bind_to_thread().is_ok();
+    let mut ok = true;
     for (code, it) in [(0u16, "i32"), (1, "u32")] {
         let f = kernels::function(scx, MODULE, 0x700 | code, T::DTYPE, || {
             format!("emb_bwd_scan_{}_{it}", T::DTYPE.name())
         })?;
-        ok = ok
-            && f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                most as i32,
-            )
-            .is_ok();
+        ok = ok && kernels::allow_dynamic_smem(scx, &f, most);
     }
     if !ok {
         tracing::debug!(

@@ -18,7 +18,6 @@
 //! scratch (`StreamCx::scratch`), so the backward allocates only its outputs and can be
 //! captured into a graph.
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
@@ -128,12 +127,7 @@ fn pipe_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
         let f = kernels::function(scx, MODULE, 5, T::DTYPE, || {
             format!("ln_bwd_pipe_{}", T::DTYPE.name())
         })?;
-        let granted = scx.context().bind_to_thread().is_ok()
-            && f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                PIPE_SMEM as i32,
-            )
-            .is_ok();
+        let granted = kernels::allow_dynamic_smem(scx, &f, PIPE_SMEM);
         if !granted {
             tracing::debug!(
                 "layer_norm_backward: {PIPE_SMEM} bytes of shared memory refused on device {}; \
@@ -159,17 +153,12 @@ fn bulk_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
     if let Some(ok) = scx.ext::<NormState>(|_| Ok(NormState::default()))?.bulk[slot] {
         return Ok(ok);
     }
-    let mut ok = scx.context().bind_to_thread().is_ok();
+    let mut ok = true;
     for (code, kernel) in [(6u16, "fwd_bulk"), (7, "bwd_bulk")] {
         let f = kernels::function(scx, MODULE, code, T::DTYPE, || {
             format!("ln_{kernel}_{}", T::DTYPE.name())
         })?;
-        ok = ok
-            && f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                BULK_SMEM as i32,
-            )
-            .is_ok();
+        ok = ok && kernels::allow_dynamic_smem(scx, &f, BULK_SMEM);
     }
     if !ok {
         tracing::debug!(

@@ -9,7 +9,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rtx_runtime::{Backend, DType, Element, Runtime, Tensor};
+use rtx_runtime::{Backend, Builder, DType, Element, Runtime, Tensor};
 
 /// Runs `case(rt, label)` on every backend available (see the module docs).
 pub fn for_each_backend(mut case: impl FnMut(&Runtime, &str)) {
@@ -27,6 +27,28 @@ pub fn for_each_backend(mut case: impl FnMut(&Runtime, &str)) {
                 .expect("building a CUDA runtime");
             case(&rt, &format!("cuda/{streams}"));
         }
+    }
+}
+
+/// Runs `case(rt, label)` on CUDA runtimes of 1 and 4 streams built with `set` (an
+/// experimental setting on), when a device is present (see the module docs); the label
+/// ends in `tag`.
+pub fn for_each_cuda_with(
+    set: impl Fn(Builder) -> Builder,
+    tag: &str,
+    mut case: impl FnMut(&Runtime, &str),
+) {
+    rtx_ops::set_poison_outputs(true);
+    if !rtx_runtime::cuda::present_for_tests() {
+        return;
+    }
+    for streams in [1, 4] {
+        let rt = set(Runtime::builder()
+            .backend(Backend::Cuda(vec![]))
+            .streams(streams))
+        .build()
+        .expect("building a CUDA runtime");
+        case(&rt, &format!("cuda/{streams} {tag}"));
     }
 }
 
