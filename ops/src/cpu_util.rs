@@ -210,8 +210,12 @@ pub(crate) mod testing {
     use rand::{Rng, SeedableRng};
 
     /// A fresh random seed and its generator; print the seed in assertion messages.
+    /// `RTX_TEST_SEED` replays a failure's seed (as in the integration tests).
     pub fn rng() -> (u64, StdRng) {
-        let seed: u64 = rand::random();
+        let seed: u64 = std::env::var("RTX_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random);
         (seed, StdRng::seed_from_u64(seed))
     }
 

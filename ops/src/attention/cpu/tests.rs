@@ -283,9 +283,12 @@ fn check_backward<T: Float>(p: &AttnParams) {
     let (exact_o, _) = ref_forward(p, &inputs[0], &inputs[1], &inputs[2], mf.as_deref());
     // The analytic reference with the exact O must match finite differences.
     let exact = ref_backward(p, &inputs, mf.as_deref(), &exact_o, &df);
-    // With the kernel's stored O, it is the kernel's own math in f64: for bf16,
-    // the rounding of O (2^-9) feeds D = rowsum(dO∘O), and dP − D cancels, so
-    // finite differences of the exact function are out of bf16's reach.
+    // With the kernel's stored O, it is the kernel's own math in f64: for bf16 and f16,
+    // the rounding of O (2^-9, 2^-11) feeds D = rowsum(dO∘O), and dP − D cancels, so
+    // finite differences of the exact function are out of their reach (f16 missed 1e-2
+    // for about 1 seed in 200: 0.0107 with seed 16165062110441095252, lq 3, lk 6, d 2,
+    // causal). The chain holds without them: the kernel against this reference, the
+    // exact reference against finite differences.
     let stored = ref_backward(p, &inputs, mf.as_deref(), &f64s(&o), &df);
     for (which, got) in [(0, &dq), (1, &dk), (2, &dv)] {
         let name = ["dq", "dk", "dv"][which];
@@ -301,7 +304,7 @@ fn check_backward<T: Float>(p: &AttnParams) {
             "{p:?} {:?} {name} err {e} seed {seed}",
             T::KIND
         );
-        if T::KIND != crate::cpu_util::FloatKind::Bf16 {
+        if T::KIND == crate::cpu_util::FloatKind::F32 {
             let e = rel_err(got, &fd);
             assert!(
                 e < tol::<T>(),
