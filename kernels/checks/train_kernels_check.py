@@ -693,7 +693,7 @@ def nt_of(v):
 
 class Emb:
     """scan: the backward as the launcher takes it with the setting embedding_one_launch
-    on (emb_bwd_scan, one launch, for at most 8192 ids); False (the launcher's default):
+    on (emb_bwd_scan, one launch, for at most 16384 ids); False (the launcher's default):
     the five launches (count, scan, scatter, order, emb_bwd)."""
     def __init__(self, mod, scan=False):
         self.m = mod
@@ -736,7 +736,7 @@ class Emb:
         the launcher (ops/src/embedding/cuda.rs) takes the five launches."""
         n, d = dy.shape
         r = (v + SMS - 1) // SMS
-        if not self.scan or n > 8192 or r > 4096 or v * SMS >= 1 << 32:
+        if not self.scan or n > 16384 or r > 4096 or v * SMS >= 1 << 32:
             return None
         smem = 4 * n + 2 * (n + n % 2) + 4 * (r + 1) + 4 * r + 4 * 32 * 32 * (16 // dy.element_size())
         bad = sc["cnt"][v + nt_of(v):]
@@ -760,7 +760,7 @@ def check_emb(em):
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         for v, d, n, mode in ((1000, 768, 4096, "rand"), (50257, 768, 8192, "zipf"), (37, 13, 100, "rand"),
                               (5, 64, 3000, "rand"), (300, 96, 2049, "same"), (64, 100, 513, "rand"),
-                              (2000, 64, 9000, "zipf"), (600000, 4, 50, "rand")):
+                              (2000, 64, 17000, "zipf"), (3000, 96, 16384, "zipf"), (600000, 4, 50, "rand")):
             table = torch.randn(v, d, device=DEV).to(dt)
             if mode == "same":
                 ids = torch.full((n,), 7, device=DEV, dtype=torch.int32)
@@ -959,7 +959,7 @@ def main():
     emb_vars = []
     if "emb" in only and not args.no_bench:
         # The one-launch backward (emb_bwd_scan; the setting embedding_one_launch), checked
-        # on every case (past 8192 ids it falls back to the five launches, as the launcher).
+        # on every case (past 16384 ids it falls back to the five launches, as the launcher).
         if "embedding" in mods:
             emb_vars.append(("one-launch", Emb(mods["embedding"], scan=True)))
     ad_vars = []

@@ -58,7 +58,7 @@
 //     every element of dtable written once, as emb_bwd, with no scratch and no launch
 //     before it; *bad = the number of invalid ids (written by block 0, no memset). Blocks
 //     of EMB_SCAN_THREADS = 1024, grid G = the SM count: block b owns rows b, b + G, ...
-//     Needs n <= EMB_SCAN_MAX = 8192, ceil(V / G) <= EMB_SCAN_ROWS = 4096, V * G < 2^32,
+//     Needs n <= EMB_SCAN_MAX = 16384, ceil(V / G) <= EMB_SCAN_ROWS = 4096, V * G < 2^32,
 //     and dynamic shared memory 4 n + 2 (n rounded up to even) + 4 (2 R + 1) + 65536 /
 //     sizeof(T) bytes (R = ceil(V / G)); see bwd_scan. A row of more than
 //     EMB_HEAVY entries is summed in 32 segments (emb_bwd: 8) on the 16-byte vector
@@ -423,8 +423,8 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
 //
 // Each block owns the table rows b, b + G, b + 2G, ... (G = gridDim.x, one block per SM):
 // interleaved, so that the frequent ids of text (low rows) spread over the blocks. Every
-// block reads all n ids (from L2: 32 KiB at n = 8192) and keeps those of its rows as
-// entries (j << 13 | i, j = id / G its local row), in increasing i. A counting sort of
+// block reads all n ids (from L2: 64 KiB at n = 16384) and keeps those of its rows as
+// entries (j << 14 | i, j = id / G its local row), in increasing i. A counting sort of
 // the entries by j in shared memory (counts, a block scan, a stable placement by one
 // warp) gives each local row its positions in increasing i; then each warp writes whole
 // rows as emb_bwd does (the ordered sum of its positions, zeros for an empty row), and a
@@ -435,8 +435,8 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
 // memory scan_smem(n, ceil(V / G), sizeof(T)) bytes (the launcher's formula, in
 // ops/src/embedding/cuda.rs).
 #define EMB_SCAN_THREADS 1024
-#define EMB_SCAN_MAX 8192      // most ids (an entry keeps i in 13 bits)
-#define EMB_SCAN_IBITS 13
+#define EMB_SCAN_MAX 16384     // most ids (an entry keeps i in 14 bits)
+#define EMB_SCAN_IBITS 14
 #define EMB_SCAN_ROWS 4096     // most table rows per block (4 counts per thread in the scan)
 #define EMB_SCAN_Q (EMB_SCAN_MAX / 4 / EMB_SCAN_THREADS)  // 16-byte vectors of ids per thread
 #define EMB_SCAN_NW (EMB_SCAN_THREADS / 32)
@@ -530,7 +530,7 @@ __device__ __forceinline__ void bwd_scan(const T* dy, const I* ids, size_t n, T*
         for (unsigned base = 0; base < m; base += 32) {
             const unsigned k = base + lane;
             const unsigned e = k < m ? L[k] : 0xffffffffu;
-            const unsigned j = e >> EMB_SCAN_IBITS;  // 2^19 - 1 past m: no row (R <= 4096)
+            const unsigned j = e >> EMB_SCAN_IBITS;  // 2^18 - 1 past m: no row (R <= 4096)
             const unsigned peers = __match_any_sync(RTX_FULL_MASK, j);
             const unsigned rank = __popc(peers & ((1u << lane) - 1u));
             const unsigned at = k < m ? cur[j] : 0u;

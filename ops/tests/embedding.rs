@@ -74,9 +74,10 @@ fn backward_case<T: Element>(rt: &Runtime, label: &str) {
         (5000, 7, 301, false),
         (3, 768, 2049, false),
         (3000, 256, 6000, true),
-        // Past the one-launch backward on CUDA (more than 8192 ids; more than 4096 rows per
-        // block): the five-launch one.
-        (2000, 64, 9000, true),
+        // The one-launch backward's most ids, then past it on CUDA (more than 16384 ids;
+        // more than 4096 rows per block): the five-launch one.
+        (3000, 32, 16384, true),
+        (2000, 64, 17000, true),
         (600_000, 2, 50, false),
     ] {
         let dy = rand_vec::<T>(&mut r, n * d, -1.0, 1.0);

@@ -7,7 +7,7 @@
 //! `emb_bwd_scan_*`, a block of 1024 threads per SM, each block owning every G-th table
 //! row; every block reads all the ids, sorts those of its rows in shared memory and
 //! writes its rows once (a row's positions summed in increasing order, zeros for an empty
-//! row). It needs up to 114,692 bytes of shared memory per block, asked for once per stream
+//! row). It needs up to 163,844 bytes of shared memory per block, asked for once per stream
 //! and dtype; where the device refuses it, or the ids are more, the backward enqueues
 //! five launches on the op's stream: `emb_count_*` (ids per row and per tile of 1024
 //! rows), `emb_scan` (bucket offsets, a block per tile), `emb_scatter_*` (each id's
@@ -37,8 +37,8 @@ const SCAN_TILE: usize = 1024;
 const BWD_ROWS: usize = 64;
 
 /// Most ids of the one-launch backward (`EMB_SCAN_MAX` in embedding.cu: an entry keeps
-/// the id's position in 13 bits).
-pub(crate) const SCAN_MAX_IDS: usize = 8192;
+/// the id's position in 14 bits).
+pub(crate) const SCAN_MAX_IDS: usize = 16384;
 /// Most table rows per block of the one-launch backward (`EMB_SCAN_ROWS`).
 const SCAN_MAX_ROWS: usize = 4096;
 /// Threads per block of `emb_bwd_scan_*` (`EMB_SCAN_THREADS`).

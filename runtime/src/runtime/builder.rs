@@ -194,7 +194,7 @@ impl Builder {
         self.settings.launch_batching = on;
         self
     }
-    /// Experimental: on CUDA, run `embedding_backward` with at most 8192 ids as one
+    /// Experimental: on CUDA, run `embedding_backward` with at most 16384 ids as one
     /// launch instead of five (default off until measured on a GPU; see the [settings
     /// table](crate::settings)). `RTX_EMB_ONE_LAUNCH=1` turns it on.
     pub fn embedding_one_launch(mut self, on: bool) -> Self {
