@@ -33,7 +33,7 @@
 #endif
 #ifndef LN_BWD_BULK_S
 #define LN_BWD_BULK_S 12  // ln_bwd_bulk: most ring stages (rows ahead per group; fewer where
-                          // the dynamic shared memory holds fewer: 6 at bf16 d = 4096)
+                          // the dynamic shared memory holds fewer: 7 at bf16 d = 4096)
 #endif
 
 namespace {
@@ -201,7 +201,8 @@ __device__ __forceinline__ void ln_fwd_bulk(const T* x, const T* gamma, const T*
 // whole by the copy engine instead of by each thread's cp.async: one bulk copy per row
 // and operand from the group's lane 0, S rows ahead on mbarriers, so that deeper rings
 // cost no instructions per vector (ln_bwd_pipe: 2 rows ahead per group, 64 KiB in flight
-// per SM at bf16 d = 4096; here S = 6 rows of 16 KiB per group, 2 groups: 192 KiB). mean
+// per SM at bf16 d = 4096; here as many rows as the shared memory holds, up to 12: 7 of
+// 16 KiB per group, 2 groups, 224 KiB). mean
 // and rstd are loaded into registers one row ahead; gamma is read through L1 as in
 // ln_fwd. A slot is refilled after the row's ln_dx_regs (its group barriers follow every
 // lane's reads of the slot; a one-warp group adds a __syncwarp).
