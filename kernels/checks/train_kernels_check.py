@@ -5,10 +5,13 @@
         [--only ln,ce,adamw,ew,emb]
 
 Kernels: kernels/cuda/norm.cu (layer norm fwd / bwd: the backward on the cp.async ring,
-the fused one and the three-kernel one), loss.cu (cross entropy fwd / bwd), optim.cu (AdamW, one launch per
-tensor and the multi-tensor launch), embedding.cu (lookup and the deterministic
-scatter-add: uniform, Zipf, all-equal and invalid ids; the backward run twice and
-compared bit for bit), elementwise.cu (add, exp: only timed, at several grid sizes). Each .cu is compiled with cupy's RawModule
+the fused one and the three-kernel one; the forward and backward on bulk-copy rings,
+norm_bulk.cuh, as the setting layer_norm_bulk takes them and in other shapes), loss.cu
+(cross entropy fwd / bwd), optim.cu (AdamW, one launch per tensor and the multi-tensor
+launch), embedding.cu (lookup and the deterministic scatter-add in five launches and, as
+the setting embedding_one_launch takes it, in one: uniform, Zipf, all-equal and invalid
+ids; the backward run twice and compared bit for bit), elementwise.cu (add, exp: only
+timed, at several grid sizes). Each .cu is compiled with cupy's RawModule
 (NVRTC) with the flags rtx uses (sm_90, -std=c++17, --use_fast_math, -I kernels/cuda).
 
 1. Correctness against float64 PyTorch math on fresh torch.randn inputs, every output
