@@ -7,8 +7,9 @@
 //! `emb_bwd_scan_*`, a block of 1024 threads per SM, each block owning every G-th table
 //! row; every block reads all the ids, sorts those of its rows in shared memory and
 //! writes its rows once (a row's positions summed in increasing order, zeros for an empty
-//! row). It needs up to 163,844 bytes of shared memory per block, asked for once per stream
-//! and dtype; where the device refuses it, or the ids are more, the backward enqueues
+//! row). Its shared memory grows with the ids and the rows per block, up to 163,844
+//! bytes; it is asked for once per stream and dtype, up to the device's per-block limit.
+//! Where a launch needs more than was granted, or the ids are more, the backward enqueues
 //! five launches on the op's stream: `emb_count_*` (ids per row and per tile of 1024
 //! rows), `emb_scan` (bucket offsets, a block per tile), `emb_scatter_*` (each id's
 //! position into its bucket, in any order), `emb_order_*` (each bucket sorted by
@@ -18,7 +19,7 @@
 //! stream-ordered after them. Both are deterministic; they may differ from each other in
 //! the last bits of a row summed in segments.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
@@ -52,42 +53,51 @@ fn scan_smem(n: usize, r: usize, elem: usize) -> usize {
     4 * n + 2 * n.next_multiple_of(2) + 4 * (r + 1) + 4 * r + 4 * 32 * 32 * (16 / elem)
 }
 
-/// Per-stream state: whether `emb_bwd_scan_*` was granted its largest shared memory, per
-/// float dtype (f32, f16, bf16).
+/// Per-stream state: the dynamic shared memory `emb_bwd_scan_*` was granted, per float
+/// dtype (f32, f16, bf16); 0 where none was.
 #[derive(Default)]
 struct EmbState {
-    scan: [Option<bool>; 3],
+    scan: [Option<usize>; 3],
 }
 
-/// Whether `emb_bwd_scan_{dt}_*` (both id types) can take [`scan_smem`] bytes at the
-/// largest `n` and `r` on this stream's device (asked once per stream and dtype; a
-/// refusal is remembered and the backward takes the five launches).
-fn scan_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
+/// The dynamic shared memory `emb_bwd_scan_{dt}_*` (both id types) may take on this
+/// stream's device: [`scan_smem`] at the largest `n` and `r`, or less where the device's
+/// per-block limit is lower (then only the launches that fit take it); asked once per
+/// stream and dtype, 0 where refused (the backward takes the five launches).
+fn scan_granted<T: Element>(scx: &mut StreamCx) -> Result<usize> {
     let slot = match T::DTYPE {
         DType::F32 => 0,
         DType::F16 => 1,
         _ => 2,
     };
-    if let Some(ok) = scx.ext::<EmbState>(|_| Ok(EmbState::default()))?.scan[slot] {
-        return Ok(ok);
+    if let Some(granted) = scx.ext::<EmbState>(|_| Ok(EmbState::default()))?.scan[slot] {
+        return Ok(granted);
     }
-    let most = scan_smem(SCAN_MAX_IDS, SCAN_MAX_ROWS, std::mem::size_of::<T>());
-    let mut ok = true;
+    // The device's per-block opt-in limit, less 2 KiB for the kernel's static shared
+    // memory (1,152 bytes).
+    let optin = scx
+        .context()
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_or(0, |v| usize::try_from(v).unwrap_or(0));
+    let want = scan_smem(SCAN_MAX_IDS, SCAN_MAX_ROWS, std::mem::size_of::<T>())
+        .min(optin.saturating_sub(2048));
+    let mut ok = want > 0;
     for (code, it) in [(0u16, "i32"), (1, "u32")] {
         let f = kernels::function(scx, MODULE, 0x700 | code, T::DTYPE, || {
             format!("emb_bwd_scan_{}_{it}", T::DTYPE.name())
         })?;
-        ok = ok && kernels::allow_dynamic_smem(scx, &f, most);
+        ok = ok && kernels::allow_dynamic_smem(scx, &f, want);
     }
     if !ok {
         tracing::debug!(
-            "embedding_backward: {most} bytes of shared memory refused on device {}; \
+            "embedding_backward: {want} bytes of shared memory refused on device {}; \
              using the five-launch backward",
             scx.ordinal()
         );
     }
-    scx.ext::<EmbState>(|_| Ok(EmbState::default()))?.scan[slot] = Some(ok);
-    Ok(ok)
+    let granted = if ok { want } else { 0 };
+    scx.ext::<EmbState>(|_| Ok(EmbState::default()))?.scan[slot] = Some(granted);
+    Ok(granted)
 }
 
 /// Enqueues `emb_bwd_scan_*` when it applies (see the module docs); returns `None` where
@@ -109,7 +119,8 @@ fn backward_scan<T: Element>(
         && (rows as u64)
             .checked_mul(g as u64)
             .is_some_and(|p| p < 1 << 32);
-    if !scx.settings().embedding_one_launch || !fits || !scan_ready::<T>(scx)? {
+    let smem = scan_smem(n, r, std::mem::size_of::<T>());
+    if !scx.settings().embedding_one_launch || !fits || smem > scan_granted::<T>(scx)? {
         return Ok(None);
     }
     let f = kernels::function(scx, MODULE, 0x700 | icode, T::DTYPE, || {
@@ -117,11 +128,10 @@ fn backward_scan<T: Element>(
     })?;
     let mut bad = scx.alloc::<u32>(1)?;
     let mut dt = alloc_out::<T>(scx, rows * d)?;
-    let smem = scan_smem(n, r, std::mem::size_of::<T>()) as u32;
     let cfg = LaunchConfig {
         grid_dim: (g as u32, 1, 1),
         block_dim: (SCAN_THREADS, 1, 1),
-        shared_mem_bytes: smem,
+        shared_mem_bytes: smem as u32,
     };
     let mut lb = scx.stream().launch_builder(&f);
     lb.arg(dy.cuda::<T>()?)
@@ -135,7 +145,7 @@ fn backward_scan<T: Element>(
     // size_t V, size_t D, unsigned* bad), blocks of EMB_SCAN_THREADS = 1024 over a grid of
     // G = the SM count: its conditions hold (n <= EMB_SCAN_MAX, ceil(V / G) <=
     // EMB_SCAN_ROWS, V * G < 2^32, checked above), its dynamic shared memory is
-    // scan_smem(n, ceil(V / G)), within what scan_ready had granted; `dy` holds n * D
+    // scan_smem(n, ceil(V / G)), within what scan_granted had granted; `dy` holds n * D
     // elements, `ids_ptr` n ids, `dt` V * D (each element written once: block b writes
     // rows b, b + G, ...), `bad` one counter (written by block 0). Invalid ids are
     // never used as addresses.
