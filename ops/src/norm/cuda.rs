@@ -18,7 +18,7 @@
 //! scratch (`StreamCx::scratch`), so the backward allocates only its outputs and can be
 //! captured into a graph.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
@@ -60,7 +60,8 @@ const BULK_FWD: (usize, usize, usize) = (256, 16, 12);
 /// `ln_bwd_bulk_*` (`LN_BWD_BULK_*`): the same.
 const BULK_BWD: (usize, usize, usize) = (256, 4, 12);
 /// The most dynamic shared memory the bulk kernels ask for: a block's 227 KiB on compute
-/// capability 9.0 less 2 KiB for their static shared memory.
+/// capability 9.0 less 2 KiB for their static shared memory (less where the device's
+/// per-block limit is lower).
 const BULK_SMEM: usize = 232_448 - 2048;
 
 /// Threads per row group of the register path for rows of `nv` 16-byte vectors
@@ -76,19 +77,21 @@ fn row_group(nv: usize, per: usize, block: usize) -> usize {
 
 /// (groups per block, dynamic shared memory) of a bulk kernel of `(threads, per, stages)`
 /// for rows of `nv` vectors, `operands` rows per slot (x; or dy and x): as many stages,
-/// up to `stages`, as [`BULK_SMEM`] holds (the kernel derives the same count from the
-/// dynamic shared memory it is given). `None` where the row is off its register path.
+/// up to `stages`, as `budget` bytes hold (the kernel derives the same count from the
+/// dynamic shared memory it is given). `None` where the row is off its register path or
+/// not one stage fits.
 fn bulk_plan(
     nv: usize,
     (threads, per, stages): (usize, usize, usize),
     operands: usize,
+    budget: usize,
 ) -> Option<(usize, u32)> {
     if nv == 0 || nv > threads * per {
         return None;
     }
     let gpb = threads / row_group(nv, per, threads);
     let stage = gpb * operands * nv * 16;
-    let s = stages.min(BULK_SMEM / stage);
+    let s = stages.min(budget / stage);
     (s > 0).then(|| (gpb, (s * stage) as u32))
 }
 
@@ -103,7 +106,7 @@ const _: () = assert!(
 #[derive(Default)]
 struct NormState {
     pipe: [Option<bool>; 3],
-    bulk: [Option<bool>; 3],
+    bulk: [Option<usize>; 3],
 }
 
 fn dtype_slot(dtype: DType) -> usize {
@@ -141,34 +144,41 @@ fn pipe_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
     Ok(ok)
 }
 
-/// Whether the bulk-copy kernels (`ln_fwd_bulk_*`, `ln_bwd_bulk_*`) run for `T` on this
-/// stream: the setting `layer_norm_bulk` on, compute capability 9.0 or newer, and
-/// [`BULK_SMEM`] bytes of dynamic shared memory granted to both functions (asked for once
-/// per stream and dtype; a refusal is remembered and the ops take their other kernels).
-fn bulk_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
+/// The dynamic shared memory the bulk-copy kernels (`ln_fwd_bulk_*`, `ln_bwd_bulk_*`)
+/// may take for `T` on this stream, 0 where they do not run: the setting
+/// `layer_norm_bulk` off, compute capability below 9.0, or the device refusing
+/// [`BULK_SMEM`] capped at its per-block limit less 2 KiB (asked for once per stream and
+/// dtype; a refusal is remembered and the ops take their other kernels).
+fn bulk_budget<T: Element>(scx: &mut StreamCx) -> Result<usize> {
     if !scx.settings().layer_norm_bulk || scx.arch().0 < 9 {
-        return Ok(false);
+        return Ok(0);
     }
     let slot = dtype_slot(T::DTYPE);
-    if let Some(ok) = scx.ext::<NormState>(|_| Ok(NormState::default()))?.bulk[slot] {
-        return Ok(ok);
+    if let Some(budget) = scx.ext::<NormState>(|_| Ok(NormState::default()))?.bulk[slot] {
+        return Ok(budget);
     }
-    let mut ok = true;
+    let optin = scx
+        .context()
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_or(0, |v| usize::try_from(v).unwrap_or(0));
+    let want = BULK_SMEM.min(optin.saturating_sub(2048));
+    let mut ok = want > 0;
     for (code, kernel) in [(6u16, "fwd_bulk"), (7, "bwd_bulk")] {
         let f = kernels::function(scx, MODULE, code, T::DTYPE, || {
             format!("ln_{kernel}_{}", T::DTYPE.name())
         })?;
-        ok = ok && kernels::allow_dynamic_smem(scx, &f, BULK_SMEM);
+        ok = ok && kernels::allow_dynamic_smem(scx, &f, want);
     }
     if !ok {
         tracing::debug!(
-            "layer_norm: {BULK_SMEM} bytes of shared memory refused on device {}; \
+            "layer_norm: {want} bytes of shared memory refused on device {}; \
              the bulk-copy kernels are not used",
             scx.ordinal()
         );
     }
-    scx.ext::<NormState>(|_| Ok(NormState::default()))?.bulk[slot] = Some(ok);
-    Ok(ok)
+    let budget = if ok { want } else { 0 };
+    scx.ext::<NormState>(|_| Ok(NormState::default()))?.bulk[slot] = Some(budget);
+    Ok(budget)
 }
 
 /// Enqueues the forward; returns `(y, mean, rstd)`.
@@ -206,10 +216,9 @@ fn forward_t<T: Element>(
             device_addr(b, scx),
         ]
         .iter()
-        .all(|a| a % 16 == 0)
-        && bulk_ready::<T>(scx)?;
+        .all(|a| a % 16 == 0);
     let plan = if bulk {
-        bulk_plan(d / v, BULK_FWD, 1)
+        bulk_plan(d / v, BULK_FWD, 1, bulk_budget::<T>(scx)?)
     } else {
         None
     };
@@ -249,7 +258,7 @@ fn forward_t<T: Element>(
     // `ln_fwd_bulk_{dt}` with the same arguments: `x` and `y` hold rows * d elements,
     // `gamma`, `beta` d, `mean`, `rstd` rows; every output is written (both are
     // grid-stride over rows). The bulk kernel's block is its launch bound, its dynamic
-    // shared memory at most the BULK_SMEM bulk_ready had granted.
+    // shared memory at most the budget bulk_budget had granted.
     unsafe { lb.launch(cfg) }.map_err(|e| launch_error(FWD, e))?;
     Ok([
         Buffer::from_cuda(y),
@@ -322,8 +331,8 @@ fn backward_t<T: Element>(
         && d * std::mem::size_of::<T>() >= FUSED_MIN_BYTES;
     // ln_bwd_bulk_{dt} (the setting layer_norm_bulk) on every row of its register path,
     // short ones too.
-    let bulk_smem = if aligned && d.is_multiple_of(v) && bulk_ready::<T>(scx)? {
-        bulk_plan(d / v, BULK_BWD, 2).map(|(_, smem)| smem)
+    let bulk_smem = if aligned && d.is_multiple_of(v) {
+        bulk_plan(d / v, BULK_BWD, 2, bulk_budget::<T>(scx)?).map(|(_, smem)| smem)
     } else {
         None
     };
@@ -345,7 +354,7 @@ fn backward_t<T: Element>(
     let part_g = scx.scratch::<f32>("ln_bwd.part_g", scratch)?;
     let part_b = scx.scratch::<f32>("ln_bwd.part_b", scratch)?;
     if bulk_smem.is_some() || fused {
-        // ln_bwd_bulk_{dt} where bulk_ready and its plan hold, ln_bwd_pipe_{dt} where
+        // ln_bwd_bulk_{dt} where bulk_budget and its plan allow, ln_bwd_pipe_{dt} where
         // pipe_ready granted its ring, else ln_bwd_fused_{dt}: the same arguments and
         // results (a partial row per block).
         let (code, kernel, smem, threads) = match bulk_smem {
@@ -372,8 +381,8 @@ fn backward_t<T: Element>(
         // register path's conditions of the kernel taken hold (checked above; dx is a
         // fresh 256-byte aligned allocation), so dx is written entirely and each block b <
         // chunks writes part_*[b * d .. (b + 1) * d] (scratch = chunks * d). The dynamic
-        // shared memory (the pipe's PIPE_SMEM, the bulk kernel's at most BULK_SMEM) was
-        // granted to its function by pipe_ready or bulk_ready; `threads` is the kernel's
+        // shared memory (the pipe's PIPE_SMEM, the bulk kernel's at most its budget) was
+        // granted to its function by pipe_ready or bulk_budget; `threads` is the kernel's
         // launch bound.
         let cfg = LaunchConfig {
             grid_dim: (chunks as u32, 1, 1),
