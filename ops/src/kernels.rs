@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
 use cudarc::driver::{
     CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg,
 };
@@ -221,6 +221,15 @@ pub(crate) fn allow_dynamic_smem(scx: &StreamCx, f: &CudaFunction, bytes: usize)
             )
             .is_ok()
         })
+}
+
+/// The most shared memory one block may opt into on this stream's device
+/// (`CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`; 0 where the driver does not
+/// say).
+pub(crate) fn smem_optin(scx: &StreamCx) -> usize {
+    scx.context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_or(0, |v| usize::try_from(v).unwrap_or(0))
 }
 
 /// The CUBIN of `module` for compute capability `arch`, from the global kernel cache.

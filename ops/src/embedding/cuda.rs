@@ -19,7 +19,7 @@
 //! stream-ordered after them. Both are deterministic; they may differ from each other in
 //! the last bits of a row summed in segments.
 
-use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
@@ -75,10 +75,7 @@ fn scan_granted<T: Element>(scx: &mut StreamCx) -> Result<usize> {
     }
     // The device's per-block opt-in limit, less 2 KiB for the kernel's static shared
     // memory (1,152 bytes).
-    let optin = scx
-        .context()
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        .map_or(0, |v| usize::try_from(v).unwrap_or(0));
+    let optin = kernels::smem_optin(scx);
     let want = scan_smem(SCAN_MAX_IDS, SCAN_MAX_ROWS, std::mem::size_of::<T>())
         .min(optin.saturating_sub(2048));
     let mut ok = want > 0;

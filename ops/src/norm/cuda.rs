@@ -18,7 +18,7 @@
 //! scratch (`StreamCx::scratch`), so the backward allocates only its outputs and can be
 //! captured into a graph.
 
-use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
@@ -157,10 +157,7 @@ fn bulk_budget<T: Element>(scx: &mut StreamCx) -> Result<usize> {
     if let Some(budget) = scx.ext::<NormState>(|_| Ok(NormState::default()))?.bulk[slot] {
         return Ok(budget);
     }
-    let optin = scx
-        .context()
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        .map_or(0, |v| usize::try_from(v).unwrap_or(0));
+    let optin = kernels::smem_optin(scx);
     let want = BULK_SMEM.min(optin.saturating_sub(2048));
     let mut ok = want > 0;
     for (code, kernel) in [(6u16, "fwd_bulk"), (7, "bwd_bulk")] {
