@@ -223,13 +223,39 @@ pub(crate) fn allow_dynamic_smem(scx: &StreamCx, f: &CudaFunction, bytes: usize)
         })
 }
 
-/// The most shared memory one block may opt into on this stream's device
-/// (`CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`; 0 where the driver does not
-/// say).
-pub(crate) fn smem_optin(scx: &StreamCx) -> usize {
-    scx.context()
+/// The dynamic shared memory granted to every function of `fns` on this stream's device:
+/// `most` bytes, capped at the device's per-block opt-in limit
+/// (`CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`) less 2 KiB for the kernels'
+/// static shared memory; 0 where the device refuses (the caller takes kernels that need
+/// less). `what` names the kernels in the debug log of a refusal.
+pub(crate) fn grant_dynamic_smem(
+    scx: &StreamCx,
+    fns: &[CudaFunction],
+    most: usize,
+    what: &str,
+) -> usize {
+    let optin = scx
+        .context()
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        .map_or(0, |v| usize::try_from(v).unwrap_or(0))
+        .map_or(0, |v| usize::try_from(v).unwrap_or(0));
+    let want = most.min(optin.saturating_sub(2048));
+    if want > 0 && fns.iter().all(|f| allow_dynamic_smem(scx, f, want)) {
+        return want;
+    }
+    tracing::debug!(
+        "{what}: {want} bytes of shared memory refused on device {}; not used",
+        scx.ordinal()
+    );
+    0
+}
+
+/// A slot per float dtype (f32, f16, bf16), for per-stream state kept by dtype.
+pub(crate) fn dtype_slot(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        _ => 2,
+    }
 }
 
 /// The CUBIN of `module` for compute capability `arch`, from the global kernel cache.

@@ -65,34 +65,23 @@ struct EmbState {
 /// per-block limit is lower (then only the launches that fit take it); asked once per
 /// stream and dtype, 0 where refused (the backward takes the five launches).
 fn scan_granted<T: Element>(scx: &mut StreamCx) -> Result<usize> {
-    let slot = match T::DTYPE {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        _ => 2,
-    };
+    let slot = kernels::dtype_slot(T::DTYPE);
     if let Some(granted) = scx.ext::<EmbState>(|_| Ok(EmbState::default()))?.scan[slot] {
         return Ok(granted);
     }
-    // The device's per-block opt-in limit, less 2 KiB for the kernel's static shared
-    // memory (1,152 bytes).
-    let optin = kernels::smem_optin(scx);
-    let want = scan_smem(SCAN_MAX_IDS, SCAN_MAX_ROWS, std::mem::size_of::<T>())
-        .min(optin.saturating_sub(2048));
-    let mut ok = want > 0;
+    let mut fns = Vec::with_capacity(2);
     for (code, it) in [(0u16, "i32"), (1, "u32")] {
-        let f = kernels::function(scx, MODULE, 0x700 | code, T::DTYPE, || {
-            format!("emb_bwd_scan_{}_{it}", T::DTYPE.name())
-        })?;
-        ok = ok && kernels::allow_dynamic_smem(scx, &f, want);
+        fns.push(kernels::function(
+            scx,
+            MODULE,
+            0x700 | code,
+            T::DTYPE,
+            || format!("emb_bwd_scan_{}_{it}", T::DTYPE.name()),
+        )?);
     }
-    if !ok {
-        tracing::debug!(
-            "embedding_backward: {want} bytes of shared memory refused on device {}; \
-             using the five-launch backward",
-            scx.ordinal()
-        );
-    }
-    let granted = if ok { want } else { 0 };
+    let most = scan_smem(SCAN_MAX_IDS, SCAN_MAX_ROWS, std::mem::size_of::<T>());
+    let granted =
+        kernels::grant_dynamic_smem(scx, &fns, most, "emb_bwd_scan (one-launch backward)");
     scx.ext::<EmbState>(|_| Ok(EmbState::default()))?.scan[slot] = Some(granted);
     Ok(granted)
 }

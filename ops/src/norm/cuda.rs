@@ -109,20 +109,12 @@ struct NormState {
     bulk: [Option<usize>; 3],
 }
 
-fn dtype_slot(dtype: DType) -> usize {
-    match dtype {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        _ => 2,
-    }
-}
-
 /// Whether `ln_bwd_pipe_*` for `T` can run on this stream's device: compute capability
 /// 8.0 or newer (cp.async) and [`PIPE_SMEM`] bytes of dynamic shared memory granted to
 /// the function (asked for once per stream and dtype; a refusal is remembered and the
 /// backward takes `ln_bwd_fused_*`).
 fn pipe_ready<T: Element>(scx: &mut StreamCx) -> Result<bool> {
-    let slot = dtype_slot(T::DTYPE);
+    let slot = kernels::dtype_slot(T::DTYPE);
     if let Some(ok) = scx.ext::<NormState>(|_| Ok(NormState::default()))?.pipe[slot] {
         return Ok(ok);
     }
@@ -153,27 +145,17 @@ fn bulk_budget<T: Element>(scx: &mut StreamCx) -> Result<usize> {
     if !scx.settings().layer_norm_bulk || scx.arch().0 < 9 {
         return Ok(0);
     }
-    let slot = dtype_slot(T::DTYPE);
+    let slot = kernels::dtype_slot(T::DTYPE);
     if let Some(budget) = scx.ext::<NormState>(|_| Ok(NormState::default()))?.bulk[slot] {
         return Ok(budget);
     }
-    let optin = kernels::smem_optin(scx);
-    let want = BULK_SMEM.min(optin.saturating_sub(2048));
-    let mut ok = want > 0;
+    let mut fns = Vec::with_capacity(2);
     for (code, kernel) in [(6u16, "fwd_bulk"), (7, "bwd_bulk")] {
-        let f = kernels::function(scx, MODULE, code, T::DTYPE, || {
+        fns.push(kernels::function(scx, MODULE, code, T::DTYPE, || {
             format!("ln_{kernel}_{}", T::DTYPE.name())
-        })?;
-        ok = ok && kernels::allow_dynamic_smem(scx, &f, want);
+        })?);
     }
-    if !ok {
-        tracing::debug!(
-            "layer_norm: {want} bytes of shared memory refused on device {}; \
-             the bulk-copy kernels are not used",
-            scx.ordinal()
-        );
-    }
-    let budget = if ok { want } else { 0 };
+    let budget = kernels::grant_dynamic_smem(scx, &fns, BULK_SMEM, "ln_fwd_bulk, ln_bwd_bulk");
     scx.ext::<NormState>(|_| Ok(NormState::default()))?.bulk[slot] = Some(budget);
     Ok(budget)
 }
