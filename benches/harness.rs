@@ -348,9 +348,19 @@ fn suite_speedup(rt: &Runtime) {
     }
 }
 
-/// bf16 attention, B·L = 16384, H·D = 2048: forward, and forward + backward.
+/// bf16 attention, B·L = 16384, H·D = 2048: forward, and forward + backward; on CUDA,
+/// for D = 128, forward + backward again with the experimental TMA backward (the setting
+/// `attn_bwd_tma`, case names ending in `_tma_bwd`).
 fn suite_attention(rt: &Runtime) {
     use rtx::ops::attention::{attention, attention_backward};
+    let tma_bwd = (rt.backend() == rtx::BackendKind::Cuda).then(|| {
+        Runtime::builder()
+            .backend(Backend::Cuda(vec![]))
+            .streams(1)
+            .attn_bwd_tma(true)
+            .build()
+            .expect("runtime with attn_bwd_tma")
+    });
     let host = random_f32(16384 * 2048, 11);
     for d in [64usize, 128] {
         for l in [1024usize, 4096, 16384] {
@@ -385,6 +395,26 @@ fn suite_attention(rt: &Runtime) {
                         .expect("bwd");
                 });
                 emit(&format!("{name}_fwdbwd"), ms, 0.0, 3.5 * fwd, &[]);
+                if let (Some(rt2), 128) = (&tma_bwd, d) {
+                    let up = |x: &[f32]| upload(rt2, x, &shape, DType::BF16);
+                    let (q, k, v) = (up(&host), up(&rotated(7)), up(&rotated(13)));
+                    let dout = k.clone();
+                    let ms = time_with(rt2, reps, 7, |rt, s| {
+                        let (o, lse) = rt
+                            .submit_on(s, attention(&q, &k, &v).causal(causal))
+                            .expect("fwd")
+                            .outputs()
+                            .cloned()
+                            .expect("out");
+                        let _submitted = rt
+                            .submit_on(
+                                s,
+                                attention_backward(&q, &k, &v, &o, &lse, &dout).causal(causal),
+                            )
+                            .expect("bwd");
+                    });
+                    emit(&format!("{name}_fwdbwd_tma_bwd"), ms, 0.0, 3.5 * fwd, &[]);
+                }
             }
         }
     }

@@ -105,22 +105,23 @@ assert tma_cfg({})[1] == 164936 and tma_cfg({}, 64)[1] == 83016
 
 class TensorMaps:
     """CUtensorMap encoding through the driver (cuTensorMapEncodeTiled, ctypes): the 3-D maps
-    (D, L, B * heads) of q, k, v that flash_fwd_tma_* takes, box (64, 128, 1), 128-byte swizzle."""
+    (D, L, B * heads) that flash_fwd_tma_* (q, k, v) and flash_bwd_tma_* (q, k, v, dO) take, box
+    (64, rows, 1) (rows 128, or 64 for the backward's q and dO), 128-byte swizzle."""
     def __init__(self):
         import ctypes
         self.ct = ctypes
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.cache = {}
 
-    def encode(self, ptr, D, L, heads, bf16):
+    def encode(self, ptr, D, L, heads, bf16, rows=128):
         ct = self.ct
-        key = (int(ptr), D, L, heads, bf16)
+        key = (int(ptr), D, L, heads, bf16, rows)
         if key in self.cache:
             return self.cache[key]
         m = (ct.c_uint64 * 16)()
         dims = (ct.c_uint64 * 3)(D, L, heads)
         strides = (ct.c_uint64 * 2)(D * 2, L * D * 2)
-        box = (ct.c_uint32 * 3)(64, 128, 1)
+        box = (ct.c_uint32 * 3)(64, rows, 1)
         es = (ct.c_uint32 * 3)(1, 1, 1)
         # data type BFLOAT16 = 9 / FLOAT16 = 6, interleave none, swizzle 128B = 3,
         # L2 promotion 128B = 2, OOB fill none (zeros) = 0
@@ -150,7 +151,8 @@ def build(outdir):
     # the tma* variants are flash_fwd_tma_* of attention_tma.cu, the others attention_wgmma.cu's
     jobs = ([(n, "attention_tma" if n.startswith("tma") else "attention_wgmma", d) for (n, d, _, _) in VARIANTS] +
             [("attention", "attention", {})] +
-            [(n, "attention_wgmma_bwd", d) for (n, d, _) in BWD_VARIANTS])
+            [(n, "attention_tma_bwd" if n.startswith("btma") else "attention_wgmma_bwd", d)
+             for (n, d, _) in BWD_VARIANTS])
     for name, program, defs in jobs:
         os.makedirs(tmp, exist_ok=True)
         flags = ["--flag=-D%s=%s" % kv for kv in sorted(defs.items())]
@@ -526,13 +528,21 @@ BWD_VARIANTS = [
     ("bwgmmab", {"ATTN_WGB_DQ_MMA": 1}, "dQ with mma.sync, bulk reduce"),
     ("bwgs2", {"ATTN_WGB_STAGES": 2}, "defaults with the 2-stage Q / dO / lse / dsum ring (before 2026-12-04: "
                                      "3 stages were 2.5-3.2 % faster)"),
+    ("bwgx", {"ATTN_WGB_EXP_SPLIT": 1}, "defaults, the exponentials of unmasked steps without per-element tests"),
+    # flash_bwd_tma_d128_* of attention_tma_bwd.cu (the setting attn_bwd_tma): the same GEMMs fed by a
+    # producer warpgroup (bulk tensor copies of Q and dO, mbarrier-handed stages), dQ before dK.
+    ("btma", {}, "attention_tma_bwd.cu: producer warpgroup + TMA, 2 consumer WG, mbarriers, dS^T x 2"),
 ]
 
 
-def bwg_cfg(defs):
+def bwg_cfg(defs, name="bwg"):
     """(threads, dynamic smem bytes, keys per block) of flash_bwd_wgmma_d128_* built with `defs`
-    (the formula at the top of attention_wgmma_bwd.cu)."""
+    (the formula at the top of attention_wgmma_bwd.cu), or of flash_bwd_tma_d128_* for a btma*
+    variant (attention_tma_bwd.cu's)."""
     bc, br, d = 128, 64, 128
+    if name.startswith("btma"):
+        return 384, 1024 + 2 * bc * d * 2 + 2 * bc * br * 2 + 2 * 2 * br * d * 2 + 2 * 2 * br * 4 + \
+            br * (d + 8) * 4 + 8 * 5, bc
     dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
     st = int(defs.get("ATTN_WGB_STAGES", 3))
     return 2 * bc, 1024 + 2 * bc * d * 2 + bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + dq, bc
@@ -540,6 +550,7 @@ def bwg_cfg(defs):
 
 assert bwg_cfg({}) == (256, 217600, 128) and bwg_cfg({"ATTN_WGB_DQ_BULK": 0})[1] == 182784
 assert bwg_cfg({"ATTN_WGB_STAGES": 2}) == (256, 184320, 128)
+assert bwg_cfg({}, "btma") == (384, 200744, 128)
 
 
 def bwd_main(args):
@@ -600,8 +611,29 @@ def bwd_main(args):
         launch("attention", "flash_bwd_dq_dk_dv_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
                (threads, 1, 1), smem, p)
 
+    maps = []
+
     def make_main_new(name, defs):
-        threads, smem, bc = bwg_cfg(defs)
+        threads, smem, bc = bwg_cfg(defs, name)
+        if name.startswith("btma"):
+            import numpy as np
+            tdt = np.dtype({"names": ["p", "q", "k", "v", "dout"],
+                            "formats": [ac.PARAMS_DTYPE, "V128", "V128", "V128", "V128"],
+                            "offsets": [0, 192, 320, 448, 576], "itemsize": 704})
+
+            def main_tma(p, B, H, Hkv, Lq, Lk, D, dt):
+                if not maps:
+                    maps.append(TensorMaps())
+                tp = np.zeros(1, dtype=tdt)
+                tp["p"] = p
+                pp = p[0] if getattr(p, "shape", ()) else p
+                bf = dt == "bf16"
+                for f, L, heads, rows in (("q", Lq, B * H, 64), ("k", Lk, B * Hkv, 128),
+                                          ("v", Lk, B * Hkv, 128), ("dout", Lq, B * H, 64)):
+                    tp[f] = np.frombuffer(maps[0].encode(pp[f], D, L, heads, bf, rows), dtype="V128")[0]
+                launch(name, "flash_bwd_tma_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
+                       (threads, 1, 1), smem, tp)
+            return main_tma
 
         def main_new(p, B, H, Hkv, Lq, Lk, D, dt):
             launch(name, "flash_bwd_wgmma_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
@@ -665,7 +697,7 @@ def bwd_main(args):
     if args.child:
         (name, defs, _), = [v for v in variants if v[0] == args.child]
         bwd = bwd_with(make_main_new(name, defs))
-        full = name in ("bwg", "bwgred") and not args.quick
+        full = name in ("bwg", "bwgred", "btma") and not args.quick
         gen = torch.Generator(device="cuda")
         gen.manual_seed(1234)
         res, worst, lost, t1 = [], dict.fromkeys(names, 0.0), False, time.time()
@@ -709,7 +741,7 @@ def bwd_main(args):
             res_path = os.path.join(res_dir, "result_%s.json" % name)
             cmd = [sys.executable, os.path.abspath(__file__), "--bwd", "--child", name, "--cubins", args.cubins,
                    "--result", res_path] + (["--quick"] if args.quick else [])
-            limit = args.child_timeout if name in ("bwg", "bwgred") else max(30, args.child_timeout // 2)
+            limit = args.child_timeout if name in ("bwg", "bwgred", "btma") else max(30, args.child_timeout // 2)
             try:
                 rc = subprocess.run(cmd, timeout=limit).returncode
             except subprocess.TimeoutExpired:

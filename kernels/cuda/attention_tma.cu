@@ -16,6 +16,7 @@
 #endif
 
 #include "attention_wgmma_fwd.cuh"
+#include "attention_tma.cuh"
 
 // -------------------------------------------------------------------------------------
 // The forward with a producer warpgroup (TMA) and mbarriers: flash_fwd_tma_d128_{T}
@@ -35,9 +36,6 @@
 // argument `const FlashTmaParams` by value: the FlashParams (pointers for o, lse, mask) and the
 // tensor maps of q, k, v: 3-D (D, L, B * heads), 16-bit elements, box (64, 128, 1),
 // CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero fill out of bounds (rows past L read 0).
-struct __align__(64) TmaMap {
-    unsigned long long w[16];  // a CUtensorMap (opaque, 128 bytes)
-};
 struct __align__(64) FlashTmaParams {
     FlashParams p;
     TmaMap q, k, v;
@@ -46,34 +44,6 @@ struct __align__(64) FlashTmaParams {
 // layout of this size and alignment.)
 static_assert(sizeof(FlashTmaParams) == 576 && alignof(FlashTmaParams) == 64 && sizeof(TmaMap) == 128,
               "FlashTmaParams ABI");
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// One arrival that also expects `bytes` of transactions (the bulk copies that complete on it).
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    asm volatile(
-        "{\n.reg .pred P1;\nTMA_WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-        "@P1 bra TMA_DONE;\nbra TMA_WAIT;\nTMA_DONE:\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-// Box (c0, c1, c2) of the tensor map into shared memory at dst; completes on bar.
-__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1, int c2) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
-        "[%2];\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
-        : "memory");
-}
 
 #ifndef ATTN_TMA_KS
 #define ATTN_TMA_KS 2  // K stages

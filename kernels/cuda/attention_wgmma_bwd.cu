@@ -64,23 +64,12 @@
 #endif
 
 #include "wgmma.cuh"
+#include "attention_tma.cuh"
 
-// -------------------------------------------------------------------------------------
-// Bulk asynchronous reductions (shared -> global)
-// -------------------------------------------------------------------------------------
-// Bulk asynchronous reduction dst[0 .. bytes/4) += src (f32, shared -> global; bytes % 16 == 0,
-// both 16-byte aligned), completed through this thread's bulk groups.
-__device__ __forceinline__ void bulk_red_add_f32(float* dst, unsigned src, unsigned bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-                 "r"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// This thread's bulk groups have finished reading shared memory (the source may be rewritten).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// This thread's bulk groups have completed (their writes are performed).
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-
+#ifndef ATTN_WGB_EXP_SPLIT
+#define ATTN_WGB_EXP_SPLIT 0  // 1: steps that need no mask take a copy of the exponential loop
+                              // without the per-element mask tests (untimed candidate)
+#endif
 #ifndef ATTN_WGB_STAGES
 #define ATTN_WGB_STAGES 3  // stages of the Q, dO, lse, dsum ring (3: loads two steps ahead; on
                            // the H200 the backward took 2.5-3.2 % less time than with 2,
@@ -277,6 +266,17 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
         // ---- P^T (rows = keys krow + 8r, columns = queries mm0 + 8nt + 2t + c) ----
         const bool need_mask = (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
         const long long mask_base = (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h;
+        if (ATTN_WGB_EXP_SPLIT && !need_mask) {
+            // the same exponentials without the per-element mask tests (identical values)
+#pragma unroll
+            for (int nt = 0; nt < BR / 8; ++nt) {
+                const float2 lv = *reinterpret_cast<const float2*>(s_lse + nt * 8 + 2 * t);
+                const float l0 = (lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E;
+                const float l1 = (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], sl2, -((e & 1) ? l1 : l0)));
+            }
+        } else
 #pragma unroll
         for (int nt = 0; nt < BR / 8; ++nt) {
             const int qc = nt * 8 + 2 * t;

@@ -359,6 +359,40 @@ const _: () = assert!(std::mem::offset_of!(FlashTmaParams, v) == 448);
 // 128-byte tensor maps, plain bytes. It is plain old data, valid for any bit pattern.
 unsafe impl cudarc::driver::DeviceRepr for FlashTmaParams {}
 
+/// The argument of `flash_bwd_tma_d128_{f16,bf16}` (`attention_tma_bwd.cu`, struct
+/// `FlashTmaBwdParams`): the [`FlashParams`] of the backward call and the tensor maps of
+/// q and dO (3-D (D, Lq, B·H), box (64, 64, 1)) and of k and v (3-D (D, Lk, B·Hkv), box
+/// (64, 128, 1)), all with the 128-byte swizzle. 704 bytes, 64-aligned: `p` at 0, `q` at
+/// 192, `k` at 320, `v` at 448, `dout` at 576.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FlashTmaBwdParams {
+    /// Sizes, flags and pointers (the kernel reads lse, dsum, the mask, dq_accum, dk and
+    /// dv through them).
+    pub p: FlashParams,
+    /// Queries, (D, Lq, B·H), 64-row boxes.
+    pub q: TensorMap,
+    /// Keys, (D, Lk, B·Hkv), 128-row boxes.
+    pub k: TensorMap,
+    /// Values, (D, Lk, B·Hkv), 128-row boxes.
+    pub v: TensorMap,
+    /// The output's gradient dO, (D, Lq, B·H), 64-row boxes.
+    pub dout: TensorMap,
+}
+
+const _: () = assert!(std::mem::size_of::<FlashTmaBwdParams>() == 704);
+const _: () = assert!(std::mem::align_of::<FlashTmaBwdParams>() == 64);
+const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, q) == 192);
+const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, k) == 320);
+const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, v) == 448);
+const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, dout) == 576);
+
+// SAFETY: `FlashTmaBwdParams` is `repr(C, align(64))` with the layout of the C struct the
+// TMA backward takes by value (704 bytes, 64-aligned, the offsets checked above; the C
+// side asserts the same size and alignment): a `FlashParams` and four 128-byte tensor
+// maps, plain bytes. It is plain old data, valid for any bit pattern.
+unsafe impl cudarc::driver::DeviceRepr for FlashTmaBwdParams {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,8 @@
 //!   only with the `test-util` feature). Headers (`kernels/cuda/*.cuh`) are given to
 //!   NVRTC as named headers: `#include "common.cuh"` works. Programs are compiled for the
 //!   portable target (`sm_90`), except those with an [`ARCH_SPECIFIC_MARKER`] line
-//!   (`attention_wgmma`, `attention_tma`, `attention_wgmma_bwd`, which need `wgmma`),
+//!   (`attention_wgmma`, `attention_tma`, `attention_wgmma_bwd`, `attention_tma_bwd`,
+//!   which need `wgmma`),
 //!   always compiled for `sm_90a`.
 //! - [`compile`]: one NVRTC compilation to CUBIN (with the ptxas report on request).
 //! - [`KernelCache`]: CUBINs by (program, arch, options), in memory and on disk.

@@ -140,7 +140,12 @@ mod tests {
             .collect();
         assert_eq!(
             marked,
-            ["attention_tma", "attention_wgmma", "attention_wgmma_bwd"]
+            [
+                "attention_tma",
+                "attention_tma_bwd",
+                "attention_wgmma",
+                "attention_wgmma_bwd"
+            ]
         );
         let plain = Options::default();
         let wgmma = source("attention_wgmma").unwrap();

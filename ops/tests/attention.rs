@@ -9,7 +9,9 @@
 
 mod common;
 
-use common::{download, for_each_backend, rand_vec, rel_err, rel_err_scaled, rng, upload};
+use common::{
+    download, for_each_backend, for_each_cuda_with, rand_vec, rel_err, rel_err_scaled, rng, upload,
+};
 use rand::rngs::StdRng;
 use rand::Rng;
 use rayon::prelude::*;
@@ -608,6 +610,59 @@ fn fully_masked_t<T: Element>(rt: &Runtime, label: &str, c: &Case) {
             "{label} {c:?}: lse of a masked row"
         );
     }
+}
+
+/// The TMA backward main kernel (the experimental setting `attn_bwd_tma`; D = 128 on
+/// compute capability 9.0, elsewhere the setting changes nothing): the D = 128 cases of
+/// the grids above, GQA and MQA, lengths off its 64-row steps and 128-key blocks, Lq ≠ Lk,
+/// 4097 × 4097, fully masked rows; CUDA only.
+#[test]
+fn tma_backward_parity_cuda() {
+    for_each_cuda_with(
+        |b| b.attn_bwd_tma(true),
+        "tma-bwd",
+        |rt, label| {
+            assert!(rt.settings().attn_bwd_tma);
+            let d128 = |dims: Dims| -> Vec<Case> {
+                grid(dtypes(rt), dims)
+                    .into_iter()
+                    .filter(|c| c.d == 128)
+                    .collect()
+            };
+            for dims in [
+                (1, 2, 2, 1, 1),
+                (1, 2, 2, 17, 17),
+                (2, 4, 2, 77, 200),
+                (1, 4, 1, 33, 65),
+                (1, 2, 2, 1, 1000),
+                (1, 2, 2, 1000, 17),
+                (1, 2, 2, 1000, 1000),
+            ] {
+                run_all(rt, label, &d128(dims));
+            }
+            let long = d128((1, 2, 2, 4097, 4097));
+            let long = if first(label) { long } else { subsample(long) };
+            run_all(rt, label, &long);
+            for &dtype in dtypes(rt) {
+                let c = Case {
+                    dtype,
+                    b: 1,
+                    h: 2,
+                    h_kv: 1,
+                    lq: 130,
+                    lk: 200,
+                    d: 128,
+                    causal: false,
+                    mask: Mask::Full,
+                    scale: None,
+                };
+                match dtype {
+                    DType::F16 => fully_masked_t::<f16>(rt, label, &c),
+                    _ => fully_masked_t::<bf16>(rt, label, &c),
+                }
+            }
+        },
+    );
 }
 
 /// The CPU backend takes any head dim; CUDA rejects those it has no kernel for.

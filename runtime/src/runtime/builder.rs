@@ -209,6 +209,14 @@ impl Builder {
         self.settings.layer_norm_bulk = on;
         self
     }
+    /// Experimental: on compute capability 9.0, run the attention backward's main kernel
+    /// for head dim 128 with a producer warpgroup's bulk tensor copies and mbarrier-handed
+    /// stages (default off until measured on a GPU; see the [settings
+    /// table](crate::settings)). `RTX_ATTN_BWD_TMA=1` turns it on.
+    pub fn attn_bwd_tma(mut self, on: bool) -> Self {
+        self.settings.attn_bwd_tma = on;
+        self
+    }
     /// Experimental: choose each GEMM problem's cuBLASLt algorithm by timing the
     /// heuristic's candidates once per process (default off: the heuristic's first, the
     /// same in every run; see the [settings table](crate::settings), which says why).

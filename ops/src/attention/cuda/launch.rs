@@ -1,7 +1,7 @@
 //! The launch side of the attention kernels: [`FlashParams`] from a validated call
 //! (the struct itself is `rtx_kernels::launch::FlashParams`), the kernel table (names, blocks, dynamic shared memory, grids
 //! per kernel and head dim: the ABI documented at the top of `attention.cu`,
-//! `attention_wgmma.cu`, `attention_tma.cu` and `attention_wgmma_bwd.cu`), which kernel runs on this device
+//! `attention_wgmma.cu`, `attention_tma.cu`, `attention_wgmma_bwd.cu` and `attention_tma_bwd.cu`), which kernel runs on this device
 //! (the sm_90a ones on compute capability 9.0, with the fallback rules of `cuda.rs`), and
 //! the per-stream state ([`AttnState`]: functions configured, sm_90a kernels that failed
 //! here, the backward's kept workspace).
@@ -12,7 +12,7 @@ use cudarc::driver::sys::{self, CUfunction_attribute_enum};
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
-pub(crate) use rtx_kernels::launch::{FlashParams, FlashTmaParams, TensorMap};
+pub(crate) use rtx_kernels::launch::{FlashParams, FlashTmaBwdParams, FlashTmaParams, TensorMap};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Error, Result};
 
@@ -26,6 +26,9 @@ const WGMMA_MODULE: &str = "attention_wgmma";
 const TMA_MODULE: &str = "attention_tma";
 /// The Hopper (sm_90a) backward main kernel (D = 128).
 const WGMMA_BWD_MODULE: &str = "attention_wgmma_bwd";
+/// The Hopper (sm_90a) backward main kernel with a producer warpgroup (D = 128;
+/// experimental, the setting `attn_bwd_tma`).
+const TMA_BWD_MODULE: &str = "attention_tma_bwd";
 pub(super) const FWD: &str = "attention";
 pub(super) const BWD: &str = "attention_backward";
 
@@ -68,6 +71,9 @@ pub(super) enum Kernel {
     ForwardTma,
     /// The sm_90a backward main kernel of `attention_wgmma_bwd.cu` (D = 128 only).
     DqDkDvWgmma,
+    /// The sm_90a backward main kernel of `attention_tma_bwd.cu`: the wgmma one's GEMMs
+    /// fed by a producer warpgroup (D = 128 only; takes a [`FlashTmaBwdParams`]).
+    DqDkDvTma,
 }
 
 impl Kernel {
@@ -80,6 +86,7 @@ impl Kernel {
             Kernel::ForwardWgmma => "flash_fwd_wgmma",
             Kernel::ForwardTma => "flash_fwd_tma",
             Kernel::DqDkDvWgmma => "flash_bwd_wgmma",
+            Kernel::DqDkDvTma => "flash_bwd_tma",
         }
     }
 
@@ -94,6 +101,7 @@ impl Kernel {
             Kernel::ForwardWgmma => WGMMA_MODULE,
             Kernel::ForwardTma => TMA_MODULE,
             Kernel::DqDkDvWgmma => WGMMA_BWD_MODULE,
+            Kernel::DqDkDvTma => TMA_BWD_MODULE,
             _ => MODULE,
         }
     }
@@ -112,10 +120,10 @@ impl Kernel {
     }
 
     /// Threads per block (the D=64 forward is preset 1: 4 warps, 2 blocks per SM; the
-    /// wgmma kernels have 2 warpgroups of 128 threads, the TMA forward 3).
+    /// wgmma kernels have 2 warpgroups of 128 threads, the TMA kernels 3).
     fn threads(self, d: usize) -> u32 {
         match (self, d) {
-            (Kernel::ForwardTma, _) => 384,
+            (Kernel::ForwardTma | Kernel::DqDkDvTma, _) => 384,
             (Kernel::DqDkDv, _) | (Kernel::Forward, 64) => 128,
             _ => 256,
         }
@@ -132,6 +140,7 @@ impl Kernel {
             (Kernel::ForwardWgmma, _) => 197_632,
             (Kernel::ForwardTma, _) => 164_936,
             (Kernel::DqDkDvWgmma, _) => 217_600,
+            (Kernel::DqDkDvTma, _) => 200_744,
             _ => 0,
         }
     }
@@ -139,7 +148,7 @@ impl Kernel {
     /// Keys per block of a backward main kernel (its grid is `ceil(Lk / keys)` x Hkv x B).
     pub(super) fn keys_per_block(self, _d: usize) -> usize {
         match self {
-            Kernel::DqDkDvWgmma => 128,
+            Kernel::DqDkDvWgmma | Kernel::DqDkDvTma => 128,
             _ => 64,
         }
     }
@@ -190,9 +199,25 @@ pub(super) fn wgmma_forward_function(scx: &mut StreamCx, d: usize, dtype: DType)
     hopper_or(scx, Some(Kernel::ForwardWgmma), Kernel::Forward, d, dtype)
 }
 
-/// The backward main kernel for head dim `d`: the wgmma kernel for D = 128 on compute
-/// capability 9.0, else the `mma.sync` one (see [`hopper_or`]).
+/// The backward main kernel for head dim `d`: for D = 128 on compute capability 9.0 the
+/// TMA kernel where the setting `attn_bwd_tma` is on, else (or where that one is
+/// unavailable) the wgmma kernel; elsewhere the `mma.sync` one (see [`hopper_or`]).
 pub(super) fn backward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch> {
+    if d == 128 && scx.settings().attn_bwd_tma {
+        if let Some(f) = hopper(scx, Kernel::DqDkDvTma, d, dtype)? {
+            return Ok(f);
+        }
+    }
+    wgmma_backward_function(scx, d, dtype)
+}
+
+/// The backward main kernel for head dim `d` without the TMA kernel: the wgmma kernel
+/// for D = 128 on compute capability 9.0, else the `mma.sync` one (see [`hopper_or`]).
+pub(super) fn wgmma_backward_function(
+    scx: &mut StreamCx,
+    d: usize,
+    dtype: DType,
+) -> Result<Launch> {
     let hopper = (d == 128).then_some(Kernel::DqDkDvWgmma);
     hopper_or(scx, hopper, Kernel::DqDkDv, d, dtype)
 }
@@ -239,7 +264,7 @@ fn hopper(scx: &mut StreamCx, k: Kernel, d: usize, dtype: DType) -> Result<Optio
 }
 
 /// The tensor map of a contiguous `[heads, l, d]` tensor of 16-bit elements at `ptr`,
-/// as the TMA forward reads it: 3-D (d, l, heads), box (64, 128, 1), 128-byte swizzle
+/// as the TMA kernels read it: 3-D (d, l, heads), box (64, `rows`, 1), 128-byte swizzle
 /// (the shared-memory panels of `attention_wgmma.cu`), rows past `l` read as zeros.
 /// Errors when the driver refuses it (e.g. `ptr` not 16-byte aligned).
 pub(super) fn tensor_map(
@@ -248,6 +273,7 @@ pub(super) fn tensor_map(
     d: usize,
     l: usize,
     heads: usize,
+    rows: u32,
 ) -> std::result::Result<TensorMap, String> {
     use sys::{
         CUtensorMapDataType as Dt, CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il,
@@ -262,7 +288,7 @@ pub(super) fn tensor_map(
     let plane = row.checked_mul(l).ok_or("plane bytes overflow")?;
     let dims: [u64; 3] = [d as u64, l as u64, heads as u64];
     let strides: [u64; 2] = [row as u64, plane as u64];
-    let boxes: [u32; 3] = [64, 128, 1];
+    let boxes: [u32; 3] = [64, rows, 1];
     let steps: [u32; 3] = [1, 1, 1];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
     // SAFETY: every pointer argument points at a live array of the length the call reads
@@ -377,14 +403,17 @@ impl Launch {
         grid: (u32, u32, u32),
         params: &FlashParams,
     ) -> Result<()> {
-        if self.kernel == Kernel::ForwardTma {
+        if matches!(self.kernel, Kernel::ForwardTma | Kernel::DqDkDvTma) {
             return Err(Error::invalid(
                 self.kernel.op(),
-                "flash_fwd_tma takes a FlashTmaParams: it is launched by launch_tma",
+                format!(
+                    "{} takes tensor maps: it is launched by launch_tma or launch_tma_bwd",
+                    self.kernel.name()
+                ),
             ));
         }
-        // SAFETY: every kernel of attention.cu and attention_wgmma_bwd.cu, and every one
-        // of attention_wgmma.cu (all but the TMA forward, refused above), takes exactly
+        // SAFETY: every kernel of attention.cu, attention_wgmma.cu and
+        // attention_wgmma_bwd.cu (all but the TMA kernels, refused above) takes exactly
         // one `FlashParams` by value; the pointers are valid per this function's contract.
         unsafe { self.enqueue(stream, grid, params) }
     }
@@ -413,6 +442,31 @@ impl Launch {
         }
         // SAFETY: flash_fwd_tma_d128_* takes exactly one `FlashTmaParams` by value; the
         // pointers and maps are valid per this function's contract.
+        unsafe { self.enqueue(stream, grid, params) }
+    }
+
+    /// Enqueues the TMA backward main kernel on `stream` over `grid` with `params`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Launch::launch`], for `params.p` (a backward call's pointers); and the tensor
+    /// maps of `params` describe q, k, v and dO of that call as [`tensor_map`] makes them
+    /// (64-row boxes for q and dO, 128-row ones for k and v; the kernel reads the tensors
+    /// through them).
+    pub(super) unsafe fn launch_tma_bwd(
+        &self,
+        stream: &CudaStream,
+        grid: (u32, u32, u32),
+        params: &FlashTmaBwdParams,
+    ) -> Result<()> {
+        if self.kernel != Kernel::DqDkDvTma {
+            return Err(Error::invalid(
+                self.kernel.op(),
+                format!("{} does not take a FlashTmaBwdParams", self.kernel.name()),
+            ));
+        }
+        // SAFETY: flash_bwd_tma_d128_* takes exactly one `FlashTmaBwdParams` by value;
+        // the pointers and maps are valid per this function's contract.
         unsafe { self.enqueue(stream, grid, params) }
     }
 
@@ -498,9 +552,9 @@ mod tests {
         assert_eq!(Kernel::Forward.rows_per_block(64), 128);
     }
 
-    /// The wgmma backward's launch (smem, threads, keys per block) is what
-    /// `attention_wgmma_bwd.cu` asserts for its default tiles, and that program is the one
-    /// compiled for sm_90a.
+    /// The wgmma and TMA backwards' launches (smem, threads, keys per block) are what
+    /// `attention_wgmma_bwd.cu` and `attention_tma_bwd.cu` assert for their tiles, and
+    /// those programs are compiled for sm_90a.
     #[test]
     fn wgmma_backward_launch_matches_the_kernel_asserts() {
         let (k, cfg) = (Kernel::DqDkDvWgmma, "AttnWgBwdCfgD128");
@@ -515,6 +569,17 @@ mod tests {
         assert!(program.arch_specific());
         assert_eq!(k.module(), WGMMA_BWD_MODULE);
         assert_eq!(Kernel::DqDkDv.keys_per_block(128), 64);
+        let (k, cfg) = (Kernel::DqDkDvTma, "TmaBwdCfg");
+        assert_eq!(k.smem(128), asserted(TMA_BWD_MODULE, cfg, "SMEM_BYTES"));
+        assert_eq!(k.threads(128), asserted(TMA_BWD_MODULE, cfg, "NTHREADS"));
+        assert_eq!(
+            k.keys_per_block(128),
+            asserted(TMA_BWD_MODULE, cfg, "BC") as usize
+        );
+        let program =
+            rtx_kernels::source(TMA_BWD_MODULE).expect("attention_tma_bwd.cu is built in");
+        assert!(program.arch_specific());
+        assert_eq!(k.module(), TMA_BWD_MODULE);
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! CUDA launches of `kernels/cuda/attention.cu` (FlashAttention-2, f16/bf16, D 64/128),
 //! of `kernels/cuda/attention_wgmma.cu` and `kernels/cuda/attention_tma.cu` (the Hopper
 //! forwards) and of
-//! `kernels/cuda/attention_wgmma_bwd.cu` (the Hopper backward main kernel, D 128).
+//! `kernels/cuda/attention_wgmma_bwd.cu` and `kernels/cuda/attention_tma_bwd.cu` (the
+//! Hopper backward main kernels, D 128).
 //!
 //! Every kernel takes one `FlashParams` (`rtx_kernels::launch`) by value (the TMA
-//! forward a `FlashTmaParams`: the same and three tensor maps); the kernel
+//! forward a `FlashTmaParams`: the same and three tensor maps; the TMA backward a
+//! `FlashTmaBwdParams`: the same and four); the kernel
 //! table (grids, blocks, dynamic shared memory: the ABI documented at the top of each
 //! `.cu` file) and the per-stream state are in `launch.rs`. The backward's f32 workspace (dq_accum, then
 //! dsum) is kept per stream for the next call: every use of it is ordered on that one
@@ -38,6 +40,13 @@
 //! `attention_wgmma_bwd.cu` (wgmma, sm_90a, 128 keys per block), with the same fallback
 //! rules as the forward (its own failure flag per stream; `RTX_ATTN_WGMMA=0` turns it off
 //! too); otherwise it is `attention.cu`'s `flash_bwd_dq_dk_dv_*` (64 keys per block).
+//!
+//! With the experimental setting `attn_bwd_tma` (`RTX_ATTN_BWD_TMA=1`; off by default
+//! until measured on a GPU) the D = 128 main kernel on 9.0 is `flash_bwd_tma_d128_*` of
+//! `attention_tma_bwd.cu` instead: the wgmma kernel's GEMMs fed by a producer warpgroup
+//! (bulk tensor copies of Q and dO through tensor maps with 64-row boxes, K and V with
+//! 128-row ones), with the forward's fallback rules (maps refused: the wgmma kernel for
+//! that call; failed to load: the wgmma kernel on that stream from then on).
 
 mod launch;
 
@@ -48,7 +57,8 @@ use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
 use self::launch::{
     backward_function, flash_params, forward_function, function, state, tensor_map,
-    wgmma_forward_function, FlashParams, FlashTmaParams, Kernel, BWD, FWD,
+    wgmma_backward_function, wgmma_forward_function, FlashParams, FlashTmaBwdParams,
+    FlashTmaParams, Kernel, BWD, FWD,
 };
 use super::geometry::Geometry;
 use crate::gemm::device::{dptr, dptr_mut};
@@ -118,9 +128,9 @@ fn forward_t<T: Element>(
         let maps = || {
             let dt = T::DTYPE;
             Ok::<_, String>((
-                tensor_map(qp, dt, p.d, p.lq, p.b * p.h)?,
-                tensor_map(kp, dt, p.d, p.lk, p.b * p.h_kv)?,
-                tensor_map(vp, dt, p.d, p.lk, p.b * p.h_kv)?,
+                tensor_map(qp, dt, p.d, p.lq, p.b * p.h, 128)?,
+                tensor_map(kp, dt, p.d, p.lk, p.b * p.h_kv, 128)?,
+                tensor_map(vp, dt, p.d, p.lk, p.b * p.h_kv, 128)?,
             ))
         };
         // SAFETY (both launches): q, k, v are the op's inputs ([B,H,Lq,D], [B,Hkv,Lk,D]
@@ -141,13 +151,7 @@ fn forward_t<T: Element>(
                 }
                 Err(e) => {
                     let w = stand_in?;
-                    if !MAPS_REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        tracing::warn!(
-                            "attention: the driver refused the tensor maps of a call ({e}); \
-                             {} runs such calls (logged once)",
-                            w.kernel.name()
-                        );
-                    }
+                    maps_refused(&e, &w);
                     // SAFETY: the buffers above; `w` is a FlashParams kernel.
                     unsafe { w.launch(stream, grid, &params) }?;
                 }
@@ -155,6 +159,18 @@ fn forward_t<T: Element>(
         }
     }
     Ok((Buffer::from_cuda(o), Buffer::from_cuda(lse)))
+}
+
+/// Logs (once per process) that the driver refused a call's tensor maps (`e`) and that
+/// `w` runs such calls instead.
+fn maps_refused(e: &str, w: &launch::Launch) {
+    if !MAPS_REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "attention: the driver refused the tensor maps of a call ({e}); \
+             {} runs such calls (logged once)",
+            w.kernel.name()
+        );
+    }
 }
 
 // ---- backward --------------------------------------------------------------------------
@@ -206,6 +222,12 @@ fn backward_t<T: Element>(
     let d = p.d;
     let pre = function(scx, Kernel::Preprocess, d, T::DTYPE)?;
     let main = backward_function(scx, d, T::DTYPE)?;
+    // The TMA kernel's stand-in for a call whose tensor maps the driver refuses (taken
+    // here, before the stream is borrowed; its own failure fails only such a call).
+    let stand_in = match main.kernel {
+        Kernel::DqDkDvTma => Some(wgmma_backward_function(scx, d, T::DTYPE)),
+        _ => None,
+    };
     let conv = function(scx, Kernel::ConvertDq, d, T::DTYPE)?;
     let mut dq = kernels::alloc_out::<T>(scx, p.q_len())?;
     let mut dk = kernels::alloc_out::<T>(scx, p.kv_len())?;
@@ -258,11 +280,48 @@ fn backward_t<T: Element>(
         // beyond the 16 bytes the kernels need). The launches are ordered on one stream
         // as attention.cu requires: preprocess, dq/dk/dv (either main kernel: the same
         // inputs and outputs; its grid covers Lk in blocks of its keys), convert dq.
-        unsafe {
-            pre.launch(stream, pre_grid, &params)?;
-            main.launch(stream, main_grid, &params)?;
-            conv.launch(stream, conv_grid, &params)?;
+        unsafe { pre.launch(stream, pre_grid, &params) }?;
+        match stand_in {
+            // SAFETY: as above; `main` is not the TMA kernel (no stand-in).
+            None => unsafe { main.launch(stream, main_grid, &params) }?,
+            Some(stand_in) => {
+                let dt = T::DTYPE;
+                let maps = (|| {
+                    Ok::<_, String>((
+                        tensor_map(qp, dt, d, p.lq, p.b * p.h, 64)?,
+                        tensor_map(kp, dt, d, p.lk, p.b * p.h_kv, 128)?,
+                        tensor_map(vp, dt, d, p.lk, p.b * p.h_kv, 128)?,
+                        tensor_map(dop, dt, d, p.lq, p.b * p.h, 64)?,
+                    ))
+                })();
+                match maps {
+                    Ok((q, k, v, dout)) => {
+                        let tp = FlashTmaBwdParams {
+                            p: params,
+                            q,
+                            k,
+                            v,
+                            dout,
+                        };
+                        // SAFETY: as above, and the maps are those of q, k, v and dO
+                        // made by `tensor_map` for these pointers and shapes (64-row
+                        // boxes for q and dO, 128-row ones for k and v), for the TMA
+                        // kernel `main` is; its grid covers Lk in blocks of 128 keys as
+                        // the wgmma kernel's.
+                        unsafe { main.launch_tma_bwd(stream, main_grid, &tp) }?;
+                    }
+                    Err(e) => {
+                        let w = stand_in?;
+                        maps_refused(&e, &w);
+                        // SAFETY: as above; `w` is a FlashParams kernel with the same
+                        // inputs, outputs and keys per block.
+                        unsafe { w.launch(stream, main_grid, &params) }?;
+                    }
+                }
+            }
         }
+        // SAFETY: as above (the main kernel, whichever ran, was enqueued before).
+        unsafe { conv.launch(stream, conv_grid, &params) }?;
     }
     keep_workspace(scx, ws)?;
     Ok((

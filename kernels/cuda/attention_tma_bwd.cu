@@ -1,0 +1,427 @@
+// attention_tma_bwd.cu — FlashAttention backward main kernel (dQ, dK, dV) for Hopper (sm_90a) with
+// a producer warpgroup: flash_bwd_tma_d128_{T}, T = f16 | bf16, head dim 128. The GEMMs and the
+// element-wise steps are those of flash_bwd_wgmma_d128_{T} (attention_wgmma_bwd.cu, whose design
+// comment this file assumes); what differs is how the tiles arrive and how the block keeps in step:
+//
+//  * Warpgroup 0 is the producer (setmaxnreg down to 24 registers): its warp 0 loads K and V once
+//    and then every step's Q and dO as bulk tensor copies (cp.async.bulk.tensor, tensor maps with
+//    the 128-byte swizzle, so the panels are exactly the wgmma kernel's), and lse and dsum with
+//    plain loads into shared memory, STAGES steps ahead. Warpgroups 1 and 2 are the consumers
+//    (setmaxnreg up to 240): they issue no load and no cp.async wait.
+//  * Stages are handed over by mbarriers instead of __syncthreads: full[s] completes with the
+//    producer warp's 32 arrivals (lane 0's carrying the expected bytes) and the copies'
+//    transaction bytes; empty[s] with the 256 consumer threads' arrivals, each at the end of the
+//    step, after its warpgroup's dK GEMM (the last reader of the stage) has completed.
+//  * The two consumer warpgroups meet once per step (named barrier 1, 256 threads): dS^T of both
+//    is in shared memory before either computes dQ. dS^T is double-buffered so that this is the
+//    only meeting point: the buffer written in step it was last read by the dQ GEMMs of step
+//    it - 2, which completed before either warpgroup reached step it - 1's barrier.
+//  * Within a step the dQ GEMM is issued before dK's and waited for alone, so dK += dS^T Q keeps
+//    the tensor cores busy while dQ goes to its staging tile and on to dq_accum. (Carrying dK on
+//    into the next step's S^T and dP^T needs more than the consumers' 240 registers: ptxas then
+//    serializes the wgmmas, C7512.)
+//  * The exponentials run without per-element mask tests on the steps that need none (full tiles,
+//    no mask, not on the causal diagonal).
+//
+// rtx-kernels: arch-specific
+// (the line above makes rtx-kernels compile this program for sm_90a: wgmma, setmaxnreg and the
+//  bulk copies exist only on the architecture-specific target; the CUBIN loads only on compute
+//  capability 9.0 devices)
+//
+// ======================================================================================
+// Launch (kernels flash_bwd_tma_d128_{T})
+// ======================================================================================
+//   grid (ceil(Lk / 128), Hkv, B), block (384, 1, 1), dynamic smem 200744 bytes: 1024 alignment
+//   slack + K and V (2 x 128*D*2) + two dS^T tiles (2 x 128*64*2) + 2 stages of Q and dO
+//   (2 x 2 x 64*D*2) + 2 stages of lse and dsum (2 x 2 x 64*4) + the dQ staging tile
+//   (64*(D+8)*4) + 5 mbarriers; needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
+//   Argument: one `const FlashTmaBwdParams` by value (below): the FlashParams of
+//   flash_bwd_wgmma_d128_{T} (the same pointers, workspaces and semantics) and four tensor maps,
+//   each 3-D (D, L, B * heads), 16-bit elements, CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero
+//   fill out of bounds (rows past L read 0):
+//     q, dout: (D, Lq, B * H), box (64, 64, 1);   k, v: (D, Lk, B * Hkv), box (64, 128, 1).
+//   Order on one stream as the wgmma kernel's: flash_bwd_preprocess_d128_{T} (attention.cu), this
+//   kernel, flash_bwd_convert_dq_d128_{T} (attention.cu).
+
+#include "attention_common.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_tma_bwd.cu needs the sm_90a target (wgmma, setmaxnreg, cp.async.bulk): compile with arch_specific"
+#endif
+
+#include "wgmma.cuh"
+#include "attention_tma.cuh"
+
+struct __align__(64) FlashTmaBwdParams {
+    FlashParams p;
+    TmaMap q, k, v, dout;
+};
+// (152 bytes of FlashParams, then q, k, v, dout at 192, 320, 448, 576.)
+static_assert(sizeof(FlashTmaBwdParams) == 704 && alignof(FlashTmaBwdParams) == 64, "FlashTmaBwdParams ABI");
+
+// setmaxnreg: the producer warpgroup's registers and the consumers'; they must fit the block's
+// allocation at launch, 384 threads x 168 registers (see attention_tma.cu).
+#ifndef ATTN_TBW_PREGS
+#define ATTN_TBW_PREGS 24
+#endif
+#ifndef ATTN_TBW_CREGS
+#define ATTN_TBW_CREGS 240
+#endif
+static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxnreg budget");
+
+struct TmaBwdCfg {
+    static constexpr int D = 128;
+    static constexpr int BC = 128;               // keys per block (2 consumer warpgroups x 64)
+    static constexpr int BR = 64;                // query rows per step
+    static constexpr int STAGES = 2;             // Q / dO / lse / dsum stages
+    static constexpr int NTHREADS = 384;         // producer warpgroup + 2 consumer warpgroups
+    static constexpr int KV_BYTES = BC * D * 2;  // K or V tile
+    static constexpr int DS_BYTES = BC * BR * 2; // one dS^T tile [BC keys][BR queries]
+    static constexpr int Q_BYTES = BR * D * 2;   // Q or dO tile of a step
+    static constexpr int RV_BYTES = 2 * BR * 4;  // lse and dsum of a step
+    static constexpr int DQ_LD = D + 8;          // f32 row stride of the dQ staging tile
+    static constexpr int DQ_BYTES = BR * DQ_LD * 4;
+    static constexpr int NBARS = 1 + 2 * STAGES; // kv_full, full[STAGES], empty[STAGES]
+    static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + 2 * DS_BYTES + STAGES * 2 * Q_BYTES +
+                                      STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS;
+    static_assert(SMEM_BYTES <= 232448, "shared memory per block");
+};
+static_assert(TmaBwdCfg::SMEM_BYTES == 200744 && TmaBwdCfg::NTHREADS == 384 && TmaBwdCfg::BC == 128,
+              "documented (tma bwd d128)");
+
+template <typename Tr>
+__device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, unsigned char* smem) {
+    typedef TmaBwdCfg Cfg;
+    typedef typename Tr::T T;
+    typedef Wgmma<Tr, 64> M64;
+    typedef Wgmma<Tr, 128> M128;
+    const FlashParams& p = tp.p;
+    constexpr int D = Cfg::D;
+    constexpr int BC = Cfg::BC;
+    constexpr int BR = Cfg::BR;
+    constexpr int ST = Cfg::STAGES;
+    constexpr int SR = BR / 2;  // S^T / dP^T accumulators per thread (64 keys x BR queries)
+    constexpr int KR = D / 2;   // dK / dV accumulators per thread (64 keys x D)
+    constexpr int QR = 32;      // dQ accumulators per thread (64 queries x 64 columns)
+    constexpr int PR = BR / 4;  // packed P^T / dS^T registers
+
+    const int tid = threadIdx.x;
+    // warp-uniform warpgroup index (broadcast, so ptxas sees it uniform): 0 producer, 1 and 2 consumers
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+
+    const int n_block = blockIdx.x;
+    const int hk = blockIdx.y;
+    const int b = blockIdx.z;
+    const int H = p.H;
+    const int G = H / p.Hkv;
+    const int Lq = p.Lq;
+    const int Lk = p.Lk;
+    const int n0 = n_block * BC;
+
+    // Query steps per head of the group: causal skips those whose rows all precede n0.
+    const int m_begin = p.causal ? n0 / BR : 0;
+    const int n_m = (Lq + BR - 1) / BR;
+    const int per_head = n_m > m_begin ? n_m - m_begin : 0;
+    const int total = G * per_head;
+
+    // smem: [K][V][dS^T x 2][Q, dO stage 0][Q, dO stage 1][lse, dsum stage 0, 1][dQ staging][barriers]
+    const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
+    const unsigned s_k = base;
+    const unsigned s_v = s_k + Cfg::KV_BYTES;
+    const unsigned s_ds = s_v + Cfg::KV_BYTES;
+    const unsigned s_st = s_ds + 2 * Cfg::DS_BYTES;
+    const unsigned s_rv = s_st + ST * 2 * Cfg::Q_BYTES;
+    const unsigned s_dq = s_rv + ST * Cfg::RV_BYTES;
+    const unsigned bar = s_dq + Cfg::DQ_BYTES;
+    const unsigned kv_full = bar;
+    const unsigned full = bar + 8;
+    const unsigned empty = full + 8 * ST;
+    unsigned char* const gbase = smem + (base - smem_u32(smem));
+
+    if (tid == 0) {
+        mbar_init(kv_full, 1);
+        for (int i = 0; i < ST; ++i) {
+            mbar_init(full + 8 * i, 32);
+            mbar_init(empty + 8 * i, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ---- producer: warp 0 ----
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ATTN_TBW_PREGS) : "memory");
+        if (tid >= 32) return;
+        const int lane = tid;
+        if (lane == 0) {
+            const int kh = b * p.Hkv + hk;
+            mbar_expect_tx(kv_full, 2 * Cfg::KV_BYTES);
+#pragma unroll
+            for (int pn = 0; pn < D / 64; ++pn) {
+                tma_load_3d(s_k + pn * (BC * 128), &tp.k, kv_full, 64 * pn, n0, kh);
+                tma_load_3d(s_v + pn * (BC * 128), &tp.v, kv_full, 64 * pn, n0, kh);
+            }
+        }
+        const float* lse = static_cast<const float*>(p.lse);
+        const float* dsum = static_cast<const float*>(p.dsum);
+        for (int it = 0; it < total; ++it) {
+            const int slot = it % ST;
+            if (it >= ST) mbar_wait(empty + 8 * slot, ((it / ST) + 1) & 1);
+            const int hh = hk * G + it / per_head;
+            const int mm0 = (m_begin + it % per_head) * BR;
+            const long long row_base = (long long)(b * H + hh) * Lq + mm0;
+            float* rv = reinterpret_cast<float*>(gbase + (s_rv - base) + slot * Cfg::RV_BYTES);
+#pragma unroll
+            for (int r = lane; r < BR; r += 32) {
+                const bool ok = mm0 + r < Lq;
+                rv[r] = ok ? lse[row_base + r] : 0.f;  // rows past Lq: masked by the consumers
+                rv[BR + r] = ok ? dsum[row_base + r] : 0.f;
+            }
+            // Each lane's arrival releases its stores above; lane 0's also expects the copies'
+            // bytes, and the copies are issued after it (their bytes may not land first).
+            if (lane == 0) {
+                const unsigned fb = full + 8 * slot;
+                const unsigned st = s_st + slot * 2 * Cfg::Q_BYTES;
+                const int qh = b * H + hh;
+                mbar_expect_tx(fb, 2 * Cfg::Q_BYTES);
+#pragma unroll
+                for (int pn = 0; pn < D / 64; ++pn) {
+                    tma_load_3d(st + pn * (BR * 128), &tp.q, fb, 64 * pn, mm0, qh);
+                    tma_load_3d(st + Cfg::Q_BYTES + pn * (BR * 128), &tp.dout, fb, 64 * pn, mm0, qh);
+                }
+            } else {
+                mbar_arrive(full + 8 * slot);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ATTN_TBW_CREGS) : "memory");
+
+    // ---- consumers: warpgroup cw = wg - 1 owns keys n0 + 64 cw .. + 63 ----
+    const int cw = wg - 1;
+    const int warp = (tid >> 5) & 3;
+    const int lane = tid & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int kw0 = n0 + 64 * cw;          // first key of this warpgroup
+    const int krow = kw0 + warp * 16 + g;  // this thread's keys: krow and krow + 8
+
+    float dk[KR], dv[KR], s[SR], dp[SR], dq[QR];
+    unsigned pf[PR], df[PR];
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+        dk[i] = 0.f;
+        dv[i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < SR; ++i) {
+        s[i] = 0.f;
+        dp[i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < QR; ++i) dq[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < PR; ++i) {
+        pf[i] = 0u;
+        df[i] = 0u;
+    }
+
+    // Descriptors (stage 0, dS^T buffer 0; a stage is + 2 * Q_BYTES, a buffer + DS_BYTES).
+    const unsigned long long k_a = wg_desc(s_k + cw * 64 * 128, 16, 1024);   // K rows of cw
+    const unsigned long long v_a = wg_desc(s_v + cw * 64 * 128, 16, 1024);   // V rows of cw
+    const unsigned long long st_kmaj = wg_desc(s_st, 16, 1024);               // Q / dO as B, K-major
+    const unsigned long long st_mn = wg_desc(s_st, BR * 128, 1024);           // Q / dO as B, MN-major
+    const unsigned long long ds_a = wg_desc(s_ds, BC * 128, 1024);            // dS (A, MN-major)
+    const unsigned long long k_b = wg_desc(s_k + cw * (BC * 128), BC * 128, 1024);  // K cols 64cw.. (B, MN)
+
+    const float sl2 = p.scale * ATTN_LOG2E;
+    const T* mask = static_cast<const T*>(p.mask);
+    const bool has_mask = mask != nullptr;
+    float* dq_accum = static_cast<float*>(p.dq_accum);
+    const float* const rv_ptr = reinterpret_cast<const float*>(gbase + (s_rv - base));
+    float* const sdq = reinterpret_cast<float*>(gbase + (s_dq - base));
+
+    mbar_wait(kv_full, 0);  // also when total == 0: no copy may be in flight when the block exits
+    for (int it = 0; it < total; ++it) {
+        const int slot = it % ST;
+        const int buf = it & 1;
+        mbar_wait(full + 8 * slot, (it / ST) & 1);
+        const int hh = hk * G + it / per_head;
+        const int mm0 = (m_begin + it % per_head) * BR;
+        const unsigned st_off = slot * 2 * Cfg::Q_BYTES;
+        const float* s_lse = rv_ptr + slot * (Cfg::RV_BYTES / 4);
+        const float* s_dsum = s_lse + BR;
+
+        // ---- S^T = K_w Q^T and dP^T = V_w dO^T (two groups; dK of step it-1 may still run) ----
+        reg_fence(s);
+        reg_fence(dp);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
+            const unsigned boff = st_off + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
+            M64::template ss<0, 0>(s, wg_desc_add(k_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
+        }
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
+            const unsigned boff = st_off + Cfg::Q_BYTES + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
+            M64::template ss<0, 0>(dp, wg_desc_add(v_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
+        }
+        wg_commit();
+        wg_wait<1>();  // S^T done (dP^T may run on)
+        reg_fence(s);
+
+        // ---- P^T (rows = keys krow + 8r, columns = queries mm0 + 8nt + 2t + c) ----
+        const bool need_mask = (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
+        if (need_mask) {
+            const long long mask_base = (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h;
+#pragma unroll
+            for (int nt = 0; nt < BR / 8; ++nt) {
+                const int qc = nt * 8 + 2 * t;
+                const float2 lv = *reinterpret_cast<const float2*>(s_lse + qc);
+                // fully masked row (lse = -inf): every P of the row 0
+                const float l0 = (lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E;
+                const float l1 = (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = fmaf(s[4 * nt + e], sl2, -((e & 1) ? l1 : l0));
+                    const int key = krow + ((e >> 1) << 3);
+                    const int qrow = mm0 + qc + (e & 1);
+                    if (qrow >= Lq || key >= Lk || (p.causal && key > qrow)) {
+                        x = attn_neg_inf();
+                    } else if (has_mask) {
+                        x += Tr::to_float(mask[mask_base + (long long)qrow * p.mask_stride_q + key]) * ATTN_LOG2E;
+                    }
+                    s[4 * nt + e] = fast_exp2(x);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < BR / 8; ++nt) {
+                const float2 lv = *reinterpret_cast<const float2*>(s_lse + nt * 8 + 2 * t);
+                const float l0 = (lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E;
+                const float l1 = (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], sl2, -((e & 1) ? l1 : l0)));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < PR; ++i) pf[i] = Tr::pack(s[2 * i], s[2 * i + 1]);
+
+        // ---- dV += P^T dO (runs while dS^T is computed) ----
+        reg_fence(dv);
+        reg_fence(pf);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk) {
+            const unsigned a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+            M128::rs(dv, a, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES + kk * 2048));
+        }
+        wg_commit();
+        wg_wait<1>();  // dP^T done (dV may run on)
+        reg_fence(dp);
+
+        // ---- dS^T = P^T o (dP^T - dsum) ----
+#pragma unroll
+        for (int nt = 0; nt < BR / 8; ++nt) {
+            const float2 dsv = *reinterpret_cast<const float2*>(s_dsum + nt * 8 + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - ((e & 1) ? dsv.y : dsv.x));
+        }
+#pragma unroll
+        for (int i = 0; i < PR; ++i) df[i] = Tr::pack(dp[2 * i], dp[2 * i + 1]);
+        // dS^T -> smem buffer `buf` [key][query]: row krow - n0 + 8r (r & 7 == g), query chunk nt, word t
+        unsigned char* const ds_ptr = gbase + (s_ds - base) + buf * Cfg::DS_BYTES;
+#pragma unroll
+        for (int nt = 0; nt < BR / 8; ++nt) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = krow - n0 + 8 * r;
+                *reinterpret_cast<unsigned*>(ds_ptr + row * 128 + ((nt ^ g) << 4) + 4 * t) = df[2 * nt + r];
+            }
+        }
+        fence_proxy_async_smem();
+        named_bar_sync(1, 256);  // dS^T of both warpgroups written
+
+        // ---- dQ[step rows, 64cw .. 64cw + 63] = dS K, then dK += dS^T Q ----
+        reg_fence(dq);
+        reg_fence(dk);
+        reg_fence(df);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            M64::template ss<1, 1>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + kk * 2048), wg_desc_add(k_b, kk * 2048),
+                                   kk > 0 ? 1 : 0);
+        }
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk) {
+            const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
+            M128::rs(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
+        }
+        wg_commit();
+        wg_wait<1>();  // dV and dQ done (dK runs on)
+        reg_fence(dq);
+        reg_fence(dv);
+        reg_fence(pf);
+
+        // ---- dQ: the warp's 16 rows x the warpgroup's 64 columns -> staging tile, then lane l < 16
+        // reduces row 16 warp + l (256 contiguous bytes) into dq_accum with one bulk op ----
+        if (lane < 16) bulk_wait_read();  // last step's rows left the staging tile
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float* rowp = sdq + (warp * 16 + g + 8 * r) * Cfg::DQ_LD + 64 * cw + 2 * t;
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+                *reinterpret_cast<float2*>(rowp + nt * 8) = make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
+        }
+        fence_proxy_async_smem();
+        __syncwarp();
+        const long long row_base = (long long)(b * H + hh) * Lq + mm0;
+        const int ql = warp * 16 + lane;
+        if (lane < 16 && mm0 + ql < Lq) {
+            bulk_red_add_f32(dq_accum + (row_base + ql) * D + 64 * cw, s_dq + (ql * Cfg::DQ_LD + 64 * cw) * 4, 64 * 4);
+        }
+        if (lane < 16) bulk_commit();
+
+        wg_wait<0>();  // dK done: the stage has no reader left in this warpgroup
+        reg_fence(dk);
+        reg_fence(df);
+        mbar_arrive(empty + 8 * slot);
+    }
+    if (lane < 16) bulk_wait_all();
+
+    // ---- epilogue: dK = scale * acc, dV; rows past Lk are not stored ----
+    const long long kv_off = ((long long)(b * p.Hkv + hk) * Lk + n0) * D;
+    T* dkg = static_cast<T*>(p.dk) + kv_off;
+    T* dvg = static_cast<T*>(p.dv) + kv_off;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int kl = krow - n0 + 8 * r;
+        if (n0 + kl < Lk) {
+#pragma unroll
+            for (int dn = 0; dn < D / 8; ++dn) {
+                *reinterpret_cast<unsigned*>(dkg + (long long)kl * D + dn * 8 + 2 * t) =
+                    Tr::pack(dk[4 * dn + 2 * r] * p.scale, dk[4 * dn + 2 * r + 1] * p.scale);
+                *reinterpret_cast<unsigned*>(dvg + (long long)kl * D + dn * 8 + 2 * t) =
+                    Tr::pack(dv[4 * dn + 2 * r], dv[4 * dn + 2 * r + 1]);
+            }
+        }
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// Kernels
+// -------------------------------------------------------------------------------------
+extern __shared__ __align__(1024) unsigned char attn_tbw_smem[];
+
+#define ATTN_TMA_BWD_KERNEL(NAME, TR)                                                                     \
+    extern "C" __global__ void __launch_bounds__(TmaBwdCfg::NTHREADS, 1) NAME(                            \
+        const __grid_constant__ FlashTmaBwdParams tp) {                                                   \
+        flash_bwd_tma_body<TR>(tp, attn_tbw_smem);                                                        \
+    }
+ATTN_TMA_BWD_KERNEL(flash_bwd_tma_d128_f16, AttnF16)
+ATTN_TMA_BWD_KERNEL(flash_bwd_tma_d128_bf16, AttnBF16)
