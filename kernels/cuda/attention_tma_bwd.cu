@@ -9,7 +9,8 @@
 //    plain loads into shared memory, STAGES steps ahead. Warpgroups 1 and 2 are the consumers
 //    (setmaxnreg up to 240): they issue no load and no cp.async wait.
 //  * Stages are handed over by mbarriers instead of __syncthreads: full[s] completes with the
-//    producer warp's 32 arrivals (lane 0's carrying the expected bytes) and the copies'
+//    producer warp's 32 arrivals (each after that lane's lse / dsum stores; lane 0 announced the
+//    copies' bytes, expect_tx without arriving, before issuing them) and the copies'
 //    transaction bytes; empty[s] with the 256 consumer threads' arrivals, each at the end of the
 //    step, after its warpgroup's dK GEMM (the last reader of the stage) has completed.
 //  * The two consumer warpgroups meet once per step (named barrier 1, 256 threads): dS^T of both
@@ -170,6 +171,20 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             const int hh = hk * G + it / per_head;
             const int mm0 = (m_begin + it % per_head) * BR;
             const long long row_base = (long long)(b * H + hh) * Lq + mm0;
+            const unsigned fb = full + 8 * slot;
+            // Lane 0 announces the copies' bytes (before issuing them, so that none can land
+            // first) without arriving; then every lane stores its lse and dsum values and
+            // arrives, each arrival releasing that lane's stores.
+            if (lane == 0) {
+                const unsigned st = s_st + slot * 2 * Cfg::Q_BYTES;
+                const int qh = b * H + hh;
+                mbar_expect_tx_only(fb, 2 * Cfg::Q_BYTES);
+#pragma unroll
+                for (int pn = 0; pn < D / 64; ++pn) {
+                    tma_load_3d(st + pn * (BR * 128), &tp.q, fb, 64 * pn, mm0, qh);
+                    tma_load_3d(st + Cfg::Q_BYTES + pn * (BR * 128), &tp.dout, fb, 64 * pn, mm0, qh);
+                }
+            }
             float* rv = reinterpret_cast<float*>(gbase + (s_rv - base) + slot * Cfg::RV_BYTES);
 #pragma unroll
             for (int r = lane; r < BR; r += 32) {
@@ -177,21 +192,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
                 rv[r] = ok ? lse[row_base + r] : 0.f;  // rows past Lq: masked by the consumers
                 rv[BR + r] = ok ? dsum[row_base + r] : 0.f;
             }
-            // Each lane's arrival releases its stores above; lane 0's also expects the copies'
-            // bytes, and the copies are issued after it (their bytes may not land first).
-            if (lane == 0) {
-                const unsigned fb = full + 8 * slot;
-                const unsigned st = s_st + slot * 2 * Cfg::Q_BYTES;
-                const int qh = b * H + hh;
-                mbar_expect_tx(fb, 2 * Cfg::Q_BYTES);
-#pragma unroll
-                for (int pn = 0; pn < D / 64; ++pn) {
-                    tma_load_3d(st + pn * (BR * 128), &tp.q, fb, 64 * pn, mm0, qh);
-                    tma_load_3d(st + Cfg::Q_BYTES + pn * (BR * 128), &tp.dout, fb, 64 * pn, mm0, qh);
-                }
-            } else {
-                mbar_arrive(full + 8 * slot);
-            }
+            mbar_arrive(fb);
         }
         return;
     }
