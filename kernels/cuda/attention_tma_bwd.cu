@@ -6,7 +6,8 @@
 //  * Warpgroup 0 is the producer (setmaxnreg down to 24 registers): its warp 0 loads K and V once
 //    and then every step's Q and dO as bulk tensor copies (cp.async.bulk.tensor, tensor maps with
 //    the 128-byte swizzle, so the panels are exactly the wgmma kernel's), and lse and dsum with
-//    plain loads into shared memory, STAGES steps ahead. Warpgroups 1 and 2 are the consumers
+//    plain loads into shared memory, into a ring of 2 stages (a step ahead of the consumers;
+//    3 do not fit in shared memory). Warpgroups 1 and 2 are the consumers
 //    (setmaxnreg up to 240): they issue no load and no cp.async wait.
 //  * Stages are handed over by mbarriers instead of __syncthreads: full[s] completes with the
 //    producer warp's 32 arrivals (each after that lane's lse / dsum stores; lane 0 announced the
@@ -253,7 +254,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         const float* s_lse = rv_ptr + slot * (Cfg::RV_BYTES / 4);
         const float* s_dsum = s_lse + BR;
 
-        // ---- S^T = K_w Q^T and dP^T = V_w dO^T (two groups; dK of step it-1 may still run) ----
+        // ---- S^T = K_w Q^T and dP^T = V_w dO^T (two groups) ----
         reg_fence(s);
         reg_fence(dp);
         wg_fence();

@@ -17,6 +17,14 @@ pub mod cpu;
 mod cuda;
 mod geometry;
 
+/// How many times this process launched the experimental TMA backward main kernel
+/// (`flash_bwd_tma_d128_*`, the setting `attn_bwd_tma`): for tests that must know it ran
+/// rather than a fallback. Not a stable API.
+#[doc(hidden)]
+pub fn tma_backward_launches() -> u64 {
+    cuda::TMA_BWD_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 use rtx_runtime::{
     BackendCx, Buffer, Cost, DType, Device, Element, Error, ExecCx, Op, Plan, PlanCx, Result,
     Tensor, TensorSpec,

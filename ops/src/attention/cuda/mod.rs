@@ -64,6 +64,11 @@ use super::geometry::Geometry;
 use crate::gemm::device::{dptr, dptr_mut};
 use crate::kernels;
 
+/// Launches of the TMA backward main kernel in this process (see
+/// `crate::attention::tma_backward_launches`).
+pub(super) static TMA_BWD_LAUNCHES: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
 /// Set once a call's tensor maps were refused (the warning is logged once per process).
 static MAPS_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -309,6 +314,7 @@ fn backward_t<T: Element>(
                         // kernel `main` is; its grid covers Lk in blocks of 128 keys as
                         // the wgmma kernel's.
                         unsafe { main.launch_tma_bwd(stream, main_grid, &tp) }?;
+                        TMA_BWD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     Err(e) => {
                         let w = stand_in?;
