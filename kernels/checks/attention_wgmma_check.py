@@ -529,6 +529,8 @@ BWD_VARIANTS = [
     ("bwgs2", {"ATTN_WGB_STAGES": 2}, "defaults with the 2-stage Q / dO / lse / dsum ring (before 2026-12-04: "
                                      "3 stages were 2.5-3.2 % faster)"),
     ("bwgx", {"ATTN_WGB_EXP_SPLIT": 1}, "defaults, the exponentials of unmasked steps without per-element tests"),
+    ("bwgq", {"ATTN_WGB_DQ_FIRST": 1}, "defaults, dQ's GEMM before dK's (dK under the dQ stores)"),
+    ("bwgxq", {"ATTN_WGB_EXP_SPLIT": 1, "ATTN_WGB_DQ_FIRST": 1}, "bwgx and bwgq together"),
     # flash_bwd_tma_d128_* of attention_tma_bwd.cu (the setting attn_bwd_tma): the same GEMMs fed by a
     # producer warpgroup (bulk tensor copies of Q and dO, mbarrier-handed stages), dQ before dK.
     ("btma", {}, "attention_tma_bwd.cu: producer warpgroup + TMA, 2 consumer WG, mbarriers, dS^T x 2"),

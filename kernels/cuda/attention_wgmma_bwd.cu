@@ -66,6 +66,10 @@
 #include "wgmma.cuh"
 #include "attention_tma.cuh"
 
+#ifndef ATTN_WGB_DQ_FIRST
+#define ATTN_WGB_DQ_FIRST 0  // 1: dQ's GEMM issued before dK's, dK running on under the dQ
+                             // stores (as attention_tma_bwd.cu; untimed candidate)
+#endif
 #ifndef ATTN_WGB_EXP_SPLIT
 #define ATTN_WGB_EXP_SPLIT 0  // 1: steps that need no mask take a copy of the exponential loop
                               // without the per-element mask tests (untimed candidate)
@@ -95,6 +99,7 @@ struct WgBwdCfg {
         1024 + 2 * KV_BYTES + DS_BYTES + STAGES * 2 * Q_BYTES + STAGES * ROWV_BYTES + DQ_BYTES;
     static_assert(D == 64 * NWG, "dQ split: warpgroup w computes dQ columns 64w .. 64w + 63");
     static_assert(BR == 64, "dS^T rows are one 128-byte panel row");
+    static_assert(!(ATTN_WGB_DQ_FIRST && DQ_MMA), "DQ_FIRST orders the wgmma dQ");
     static_assert(SMEM_BYTES <= 232448, "shared memory per block");
 };
 
@@ -334,16 +339,18 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
             }
         }
 
-        // ---- dK += dS^T Q ----
-        reg_fence(dk);
-        reg_fence(df);
-        wg_fence();
+        // ---- dK += dS^T Q (DQ_FIRST: after dQ's GEMM, below) ----
+        if (!ATTN_WGB_DQ_FIRST) {
+            reg_fence(dk);
+            reg_fence(df);
+            wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < BR / 16; ++kk) {
-            const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
-            M128::rs(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
+            for (int kk = 0; kk < BR / 16; ++kk) {
+                const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
+                M128::rs(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
+            }
+            wg_commit();
         }
-        wg_commit();
         if (Cfg::DQ_BULK && lane < 16) bulk_wait_read();  // last step's dQ rows left the staging tile
         fence_proxy_async_smem();
         __syncthreads();  // dS^T complete (both warpgroups' keys)
@@ -395,13 +402,29 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
                                        kk > 0 ? 1 : 0);
             }
             wg_commit();
-            wg_wait<0>();
+            if (ATTN_WGB_DQ_FIRST) {
+                // dK += dS^T Q now, running on under the dQ stores below
+                reg_fence(dk);
+                reg_fence(df);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < BR / 16; ++kk) {
+                    const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
+                    M128::rs(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
+                }
+                wg_commit();
+                wg_wait<1>();  // dV and dQ done
+            } else {
+                wg_wait<0>();
+            }
             reg_fence(dq);
         }
         reg_fence(dv);
-        reg_fence(dk);
         reg_fence(pf);
-        reg_fence(df);
+        if (!ATTN_WGB_DQ_FIRST) {
+            reg_fence(dk);
+            reg_fence(df);
+        }
 
         const long long row_base = (long long)(b * H + hh) * Lq + mm0;
         if (Cfg::DQ_BULK) {
@@ -434,6 +457,11 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
                 }
             }
         }
+        if (ATTN_WGB_DQ_FIRST) {
+            wg_wait<0>();  // dK done before the next step's barrier frees its stage
+            reg_fence(dk);
+            reg_fence(df);
+        }
     }
     if (Cfg::DQ_BULK && lane < 16) bulk_wait_all();
     cp_async_wait<0>();  // K/V may still be in flight when total == 0
@@ -465,6 +493,8 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
 //     64-column half); 0: red.global.add.v2.f32 from the accumulators (smem 182784 bytes).
 //   ATTN_WGB_STAGES = 3 (default): the Q / dO / lse / dsum ring's stages; 2: the earlier ring.
 //   ATTN_WGB_DQ_MMA = 1: dQ = dS K with mma.sync + ldmatrix instead of wgmma (same smem).
+//   ATTN_WGB_DQ_FIRST = 1, ATTN_WGB_EXP_SPLIT = 1: the candidates described where they are
+//     defined (above the configuration), not yet timed.
 // Measured on the H200 (kernels/checks/attention_wgmma_check.py --bwd, 2026-11-29; bf16, B*L = 16384,
 // H = 16, L 4096 / 16384, causal 0/1; all four passed the gradient check): backward
 // (preprocess + this + convert) 292-347 TFLOP/s with BULK (0.57-0.66x SDPA's backward), 286-337
