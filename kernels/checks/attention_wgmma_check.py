@@ -534,6 +534,7 @@ BWD_VARIANTS = [
     # flash_bwd_tma_d128_* of attention_tma_bwd.cu (the setting attn_bwd_tma): the same GEMMs fed by a
     # producer warpgroup (bulk tensor copies of Q and dO, mbarrier-handed stages), dQ before dK.
     ("btma", {}, "attention_tma_bwd.cu: producer warpgroup + TMA, 2 consumer WG, mbarriers, dS^T x 2"),
+    ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
 ]
 
 
@@ -543,8 +544,10 @@ def bwg_cfg(defs, name="bwg"):
     variant (attention_tma_bwd.cu's)."""
     bc, br, d = 128, 64, 128
     if name.startswith("btma"):
-        return 384, 1024 + 2 * bc * d * 2 + 2 * bc * br * 2 + 2 * 2 * br * d * 2 + 2 * 2 * br * 4 + \
-            br * (d + 8) * 4 + 8 * 5, bc
+        st = int(defs.get("ATTN_TBW_STAGES", 2))
+        bufs = 2 if st == 2 else 1
+        return 384, 1024 + 2 * bc * d * 2 + bufs * bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + \
+            br * (d + 8) * 4 + 8 * (1 + 2 * st), bc
     dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
     st = int(defs.get("ATTN_WGB_STAGES", 3))
     return 2 * bc, 1024 + 2 * bc * d * 2 + bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + dq, bc
@@ -553,6 +556,7 @@ def bwg_cfg(defs, name="bwg"):
 assert bwg_cfg({}) == (256, 217600, 128) and bwg_cfg({"ATTN_WGB_DQ_BULK": 0})[1] == 182784
 assert bwg_cfg({"ATTN_WGB_STAGES": 2}) == (256, 184320, 128)
 assert bwg_cfg({}, "btma") == (384, 200744, 128)
+assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3") == (384, 217656, 128)
 
 
 def bwd_main(args):

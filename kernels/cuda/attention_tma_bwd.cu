@@ -7,7 +7,7 @@
 //    and then every step's Q and dO as bulk tensor copies (cp.async.bulk.tensor, tensor maps with
 //    the 128-byte swizzle, so the panels are exactly the wgmma kernel's), and lse and dsum with
 //    plain loads into shared memory, into a ring of 2 stages (a step ahead of the consumers;
-//    3 do not fit in shared memory). Warpgroups 1 and 2 are the consumers
+//    -DATTN_TBW_STAGES=3: 3 stages, with one dS^T tile, see TmaBwdCfg). Warpgroups 1 and 2 are the consumers
 //    (setmaxnreg up to 240): they issue no load and no cp.async wait.
 //  * Stages are handed over by mbarriers instead of __syncthreads: full[s] completes with the
 //    producer warp's 32 arrivals (each after that lane's lse / dsum stores; lane 0 announced the
@@ -37,6 +37,7 @@
 //   slack + K and V (2 x 128*D*2) + two dS^T tiles (2 x 128*64*2) + 2 stages of Q and dO
 //   (2 x 2 x 64*D*2) + 2 stages of lse and dsum (2 x 2 x 64*4) + the dQ staging tile
 //   (64*(D+8)*4) + 5 mbarriers; needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
+//   (-DATTN_TBW_STAGES=3: one dS^T tile, 3 stages, 7 mbarriers: 217656 bytes.)
 //   Argument: one `const FlashTmaBwdParams` by value (below): the FlashParams of
 //   flash_bwd_wgmma_d128_{T} (the same pointers, workspaces and semantics) and four tensor maps,
 //   each 3-D (D, L, B * heads), 16-bit elements, CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero
@@ -71,11 +72,18 @@ static_assert(sizeof(FlashTmaBwdParams) == 704 && alignof(FlashTmaBwdParams) == 
 #endif
 static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxnreg budget");
 
+// Stages of the Q / dO / lse / dsum ring: 2 (the default, with two dS^T buffers) or 3 (with one
+// dS^T buffer: 3 stages and two buffers do not fit; a warpgroup then also waits, before writing
+// dS^T, for the other's dQ GEMM of the previous step, named barriers 2 and 3).
+#ifndef ATTN_TBW_STAGES
+#define ATTN_TBW_STAGES 2
+#endif
 struct TmaBwdCfg {
     static constexpr int D = 128;
     static constexpr int BC = 128;               // keys per block (2 consumer warpgroups x 64)
     static constexpr int BR = 64;                // query rows per step
-    static constexpr int STAGES = 2;             // Q / dO / lse / dsum stages
+    static constexpr int STAGES = ATTN_TBW_STAGES;  // Q / dO / lse / dsum stages
+    static constexpr int DS_BUFS = STAGES == 2 ? 2 : 1;  // dS^T tiles
     static constexpr int NTHREADS = 384;         // producer warpgroup + 2 consumer warpgroups
     static constexpr int KV_BYTES = BC * D * 2;  // K or V tile
     static constexpr int DS_BYTES = BC * BR * 2; // one dS^T tile [BC keys][BR queries]
@@ -84,12 +92,17 @@ struct TmaBwdCfg {
     static constexpr int DQ_LD = D + 8;          // f32 row stride of the dQ staging tile
     static constexpr int DQ_BYTES = BR * DQ_LD * 4;
     static constexpr int NBARS = 1 + 2 * STAGES; // kv_full, full[STAGES], empty[STAGES]
-    static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + 2 * DS_BYTES + STAGES * 2 * Q_BYTES +
+    static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + DS_BUFS * DS_BYTES + STAGES * 2 * Q_BYTES +
                                       STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS;
+    static_assert(STAGES == 2 || STAGES == 3, "stages");
     static_assert(SMEM_BYTES <= 232448, "shared memory per block");
 };
+#if ATTN_TBW_STAGES == 2
 static_assert(TmaBwdCfg::SMEM_BYTES == 200744 && TmaBwdCfg::NTHREADS == 384 && TmaBwdCfg::BC == 128,
               "documented (tma bwd d128)");
+#else
+static_assert(TmaBwdCfg::SMEM_BYTES == 217656, "tma bwd d128 with 3 stages");
+#endif
 
 template <typename Tr>
 __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, unsigned char* smem) {
@@ -131,7 +144,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     const unsigned s_k = base;
     const unsigned s_v = s_k + Cfg::KV_BYTES;
     const unsigned s_ds = s_v + Cfg::KV_BYTES;
-    const unsigned s_st = s_ds + 2 * Cfg::DS_BYTES;
+    const unsigned s_st = s_ds + Cfg::DS_BUFS * Cfg::DS_BYTES;
     const unsigned s_rv = s_st + ST * 2 * Cfg::Q_BYTES;
     const unsigned s_dq = s_rv + ST * Cfg::RV_BYTES;
     const unsigned bar = s_dq + Cfg::DQ_BYTES;
@@ -246,7 +259,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     mbar_wait(kv_full, 0);  // also when total == 0: no copy may be in flight when the block exits
     for (int it = 0; it < total; ++it) {
         const int slot = it % ST;
-        const int buf = it & 1;
+        const int buf = Cfg::DS_BUFS == 2 ? (it & 1) : 0;
         mbar_wait(full + 8 * slot, (it / ST) & 1);
         const int hh = hk * G + it / per_head;
         const int mm0 = (m_begin + it % per_head) * BR;
@@ -334,6 +347,14 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         }
 #pragma unroll
         for (int i = 0; i < PR; ++i) df[i] = Tr::pack(dp[2 * i], dp[2 * i + 1]);
+        // One dS^T buffer: the other warpgroup's dQ GEMM of step it-1 (reading all 128 rows) is done.
+        if (Cfg::DS_BUFS == 1 && it > 0) {
+            if (cw == 0) {  // (constant barrier ids: ptxas reserves every id a register may name)
+                named_bar_sync(3, 256);
+            } else {
+                named_bar_sync(2, 256);
+            }
+        }
         // dS^T -> smem buffer `buf` [key][query]: row krow - n0 + 8r (r & 7 == g), query chunk nt, word t
         unsigned char* const ds_ptr = gbase + (s_ds - base) + buf * Cfg::DS_BYTES;
 #pragma unroll
@@ -368,6 +389,14 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         reg_fence(dq);
         reg_fence(dv);
         reg_fence(pf);
+        // One dS^T buffer: tell the other warpgroup this one's dQ GEMM no longer reads it.
+        if (Cfg::DS_BUFS == 1 && it + 1 < total) {
+            if (cw == 0) {
+                named_bar_arrive(2, 256);
+            } else {
+                named_bar_arrive(3, 256);
+            }
+        }
 
         // ---- dQ: the warp's 16 rows x the warpgroup's 64 columns -> staging tile, then lane l < 16
         // reduces row 16 warp + l (256 contiguous bytes) into dq_accum with one bulk op ----
