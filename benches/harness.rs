@@ -349,7 +349,7 @@ fn suite_speedup(rt: &Runtime) {
 }
 
 /// bf16 attention, B·L = 16384, H·D = 2048: forward, and forward + backward; on CUDA,
-/// for D = 128, forward + backward again with the experimental TMA backward (the setting
+/// forward + backward again with the experimental TMA backward (the setting
 /// `attn_bwd_tma`, case names ending in `_tma_bwd`).
 fn suite_attention(rt: &Runtime) {
     use rtx::ops::attention::{attention, attention_backward};
@@ -395,7 +395,7 @@ fn suite_attention(rt: &Runtime) {
                         .expect("bwd");
                 });
                 emit(&format!("{name}_fwdbwd"), ms, 0.0, 3.5 * fwd, &[]);
-                if let (Some(rt2), 128) = (&tma_bwd, d) {
+                if let Some(rt2) = &tma_bwd {
                     let up = |x: &[f32]| upload(rt2, x, &shape, DType::BF16);
                     let (q, k, v) = (up(&host), up(&rotated(7)), up(&rotated(13)));
                     let dout = k.clone();

@@ -538,16 +538,18 @@ BWD_VARIANTS = [
 ]
 
 
-def bwg_cfg(defs, name="bwg"):
+def bwg_cfg(defs, name="bwg", D=128):
     """(threads, dynamic smem bytes, keys per block) of flash_bwd_wgmma_d128_* built with `defs`
-    (the formula at the top of attention_wgmma_bwd.cu), or of flash_bwd_tma_d128_* for a btma*
+    (the formula at the top of attention_wgmma_bwd.cu), or of flash_bwd_tma_d{D}_* for a btma*
     variant (attention_tma_bwd.cu's)."""
     bc, br, d = 128, 64, 128
     if name.startswith("btma"):
+        d = D
         st = int(defs.get("ATTN_TBW_STAGES", 2))
         bufs = 2 if st == 2 else 1
+        tiles = 2 if d == 64 else 1  # dQ staging tiles
         return 384, 1024 + 2 * bc * d * 2 + bufs * bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + \
-            br * (d + 8) * 4 + 8 * (1 + 2 * st), bc
+            tiles * br * (d + 8) * 4 + 8 * (1 + 2 * st), bc
     dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
     st = int(defs.get("ATTN_WGB_STAGES", 3))
     return 2 * bc, 1024 + 2 * bc * d * 2 + bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + dq, bc
@@ -557,6 +559,7 @@ assert bwg_cfg({}) == (256, 217600, 128) and bwg_cfg({"ATTN_WGB_DQ_BULK": 0})[1]
 assert bwg_cfg({"ATTN_WGB_STAGES": 2}) == (256, 184320, 128)
 assert bwg_cfg({}, "btma") == (384, 200744, 128)
 assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3") == (384, 217656, 128)
+assert bwg_cfg({}, "btma", 64) == (384, 137256, 128)
 
 
 def bwd_main(args):
@@ -628,6 +631,7 @@ def bwd_main(args):
                             "offsets": [0, 192, 320, 448, 576], "itemsize": 704})
 
             def main_tma(p, B, H, Hkv, Lq, Lk, D, dt):
+                threads, smem, bc = bwg_cfg(defs, name, D)
                 if not maps:
                     maps.append(TensorMaps())
                 tp = np.zeros(1, dtype=tdt)
@@ -683,7 +687,7 @@ def bwd_main(args):
         ro, rl, rdq, rdk, rdv = ac.reference(q, k, v, mask, causal, scale, dout)
         return {"o": ac.relerr(o, ro), "dq": ac.relerr(dq, rdq), "dk": ac.relerr(dk, rdk), "dv": ac.relerr(dv, rdv)}
 
-    def cases(full):
+    def cases(full, dims=(128,)):
         lengths = [(1, 1), (17, 17), (1000, 1000), (4097, 4097), (1, 1000), (17, 1000), (1000, 17),
                    (300, 4097), (4097, 129), (200, 200)]
         if not full:
@@ -695,7 +699,8 @@ def bwd_main(args):
                         for gqa in (True, False):
                             if (mask_mode + i + int(gqa)) % 2 and (Lq, Lk) != (4097, 4097):
                                 continue  # half the combinations (all of the largest)
-                            yield dtype, 128, causal, mask_mode, Lq, Lk, gqa
+                            for D in dims:
+                                yield dtype, D, causal, mask_mode, Lq, Lk, gqa
 
     summary = {"variants": {}, "manifest": {n: manifest.get(n) for (n, _, _) in variants}}
     fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
@@ -709,7 +714,8 @@ def bwd_main(args):
         res, worst, lost, t1 = [], dict.fromkeys(names, 0.0), False, time.time()
         print("\n== correctness of %s (%s set) vs float64 autograd, PASS < %.0e; failures listed ==" % (
             name, "full" if full else "reduced", TOL), flush=True)
-        for (dtype, D, causal, mm, Lq, Lk, gqa) in cases(full):
+        dims = (128, 64) if name.startswith("btma") else (128,)  # the TMA kernel also has D = 64
+        for (dtype, D, causal, mm, Lq, Lk, gqa) in cases(full, dims):
             try:
                 errs, note = check_one(bwd, dtype, D, causal, mm, Lq, Lk, gqa, gen), ""
             except Exception as e:  # noqa: BLE001
@@ -768,72 +774,76 @@ def bwd_main(args):
     if not args.no_bench:
         timed = [(n, d) for (n, d, _) in variants if n in ok_names or n in ran_names]
         lab = lambda n: n if n in ok_names or n in ("mma", "sdpa") else n + "!"  # noqa: E731
-        D, dt = 128, "bf16"
-        H = 2048 // D
+        dt = "bf16"
         Ls = (4096,) if args.quick else (4096, 16384)
-        print("\n== timing bf16 D=128, B*L = 16384, H = 16 (median ms, CUDA events; '!' = failed the check) ==")
-        for L in Ls:
-            B = 16384 // L
-            for causal in (0, 1):
-                fl = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
-                sets = []
-                for _ in range(2):
-                    q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-                    o = torch.empty_like(q)
-                    lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
-                    dsum = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
-                    dqa = torch.empty(B, H, L, D, device="cuda", dtype=torch.float32)
-                    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
-                    p = ac.make_params(q, k, v, o, lse, None, (0, 0, 0), causal, None, do, dsum, dqa, dq, dk, dv)
-                    fwd_wg(p, B, H, L, D, dt)  # o, lse for the backward
-                    sets.append((q, k, v, do, p))
-                reps = 15 if L >= 16384 else 25
-                ms = {}
-                mains = [("mma", main_old)] + [(n, make_main_new(n, d)) for (n, d) in timed]
-                try:
-                    ms[("wgfwd", "fwd")] = ac.time_fn([lambda s=s: fwd_wg(s[4], B, H, L, D, dt) for s in sets], reps)
-                    for n, mf in mains:
-                        ms[(n, "main")] = ac.time_fn([lambda s=s, mf=mf: mf(s[4], B, H, H, L, L, D, dt)
-                                                      for s in sets], reps)
-                        bw = bwd_with(mf)
-                        ms[(n, "bwd")] = ac.time_fn([lambda s=s, bw=bw: bw(s[4], B, H, H, L, L, D, dt)
-                                                     for s in sets], reps)
-                except Exception as e:  # noqa: BLE001
-                    print("timing failed: %s" % str(e)[:300])
-                tsets = [(s[0].clone().requires_grad_(), s[1].clone().requires_grad_(),
-                          s[2].clone().requires_grad_(), s[3]) for s in sets]
+        # D = 64: the mma.sync backward and the TMA variants (no wgmma backward has D = 64)
+        Ds = (128, 64) if any(n.startswith("btma") for (n, _) in timed) else (128,)
+        for D in Ds:
+            H = 2048 // D
+            print("\n== timing bf16 D=%d, B*L = 16384, H = %d (median ms, CUDA events; '!' = failed the check) ==" % (D, H))
+            for L in Ls:
+                B = 16384 // L
+                for causal in (0, 1):
+                    fl = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+                    sets = []
+                    for _ in range(2):
+                        q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                        o = torch.empty_like(q)
+                        lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                        dsum = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                        dqa = torch.empty(B, H, L, D, device="cuda", dtype=torch.float32)
+                        dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+                        p = ac.make_params(q, k, v, o, lse, None, (0, 0, 0), causal, None, do, dsum, dqa, dq, dk, dv)
+                        fwd_wg(p, B, H, L, D, dt)  # o, lse for the backward
+                        sets.append((q, k, v, do, p))
+                    reps = 15 if L >= 16384 else 25
+                    ms = {}
+                    mains = [("mma", main_old)] + [(n, make_main_new(n, d)) for (n, d) in timed
+                                                    if D == 128 or n.startswith("btma")]
+                    try:
+                        ms[("wgfwd", "fwd")] = ac.time_fn([lambda s=s: fwd_wg(s[4], B, H, L, D, dt) for s in sets], reps)
+                        for n, mf in mains:
+                            ms[(n, "main")] = ac.time_fn([lambda s=s, mf=mf: mf(s[4], B, H, H, L, L, D, dt)
+                                                          for s in sets], reps)
+                            bw = bwd_with(mf)
+                            ms[(n, "bwd")] = ac.time_fn([lambda s=s, bw=bw: bw(s[4], B, H, H, L, L, D, dt)
+                                                         for s in sets], reps)
+                    except Exception as e:  # noqa: BLE001
+                        print("timing failed: %s" % str(e)[:300])
+                    tsets = [(s[0].clone().requires_grad_(), s[1].clone().requires_grad_(),
+                              s[2].clone().requires_grad_(), s[3]) for s in sets]
 
-                def t_fb(s):
-                    out = F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
-                    torch.autograd.grad(out, (s[0], s[1], s[2]), s[3])
+                    def t_fb(s):
+                        out = F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
+                        torch.autograd.grad(out, (s[0], s[1], s[2]), s[3])
 
-                def t_f(s):
-                    with torch.no_grad():
-                        F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
+                    def t_f(s):
+                        with torch.no_grad():
+                            F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
 
-                try:
-                    ms[("sdpa", "fwd")] = ac.time_fn([lambda s=s: t_f(s) for s in tsets], reps)
-                    ms[("sdpa", "fb")] = ac.time_fn([lambda s=s: t_fb(s) for s in tsets], reps)
-                    ms[("sdpa", "bwd")] = ms[("sdpa", "fb")] - ms[("sdpa", "fwd")]
-                except Exception as e:  # noqa: BLE001
-                    print("timing sdpa failed: %s" % str(e)[:200])
-                r = {"L": L, "B": B, "causal": causal, "fwd_flops": fl,
-                     "ms": {"%s/%s" % kv: x for kv, x in ms.items()}}
-                rows.append(r)
-                sd_fb = ms.get(("sdpa", "fb"), float("nan"))
-                sd_b = ms.get(("sdpa", "bwd"), float("nan"))
-                fw = ms.get(("wgfwd", "fwd"), float("nan"))
-                print("\nL=%5d B=%d causal=%d: wgmma fwd %.3f ms; SDPA fwd %.3f, bwd (fb - fwd) %.3f, f+b %.3f ms" % (
-                    L, B, causal, fw, ms.get(("sdpa", "fwd"), float("nan")), sd_b, sd_fb))
-                print("  %-8s %9s %9s %8s %9s %9s %8s" % ("bwd", "main ms", "bwd ms", "TFLOP/s", "x sdpa bwd",
-                                                           "f+b ms", "x sdpa"))
-                for n, _ in mains:
-                    mm_, bb = ms.get((n, "main"), float("nan")), ms.get((n, "bwd"), float("nan"))
-                    print("  %-8s %9.3f %9.3f %8.1f %9.2f %10.3f %8.2f" % (
-                        lab(n), mm_, bb, 2.5 * fl / (bb * 1e-3) / 1e12, sd_b / bb, fw + bb, sd_fb / (fw + bb)),
-                        flush=True)
-                del sets, tsets
-                torch.cuda.empty_cache()
+                    try:
+                        ms[("sdpa", "fwd")] = ac.time_fn([lambda s=s: t_f(s) for s in tsets], reps)
+                        ms[("sdpa", "fb")] = ac.time_fn([lambda s=s: t_fb(s) for s in tsets], reps)
+                        ms[("sdpa", "bwd")] = ms[("sdpa", "fb")] - ms[("sdpa", "fwd")]
+                    except Exception as e:  # noqa: BLE001
+                        print("timing sdpa failed: %s" % str(e)[:200])
+                    r = {"D": D, "L": L, "B": B, "causal": causal, "fwd_flops": fl,
+                         "ms": {"%s/%s" % kv: x for kv, x in ms.items()}}
+                    rows.append(r)
+                    sd_fb = ms.get(("sdpa", "fb"), float("nan"))
+                    sd_b = ms.get(("sdpa", "bwd"), float("nan"))
+                    fw = ms.get(("wgfwd", "fwd"), float("nan"))
+                    print("\nL=%5d B=%d causal=%d: wgmma fwd %.3f ms; SDPA fwd %.3f, bwd (fb - fwd) %.3f, f+b %.3f ms" % (
+                        L, B, causal, fw, ms.get(("sdpa", "fwd"), float("nan")), sd_b, sd_fb))
+                    print("  %-8s %9s %9s %8s %9s %9s %8s" % ("bwd", "main ms", "bwd ms", "TFLOP/s", "x sdpa bwd",
+                                                               "f+b ms", "x sdpa"))
+                    for n, _ in mains:
+                        mm_, bb = ms.get((n, "main"), float("nan")), ms.get((n, "bwd"), float("nan"))
+                        print("  %-8s %9.3f %9.3f %8.1f %9.2f %10.3f %8.2f" % (
+                            lab(n), mm_, bb, 2.5 * fl / (bb * 1e-3) / 1e12, sd_b / bb, fw + bb, sd_fb / (fw + bb)),
+                            flush=True)
+                    del sets, tsets
+                    torch.cuda.empty_cache()
         summary["bench"] = rows
     print("\ntotal %.0f s; passing wgmma backward variants: %s" % (time.time() - t0, ", ".join(ok_names) or "none"))
     if out_dir:

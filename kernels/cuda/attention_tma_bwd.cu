@@ -1,7 +1,8 @@
 // attention_tma_bwd.cu — FlashAttention backward main kernel (dQ, dK, dV) for Hopper (sm_90a) with
-// a producer warpgroup: flash_bwd_tma_d128_{T}, T = f16 | bf16, head dim 128. The GEMMs and the
+// a producer warpgroup: flash_bwd_tma_d{64,128}_{T}, T = f16 | bf16. The GEMMs and the
 // element-wise steps are those of flash_bwd_wgmma_d128_{T} (attention_wgmma_bwd.cu, whose design
-// comment this file assumes); what differs is how the tiles arrive and how the block keeps in step:
+// comment this file assumes); what differs is how the tiles arrive and how the block keeps in step
+// (and, for D = 64, which that kernel does not cover, who computes dQ: see the last point):
 //
 //  * Warpgroup 0 is the producer (setmaxnreg down to 24 registers): its warp 0 loads K and V once
 //    and then every step's Q and dO as bulk tensor copies (cp.async.bulk.tensor, tensor maps with
@@ -17,13 +18,19 @@
 //  * The two consumer warpgroups meet once per step (named barrier 1, 256 threads): dS^T of both
 //    is in shared memory before either computes dQ. dS^T is double-buffered so that this is the
 //    only meeting point: the buffer written in step it was last read by the dQ GEMMs of step
-//    it - 2, which completed before either warpgroup reached step it - 1's barrier.
+//    it - 2, which completed before either warpgroup reached step it - 1's barrier. (With
+//    -DATTN_TBW_STAGES=3 there is one buffer and two more waits per step: see TmaBwdCfg.)
 //  * Within a step the dQ GEMM is issued before dK's and waited for alone, so dK += dS^T Q keeps
 //    the tensor cores busy while dQ goes to its staging tile and on to dq_accum. (Carrying dK on
 //    into the next step's S^T and dP^T needs more than the consumers' 240 registers: ptxas then
 //    serializes the wgmmas, C7512.)
 //  * The exponentials run without per-element mask tests on the steps that need none (full tiles,
 //    no mask, not on the causal diagonal).
+//  * D = 64: K, V, Q and dO are one 64-column panel each; dV and dK are m64n64 GEMMs. dQ of a step
+//    (64 rows x 64 columns over the 128 keys) is one m64n64 GEMM, which warpgroup (it & 1) computes
+//    and reduces, from its own staging tile, while the other goes on to the next step (splitting it
+//    by columns as for D = 128 would take m64n32 GEMMs, which read shared memory faster than it
+//    delivers).
 //
 // rtx-kernels: arch-specific
 // (the line above makes rtx-kernels compile this program for sm_90a: wgmma, setmaxnreg and the
@@ -31,9 +38,10 @@
 //  capability 9.0 devices)
 //
 // ======================================================================================
-// Launch (kernels flash_bwd_tma_d128_{T})
+// Launch (kernels flash_bwd_tma_d{64,128}_{T})
 // ======================================================================================
-//   grid (ceil(Lk / 128), Hkv, B), block (384, 1, 1), dynamic smem 200744 bytes: 1024 alignment
+//   grid (ceil(Lk / 128), Hkv, B), block (384, 1, 1), dynamic smem 200744 bytes (D = 128; D = 64:
+//   137256, with K, V, Q, dO of 64 columns and one dQ staging tile per warpgroup): 1024 alignment
 //   slack + K and V (2 x 128*D*2) + two dS^T tiles (2 x 128*64*2) + 2 stages of Q and dO
 //   (2 x 2 x 64*D*2) + 2 stages of lse and dsum (2 x 2 x 64*4) + the dQ staging tile
 //   (64*(D+8)*4) + 5 mbarriers; needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
@@ -43,8 +51,8 @@
 //   each 3-D (D, L, B * heads), 16-bit elements, CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero
 //   fill out of bounds (rows past L read 0):
 //     q, dout: (D, Lq, B * H), box (64, 64, 1);   k, v: (D, Lk, B * Hkv), box (64, 128, 1).
-//   Order on one stream as the wgmma kernel's: flash_bwd_preprocess_d128_{T} (attention.cu), this
-//   kernel, flash_bwd_convert_dq_d128_{T} (attention.cu).
+//   Order on one stream as the wgmma kernel's: flash_bwd_preprocess_d{D}_{T} (attention.cu), this
+//   kernel, flash_bwd_convert_dq_d{D}_{T} (attention.cu).
 
 #include "attention_common.cuh"
 
@@ -78,8 +86,9 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TBW_STAGES
 #define ATTN_TBW_STAGES 2
 #endif
+template <int D_>
 struct TmaBwdCfg {
-    static constexpr int D = 128;
+    static constexpr int D = D_;
     static constexpr int BC = 128;               // keys per block (2 consumer warpgroups x 64)
     static constexpr int BR = 64;                // query rows per step
     static constexpr int STAGES = ATTN_TBW_STAGES;  // Q / dO / lse / dsum stages
@@ -89,27 +98,34 @@ struct TmaBwdCfg {
     static constexpr int DS_BYTES = BC * BR * 2; // one dS^T tile [BC keys][BR queries]
     static constexpr int Q_BYTES = BR * D * 2;   // Q or dO tile of a step
     static constexpr int RV_BYTES = 2 * BR * 4;  // lse and dsum of a step
-    static constexpr int DQ_LD = D + 8;          // f32 row stride of the dQ staging tile
-    static constexpr int DQ_BYTES = BR * DQ_LD * 4;
+    static constexpr int DQ_LD = D + 8;          // f32 row stride of a dQ staging tile
+    // D = 128: one staging tile, each warpgroup its 64 columns; D = 64: one tile per warpgroup
+    // (the warpgroups take the dQ GEMM of alternate steps, each all 64 columns).
+    static constexpr int DQ_TILE_BYTES = BR * DQ_LD * 4;
+    static constexpr int DQ_BYTES = (D == 64 ? 2 : 1) * DQ_TILE_BYTES;
     static constexpr int NBARS = 1 + 2 * STAGES; // kv_full, full[STAGES], empty[STAGES]
     static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + DS_BUFS * DS_BYTES + STAGES * 2 * Q_BYTES +
                                       STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS;
     static_assert(STAGES == 2 || STAGES == 3, "stages");
+    static_assert(D == 64 || D == 128, "head dim");
     static_assert(SMEM_BYTES <= 232448, "shared memory per block");
 };
+typedef TmaBwdCfg<128> TmaBwdCfgD128;
+typedef TmaBwdCfg<64> TmaBwdCfgD64;
 #if ATTN_TBW_STAGES == 2
-static_assert(TmaBwdCfg::SMEM_BYTES == 200744 && TmaBwdCfg::NTHREADS == 384 && TmaBwdCfg::BC == 128,
+static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128,
               "documented (tma bwd d128)");
+static_assert(TmaBwdCfgD64::SMEM_BYTES == 137256 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128,
+              "documented (tma bwd d64)");
 #else
-static_assert(TmaBwdCfg::SMEM_BYTES == 217656, "tma bwd d128 with 3 stages");
+static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656, "tma bwd d128 with 3 stages");
 #endif
 
-template <typename Tr>
+template <typename Tr, typename Cfg>
 __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, unsigned char* smem) {
-    typedef TmaBwdCfg Cfg;
     typedef typename Tr::T T;
     typedef Wgmma<Tr, 64> M64;
-    typedef Wgmma<Tr, 128> M128;
+    typedef Wgmma<Tr, Cfg::D> MD;  // dV and dK: 64 keys x D
     const FlashParams& p = tp.p;
     constexpr int D = Cfg::D;
     constexpr int BC = Cfg::BC;
@@ -118,6 +134,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     constexpr int SR = BR / 2;  // S^T / dP^T accumulators per thread (64 keys x BR queries)
     constexpr int KR = D / 2;   // dK / dV accumulators per thread (64 keys x D)
     constexpr int QR = 32;      // dQ accumulators per thread (64 queries x 64 columns)
+    // D = 64: warpgroup (it & 1) computes the whole dQ of step it (one m64n64 GEMM over the 128
+    // keys) and the other none, so that neither needs an N = 32 GEMM; D = 128: each its half.
     constexpr int PR = BR / 4;  // packed P^T / dS^T registers
 
     const int tid = threadIdx.x;
@@ -139,7 +157,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     const int per_head = n_m > m_begin ? n_m - m_begin : 0;
     const int total = G * per_head;
 
-    // smem: [K][V][dS^T x 2][Q, dO stage 0][Q, dO stage 1][lse, dsum stage 0, 1][dQ staging][barriers]
+    // smem: [K][V][dS^T x DS_BUFS][Q, dO stage 0, 1 (, 2)][lse, dsum stage 0, 1 (, 2)][dQ staging][barriers]
     const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned s_k = base;
     const unsigned s_v = s_k + Cfg::KV_BYTES;
@@ -247,14 +265,17 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     const unsigned long long st_kmaj = wg_desc(s_st, 16, 1024);               // Q / dO as B, K-major
     const unsigned long long st_mn = wg_desc(s_st, BR * 128, 1024);           // Q / dO as B, MN-major
     const unsigned long long ds_a = wg_desc(s_ds, BC * 128, 1024);            // dS (A, MN-major)
-    const unsigned long long k_b = wg_desc(s_k + cw * (BC * 128), BC * 128, 1024);  // K cols 64cw.. (B, MN)
+    // K columns 64cw .. (D = 128) or all 64 (D = 64) as B, MN-major
+    const unsigned long long k_b = wg_desc(s_k + (D == 128 ? cw : 0) * (BC * 128), BC * 128, 1024);
+    const int dq_col0 = D == 128 ? 64 * cw : 0;  // first dq column of this warpgroup's GEMM
+    const unsigned s_dqw = s_dq + (D == 64 ? cw * Cfg::DQ_TILE_BYTES : 0);  // its staging tile
 
     const float sl2 = p.scale * ATTN_LOG2E;
     const T* mask = static_cast<const T*>(p.mask);
     const bool has_mask = mask != nullptr;
     float* dq_accum = static_cast<float*>(p.dq_accum);
     const float* const rv_ptr = reinterpret_cast<const float*>(gbase + (s_rv - base));
-    float* const sdq = reinterpret_cast<float*>(gbase + (s_dq - base));
+    float* const sdq = reinterpret_cast<float*>(gbase + (s_dqw - base));
 
     mbar_wait(kv_full, 0);  // also when total == 0: no copy may be in flight when the block exits
     for (int it = 0; it < total; ++it) {
@@ -332,7 +353,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
 #pragma unroll
         for (int kk = 0; kk < BR / 16; ++kk) {
             const unsigned a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-            M128::rs(dv, a, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES + kk * 2048));
+            MD::rs(dv, a, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES + kk * 2048));
         }
         wg_commit();
         wg_wait<1>();  // dP^T done (dV may run on)
@@ -368,24 +389,29 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         fence_proxy_async_smem();
         named_bar_sync(1, 256);  // dS^T of both warpgroups written
 
-        // ---- dQ[step rows, 64cw .. 64cw + 63] = dS K, then dK += dS^T Q ----
+        // ---- dQ[step rows, dq_col0 .. + 63] = dS K (D = 64: on alternate steps), then dK += dS^T Q ----
+        const bool do_dq = D == 128 || (it & 1) == cw;  // warpgroup-uniform
         reg_fence(dq);
         reg_fence(dk);
         reg_fence(df);
-        wg_fence();
+        if (D == 128) wg_fence();
+        if (do_dq) {
+            if (D == 64) wg_fence();  // (inside the branch: ptxas would insert it there, C7519)
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) {
-            M64::template ss<1, 1>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + kk * 2048), wg_desc_add(k_b, kk * 2048),
-                                   kk > 0 ? 1 : 0);
+            for (int kk = 0; kk < BC / 16; ++kk) {
+                M64::template ss<1, 1>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + kk * 2048),
+                                       wg_desc_add(k_b, kk * 2048), kk > 0 ? 1 : 0);
+            }
+            wg_commit();
         }
-        wg_commit();
+        if (D == 64) wg_fence();  // (after the branch, likewise)
 #pragma unroll
         for (int kk = 0; kk < BR / 16; ++kk) {
             const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
-            M128::rs(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
+            MD::rs(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
         }
         wg_commit();
-        wg_wait<1>();  // dV and dQ done (dK runs on)
+        wg_wait<1>();  // dV and dQ (if any) done (dK runs on)
         reg_fence(dq);
         reg_fence(dv);
         reg_fence(pf);
@@ -398,25 +424,28 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             }
         }
 
-        // ---- dQ: the warp's 16 rows x the warpgroup's 64 columns -> staging tile, then lane l < 16
+        // ---- dQ: the warp's 16 rows x the GEMM's 64 columns -> staging tile, then lane l < 16
         // reduces row 16 warp + l (256 contiguous bytes) into dq_accum with one bulk op ----
-        if (lane < 16) bulk_wait_read();  // last step's rows left the staging tile
-        __syncwarp();
+        if (do_dq) {
+            if (lane < 16) bulk_wait_read();  // this tile's last rows left it
+            __syncwarp();
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float* rowp = sdq + (warp * 16 + g + 8 * r) * Cfg::DQ_LD + 64 * cw + 2 * t;
+            for (int r = 0; r < 2; ++r) {
+                float* rowp = sdq + (warp * 16 + g + 8 * r) * Cfg::DQ_LD + dq_col0 + 2 * t;
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-                *reinterpret_cast<float2*>(rowp + nt * 8) = make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
+                for (int nt = 0; nt < 8; ++nt)
+                    *reinterpret_cast<float2*>(rowp + nt * 8) = make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
+            }
+            fence_proxy_async_smem();
+            __syncwarp();
+            const long long row_base = (long long)(b * H + hh) * Lq + mm0;
+            const int ql = warp * 16 + lane;
+            if (lane < 16 && mm0 + ql < Lq) {
+                bulk_red_add_f32(dq_accum + (row_base + ql) * D + dq_col0, s_dqw + (ql * Cfg::DQ_LD + dq_col0) * 4,
+                                 64 * 4);
+            }
+            if (lane < 16) bulk_commit();
         }
-        fence_proxy_async_smem();
-        __syncwarp();
-        const long long row_base = (long long)(b * H + hh) * Lq + mm0;
-        const int ql = warp * 16 + lane;
-        if (lane < 16 && mm0 + ql < Lq) {
-            bulk_red_add_f32(dq_accum + (row_base + ql) * D + 64 * cw, s_dq + (ql * Cfg::DQ_LD + 64 * cw) * 4, 64 * 4);
-        }
-        if (lane < 16) bulk_commit();
 
         wg_wait<0>();  // dK done: the stage has no reader left in this warpgroup
         reg_fence(dk);
@@ -449,10 +478,12 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
 // -------------------------------------------------------------------------------------
 extern __shared__ __align__(1024) unsigned char attn_tbw_smem[];
 
-#define ATTN_TMA_BWD_KERNEL(NAME, TR)                                                                     \
-    extern "C" __global__ void __launch_bounds__(TmaBwdCfg::NTHREADS, 1) NAME(                            \
+#define ATTN_TMA_BWD_KERNEL(NAME, TR, CFG)                                                                \
+    extern "C" __global__ void __launch_bounds__(CFG::NTHREADS, 1) NAME(                                  \
         const __grid_constant__ FlashTmaBwdParams tp) {                                                   \
-        flash_bwd_tma_body<TR>(tp, attn_tbw_smem);                                                        \
+        flash_bwd_tma_body<TR, CFG>(tp, attn_tbw_smem);                                                   \
     }
-ATTN_TMA_BWD_KERNEL(flash_bwd_tma_d128_f16, AttnF16)
-ATTN_TMA_BWD_KERNEL(flash_bwd_tma_d128_bf16, AttnBF16)
+ATTN_TMA_BWD_KERNEL(flash_bwd_tma_d128_f16, AttnF16, TmaBwdCfgD128)
+ATTN_TMA_BWD_KERNEL(flash_bwd_tma_d128_bf16, AttnBF16, TmaBwdCfgD128)
+ATTN_TMA_BWD_KERNEL(flash_bwd_tma_d64_f16, AttnF16, TmaBwdCfgD64)
+ATTN_TMA_BWD_KERNEL(flash_bwd_tma_d64_bf16, AttnBF16, TmaBwdCfgD64)

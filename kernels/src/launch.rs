@@ -359,7 +359,7 @@ const _: () = assert!(std::mem::offset_of!(FlashTmaParams, v) == 448);
 // 128-byte tensor maps, plain bytes. It is plain old data, valid for any bit pattern.
 unsafe impl cudarc::driver::DeviceRepr for FlashTmaParams {}
 
-/// The argument of `flash_bwd_tma_d128_{f16,bf16}` (`attention_tma_bwd.cu`, struct
+/// The argument of `flash_bwd_tma_d{64,128}_{f16,bf16}` (`attention_tma_bwd.cu`, struct
 /// `FlashTmaBwdParams`): the [`FlashParams`] of the backward call and the tensor maps of
 /// q and dO (3-D (D, Lq, B·H), box (64, 64, 1)) and of k and v (3-D (D, Lk, B·Hkv), box
 /// (64, 128, 1)), all with the 128-byte swizzle. 704 bytes, 64-aligned: `p` at 0, `q` at

@@ -18,7 +18,7 @@ mod cuda;
 mod geometry;
 
 /// How many times this process launched the experimental TMA backward main kernel
-/// (`flash_bwd_tma_d128_*`, the setting `attn_bwd_tma`): for tests that must know it ran
+/// (`flash_bwd_tma_d*`, the setting `attn_bwd_tma`): for tests that must know it ran
 /// rather than a fallback. Not a stable API.
 #[doc(hidden)]
 pub fn tma_backward_launches() -> u64 {

@@ -210,7 +210,7 @@ impl Builder {
         self
     }
     /// Experimental: on compute capability 9.0, run the attention backward's main kernel
-    /// for head dim 128 with a producer warpgroup's bulk tensor copies and mbarrier-handed
+    /// (head dims 64 and 128) with a producer warpgroup's bulk tensor copies and mbarrier-handed
     /// stages (default off until measured on a GPU; see the [settings
     /// table](crate::settings)). `RTX_ATTN_BWD_TMA=1` turns it on.
     pub fn attn_bwd_tma(mut self, on: bool) -> Self {

@@ -72,7 +72,7 @@ pub(super) enum Kernel {
     /// The sm_90a backward main kernel of `attention_wgmma_bwd.cu` (D = 128 only).
     DqDkDvWgmma,
     /// The sm_90a backward main kernel of `attention_tma_bwd.cu`: the wgmma one's GEMMs
-    /// fed by a producer warpgroup (D = 128 only; takes a [`FlashTmaBwdParams`]).
+    /// fed by a producer warpgroup (D = 64 and 128; takes a [`FlashTmaBwdParams`]).
     DqDkDvTma,
 }
 
@@ -140,6 +140,7 @@ impl Kernel {
             (Kernel::ForwardWgmma, _) => 197_632,
             (Kernel::ForwardTma, _) => 164_936,
             (Kernel::DqDkDvWgmma, _) => 217_600,
+            (Kernel::DqDkDvTma, 64) => 137_256,
             (Kernel::DqDkDvTma, _) => 200_744,
             _ => 0,
         }
@@ -199,11 +200,11 @@ pub(super) fn wgmma_forward_function(scx: &mut StreamCx, d: usize, dtype: DType)
     hopper_or(scx, Some(Kernel::ForwardWgmma), Kernel::Forward, d, dtype)
 }
 
-/// The backward main kernel for head dim `d`: for D = 128 on compute capability 9.0 the
-/// TMA kernel where the setting `attn_bwd_tma` is on, else (or where that one is
-/// unavailable) the wgmma kernel; elsewhere the `mma.sync` one (see [`hopper_or`]).
+/// The backward main kernel for head dim `d`: on compute capability 9.0 the TMA kernel
+/// where the setting `attn_bwd_tma` is on, else (or where that one is unavailable) the
+/// wgmma kernel for D = 128; elsewhere the `mma.sync` one (see [`hopper_or`]).
 pub(super) fn backward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch> {
-    if d == 128 && scx.settings().attn_bwd_tma {
+    if scx.settings().attn_bwd_tma {
         if let Some(f) = hopper(scx, Kernel::DqDkDvTma, d, dtype)? {
             return Ok(f);
         }
@@ -465,7 +466,7 @@ impl Launch {
                 format!("{} does not take a FlashTmaBwdParams", self.kernel.name()),
             ));
         }
-        // SAFETY: flash_bwd_tma_d128_* takes exactly one `FlashTmaBwdParams` by value;
+        // SAFETY: flash_bwd_tma_d{64,128}_* takes exactly one `FlashTmaBwdParams` by value;
         // the pointers and maps are valid per this function's contract.
         unsafe { self.enqueue(stream, grid, params) }
     }
@@ -569,13 +570,15 @@ mod tests {
         assert!(program.arch_specific());
         assert_eq!(k.module(), WGMMA_BWD_MODULE);
         assert_eq!(Kernel::DqDkDv.keys_per_block(128), 64);
-        let (k, cfg) = (Kernel::DqDkDvTma, "TmaBwdCfg");
-        assert_eq!(k.smem(128), asserted(TMA_BWD_MODULE, cfg, "SMEM_BYTES"));
-        assert_eq!(k.threads(128), asserted(TMA_BWD_MODULE, cfg, "NTHREADS"));
-        assert_eq!(
-            k.keys_per_block(128),
-            asserted(TMA_BWD_MODULE, cfg, "BC") as usize
-        );
+        let k = Kernel::DqDkDvTma;
+        for (d, cfg) in [(64, "TmaBwdCfgD64"), (128, "TmaBwdCfgD128")] {
+            assert_eq!(k.smem(d), asserted(TMA_BWD_MODULE, cfg, "SMEM_BYTES"));
+            assert_eq!(k.threads(d), asserted(TMA_BWD_MODULE, cfg, "NTHREADS"));
+            assert_eq!(
+                k.keys_per_block(d),
+                asserted(TMA_BWD_MODULE, cfg, "BC") as usize
+            );
+        }
         let program =
             rtx_kernels::source(TMA_BWD_MODULE).expect("attention_tma_bwd.cu is built in");
         assert!(program.arch_specific());

@@ -42,11 +42,11 @@
 //! too); otherwise it is `attention.cu`'s `flash_bwd_dq_dk_dv_*` (64 keys per block).
 //!
 //! With the experimental setting `attn_bwd_tma` (`RTX_ATTN_BWD_TMA=1`; off by default
-//! until measured on a GPU) the D = 128 main kernel on 9.0 is `flash_bwd_tma_d128_*` of
+//! until measured on a GPU) the main kernel on 9.0 is `flash_bwd_tma_d{64,128}_*` of
 //! `attention_tma_bwd.cu` instead: the wgmma kernel's GEMMs fed by a producer warpgroup
 //! (bulk tensor copies of Q and dO through tensor maps with 64-row boxes, K and V with
-//! 128-row ones), with the forward's fallback rules (maps refused: the wgmma kernel for
-//! that call; failed to load: the wgmma kernel on that stream from then on).
+//! 128-row ones), with the forward's fallback rules (maps refused: the kernel the setting
+//! off would run, for that call; failed to load: that kernel on that stream from then on).
 
 mod launch;
 
@@ -311,17 +311,19 @@ fn backward_t<T: Element>(
                         // SAFETY: as above, and the maps are those of q, k, v and dO
                         // made by `tensor_map` for these pointers and shapes (64-row
                         // boxes for q and dO, 128-row ones for k and v), for the TMA
-                        // kernel `main` is; its grid covers Lk in blocks of 128 keys as
-                        // the wgmma kernel's.
+                        // kernel `main` is; its grid covers Lk in blocks of its 128 keys.
                         unsafe { main.launch_tma_bwd(stream, main_grid, &tp) }?;
                         TMA_BWD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     Err(e) => {
                         let w = stand_in?;
                         maps_refused(&e, &w);
+                        // Its own grid: the mma.sync kernel (D = 64) takes 64 keys a block.
+                        let keys = w.kernel.keys_per_block(d);
+                        let grid = (p.lk.div_ceil(keys) as u32, p.h_kv as u32, p.b as u32);
                         // SAFETY: as above; `w` is a FlashParams kernel with the same
-                        // inputs, outputs and keys per block.
-                        unsafe { w.launch(stream, main_grid, &params) }?;
+                        // inputs and outputs, launched over its own grid.
+                        unsafe { w.launch(stream, grid, &params) }?;
                     }
                 }
             }
