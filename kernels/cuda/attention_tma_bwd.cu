@@ -45,7 +45,8 @@
 //   slack + K and V (2 x 128*D*2) + two dS^T tiles (2 x 128*64*2) + 2 stages of Q and dO
 //   (2 x 2 x 64*D*2) + 2 stages of lse and dsum (2 x 2 x 64*4) + the dQ staging tile
 //   (64*(D+8)*4) + 5 mbarriers; needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
-//   (-DATTN_TBW_STAGES=3: one dS^T tile, 3 stages, 7 mbarriers: 217656 bytes.)
+//   (-DATTN_TBW_STAGES=3: one dS^T tile, 3 stages, 7 mbarriers: 217656 bytes for D = 128,
+//   137784 for D = 64.)
 //   Argument: one `const FlashTmaBwdParams` by value (below): the FlashParams of
 //   flash_bwd_wgmma_d128_{T} (the same pointers, workspaces and semantics) and four tensor maps,
 //   each 3-D (D, L, B * heads), 16-bit elements, CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero
@@ -118,7 +119,7 @@ static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD128::NTHREADS == 
 static_assert(TmaBwdCfgD64::SMEM_BYTES == 137256 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128,
               "documented (tma bwd d64)");
 #else
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656, "tma bwd d128 with 3 stages");
+static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656 && TmaBwdCfgD64::SMEM_BYTES == 137784, "tma bwd with 3 stages");
 #endif
 
 template <typename Tr, typename Cfg>
