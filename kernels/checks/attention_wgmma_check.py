@@ -73,6 +73,11 @@ VARIANTS = [
     # comment); 176-key tiles (FlashAttention-3's non-causal tile) spill 788 B, not built.
     ("tma", {}, (128,), "TMA: producer WG + 2 consumer WG x 64 rows, 128 keys, 2 K + 2 V stages"),
     ("tma64", {"ATTN_TMA_D64": 1}, (64, 128), "TMA, also D64 (not adopted)"),
+    ("tmanm", {"ATTN_TMA_NOMASK": 1}, (128,), "D128 TMA, calls without a mask on kernels without the mask's "
+                                               "loads (no consumer spill)"),
+    ("tma64w3", {"ATTN_TMA_D64": 1, "ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1}, (64,),
+     "D64 TMA with 3 consumer WG x 64 rows (FA-3's D64 block), mask-less calls on the nm kernels "
+     "(160 registers; the masked kernel spills)"),
     ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
     ("tmak3v3", {"ATTN_TMA_KS": 3, "ATTN_TMA_VS": 3}, (128,), "D128 TMA with 3 K and 3 V stages"),
 ]
@@ -95,12 +100,16 @@ assert wg_cfg({}, 128) == (256, 197632, 128) and wg_cfg({}, 64) == (256, 50176, 
 
 def tma_cfg(defs, D=128):
     """(threads, dynamic smem bytes, query rows per block) of flash_fwd_tma_d{D}_* (the launch
-    documented above the kernel in attention_wgmma.cu)."""
+    documented above the kernel in attention_tma.cu): 2 consumer warpgroups, or 3 for D = 64
+    with ATTN_TMA_D64_WG=3."""
     ks, vs = int(defs.get("ATTN_TMA_KS", 2)), int(defs.get("ATTN_TMA_VS", 2))
-    return 384, 1024 + 128 * D * 2 + (ks + vs) * 128 * D * 2 + 8 * (1 + 2 * ks + 2 * vs), 128
+    nwg = int(defs.get("ATTN_TMA_D64_WG", 2)) if D == 64 else 2
+    br = 64 * nwg
+    return 128 * (nwg + 1), 1024 + br * D * 2 + (ks + vs) * 128 * D * 2 + 8 * (1 + 2 * ks + 2 * vs), br
 
 
 assert tma_cfg({})[1] == 164936 and tma_cfg({}, 64)[1] == 83016
+assert tma_cfg({"ATTN_TMA_D64_WG": 3}, 64) == (512, 91208, 192)
 
 
 class TensorMaps:
@@ -230,10 +239,14 @@ def gpu_main(args):
             tp["p"] = p
             pp = p[0] if getattr(p, "shape", ()) else p
             Hkv, Lk, bf = int(pp["Hkv"]), int(pp["Lk"]), dt == "bf16"
-            for f, L, heads in (("q", Lq, B * H), ("k", Lk, B * Hkv), ("v", Lk, B * Hkv)):
-                tp[f] = np.frombuffer(Tma.maps.encode(pp[f], D, L, heads, bf), dtype="V128")[0]
             threads, smem, br = tma_cfg(self.defs, D)
-            self.m.launch("flash_fwd_tma_d%d_%s" % (D, dt), ((Lq + br - 1) // br, H, B), (threads, 1, 1), smem, tp)
+            qbox = 128 if br == 128 else 64
+            for f, L, heads, rows in (("q", Lq, B * H, qbox), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128)):
+                tp[f] = np.frombuffer(Tma.maps.encode(pp[f], D, L, heads, bf, rows), dtype="V128")[0]
+            # ATTN_TMA_NOMASK: calls without a mask take the flash_fwd_tma_nm_* kernels
+            nm = "nm_" if int(self.defs.get("ATTN_TMA_NOMASK", 0)) and int(pp["mask"]) == 0 else ""
+            self.m.launch("flash_fwd_tma_%sd%d_%s" % (nm, D, dt), ((Lq + br - 1) // br, H, B), (threads, 1, 1),
+                          smem, tp)
 
     class Mma:
         name, dims = "mma", (64, 128)
@@ -389,7 +402,7 @@ def gpu_main(args):
     elif args.child:
         fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
         for K in [K for K in builds if K.name == args.child]:
-            full = K.name in ("wg", "tma") and not args.quick
+            full = K.name in ("wg", "tma", "tmanm", "tma64w3") and not args.quick
             gen = torch.Generator(device="cuda")
             gen.manual_seed(1234)
             res, worst, t1 = [], {"o": 0.0, "lse": 0.0}, time.time()

@@ -64,6 +64,11 @@ static_assert(sizeof(FlashTmaParams) == 576 && alignof(FlashTmaParams) == 64 && 
 #define ATTN_TMA_CREGS 240
 #endif
 static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxnreg budget");
+// With 3 consumer warpgroups (512 threads, 128 registers each at launch): the consumers'.
+#ifndef ATTN_TMA_CREGS3
+#define ATTN_TMA_CREGS3 160
+#endif
+static_assert(128 * ATTN_TMA_PREGS + 384 * ATTN_TMA_CREGS3 <= 512 * 128, "setmaxnreg budget (3 consumers)");
 
 // The consumers' turns (FlashAttention-3's ping-pong): the two warpgroups issue their GEMMs of
 // an iteration strictly in alternation. Warpgroup 0 waits (named barrier 1) for warpgroup 1's
@@ -72,25 +77,35 @@ static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxn
 // lets warpgroup 0 run ahead, its arrivals completing barriers without warpgroup 1, once
 // nothing else holds the two together: it deadlocked on the mbarriers here.) Both warpgroups
 // take every iteration of the block, computing or not.
+// With 3 consumer warpgroups the turn goes round: warpgroup c > 0 waits (barrier 1 + c) for
+// warpgroup c - 1's pass, warpgroup 0 (barrier 1) for warpgroup 2's of the previous iteration.
+// (Constant barrier ids: ptxas reserves every id a register could name.)
+template <int NWG>
 __device__ __forceinline__ void tma_turn_wait(int cw, int j) {
     if (cw == 0) {
         if (j > 0) named_bar_sync(1, 256);
-    } else {
+    } else if (NWG == 2 || cw == 1) {
         named_bar_sync(2, 256);
+    } else {
+        named_bar_sync(3, 256);
     }
 }
+template <int NWG>
 __device__ __forceinline__ void tma_turn_pass(int cw, int j, int n) {
     if (cw == 0) {
         named_bar_arrive(2, 256);
+    } else if (NWG == 3 && cw == 1) {
+        named_bar_arrive(3, 256);
     } else if (j + 1 < n) {
         named_bar_arrive(1, 256);
     }
 }
 
-template <typename Tr, typename Cfg, int KS, int VS>
+template <typename Tr, typename Cfg, int KS, int VS, bool HAS_MASK = true>
 __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, unsigned char* smem) {
-    static_assert(Cfg::PIPE && Cfg::NWG == 2 && Cfg::BC == 128 && Cfg::BR == 128 && (Cfg::D == 64 || Cfg::D == 128),
-                  "TMA forward: PIPE, 2 x 64 rows, 128 keys, D 64 or 128");
+    static_assert(Cfg::PIPE && (Cfg::NWG == 2 || Cfg::NWG == 3) && Cfg::BC == 128 && Cfg::BR == 64 * Cfg::NWG &&
+                      (Cfg::D == 64 || Cfg::D == 128),
+                  "TMA forward: PIPE, 2 or 3 x 64 rows, 128 keys, D 64 or 128");
     typedef typename Tr::T T;
     const FlashParams& p = tp.p;
     constexpr int D = Cfg::D;
@@ -100,6 +115,9 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
     constexpr int SR = BC / 2;
     constexpr int OR = D / 2;
     constexpr int PR = BC / 4;
+    constexpr int NWG = Cfg::NWG;
+    constexpr int NCONS = 128 * NWG;            // consumer threads
+    constexpr int QBOX = BR == 128 ? 128 : 64;  // rows of the q tensor map's box
 
     const int tid = threadIdx.x;
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // 0 producer, 1 and 2 consumers
@@ -128,11 +146,11 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
         mbar_init(q_full, 1);
         for (int i = 0; i < KS; ++i) {
             mbar_init(k_full + 8 * i, 1);
-            mbar_init(k_empty + 8 * i, 256);
+            mbar_init(k_empty + 8 * i, NCONS);
         }
         for (int i = 0; i < VS; ++i) {
             mbar_init(v_full + 8 * i, 1);
-            mbar_init(v_empty + 8 * i, 256);
+            mbar_init(v_empty + 8 * i, NCONS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -145,7 +163,10 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
             const int qh = b * p.H + h, kh = b * p.Hkv + hk;
             mbar_expect_tx(q_full, Cfg::Q_BYTES);
 #pragma unroll
-            for (int pn = 0; pn < D / 64; ++pn) tma_load_3d(s_q + pn * (BR * 128), &tp.q, q_full, 64 * pn, m0, qh);
+            for (int pn = 0; pn < D / 64; ++pn)
+#pragma unroll
+                for (int i = 0; i < BR / QBOX; ++i)
+                    tma_load_3d(s_q + pn * (BR * 128) + i * (QBOX * 128), &tp.q, q_full, 64 * pn, m0 + i * QBOX, qh);
             for (int j = 0; j < n_tiles; ++j) {
                 const int ks = j % KS;
                 if (j >= KS) mbar_wait(k_empty + 8 * ks, ((j / KS) + 1) & 1);
@@ -163,7 +184,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ATTN_TMA_CREGS) : "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(NWG == 2 ? ATTN_TMA_CREGS : ATTN_TMA_CREGS3) : "memory");
 
     // ---- consumers: warpgroup cw = wg - 1 owns query rows m0 + 64 cw .. + 63 ----
     const int cw = wg - 1;
@@ -208,24 +229,24 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
         const unsigned long long vd = wg_desc_add(v_desc, vs * KV_BYTES);
         if (j == 0) {
             if (wg_tiles > 0) {
-                tma_turn_wait(cw, j);
+                tma_turn_wait<NWG>(cw, j);
                 reg_fence(s);
                 wg_fence();
                 wg_issue_s<Tr, Cfg>(s, q_desc, kd);
                 wg_commit();
-                tma_turn_pass(cw, j, n_tiles);
+                tma_turn_pass<NWG>(cw, j, n_tiles);
                 wg_wait<0>();
                 reg_fence(s);
                 mbar_arrive(k_empty + 8 * ks);
-                wg_softmax<Tr, BC>(s, m_r, alpha, rsum, w, n0);
+                wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
                 wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
             } else {
-                tma_turn_wait(cw, j);
-                tma_turn_pass(cw, j, n_tiles);
+                tma_turn_wait<NWG>(cw, j);
+                tma_turn_pass<NWG>(cw, j, n_tiles);
                 mbar_arrive(k_empty + 8 * ks);
             }
         } else if (j < wg_tiles) {
-            tma_turn_wait(cw, j);
+            tma_turn_wait<NWG>(cw, j);
             reg_fence(s);
             reg_fence(o);
             reg_fence(pf);
@@ -234,11 +255,11 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
             wg_commit();
             wg_issue_pv<Tr, Cfg>(o, pf, vd);
             wg_commit();
-            tma_turn_pass(cw, j, n_tiles);
+            tma_turn_pass<NWG>(cw, j, n_tiles);
             wg_wait<1>();  // S_j done
             reg_fence(s);
             mbar_arrive(k_empty + 8 * ks);
-            wg_softmax<Tr, BC>(s, m_r, alpha, rsum, w, n0);
+            wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
             wg_wait<0>();  // P_{j-1} V_{j-1} done
             reg_fence(o);
             reg_fence(pf);
@@ -246,19 +267,19 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
             wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
         } else if (j == wg_tiles) {
             mbar_arrive(k_empty + 8 * ks);
-            tma_turn_wait(cw, j);
+            tma_turn_wait<NWG>(cw, j);
             reg_fence(o);
             reg_fence(pf);
             wg_fence();
             wg_issue_pv<Tr, Cfg>(o, pf, vd);
             wg_commit();
-            tma_turn_pass(cw, j, n_tiles);
+            tma_turn_pass<NWG>(cw, j, n_tiles);
             wg_wait<0>();
             reg_fence(o);
             mbar_arrive(v_empty + 8 * vs);
         } else {
-            tma_turn_wait(cw, j);
-            tma_turn_pass(cw, j, n_tiles);
+            tma_turn_wait<NWG>(cw, j);
+            tma_turn_pass<NWG>(cw, j, n_tiles);
             mbar_arrive(k_empty + 8 * ks);
             if (j > 0) mbar_arrive(v_empty + 8 * vs);
         }
@@ -284,15 +305,22 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
 // -------------------------------------------------------------------------------------
 extern __shared__ __align__(1024) unsigned char attn_tma_smem[];
 
-// The forward above: D = 64 and 128, 2 consumer warpgroups x 64 rows, 128 keys per tile,
-// PIPE, ping-pong turns; one block of 384 threads per SM.
+// The forward above: D = 128 with 2 consumer warpgroups x 64 rows, 128 keys per tile, PIPE,
+// ping-pong turns, one block of 384 threads per SM; D = 64 (ATTN_TMA_D64) with
+// ATTN_TMA_D64_WG consumer warpgroups: 2 as for D = 128, or 3 (192 rows per block, 512
+// threads, consumers at ATTN_TMA_CREGS3 registers, turns going round the three:
+// FlashAttention-3's block for D = 64), whose q tensor map has 64-row boxes (3 copies per
+// panel; the others 128-row ones).
+#ifndef ATTN_TMA_D64_WG
+#define ATTN_TMA_D64_WG 2
+#endif
 typedef WgFwdCfg<128, 128, 2, true, true, 1> AttnTmaCfgD128;
-typedef WgFwdCfg<64, 128, 2, true, true, 1> AttnTmaCfgD64;
+typedef WgFwdCfg<64, 128, ATTN_TMA_D64_WG, true, true, 1> AttnTmaCfgD64;
 template <typename Cfg>
 struct AttnTmaLaunch {
     static constexpr int SMEM_BYTES =
         1024 + Cfg::Q_BYTES + (ATTN_TMA_KS + ATTN_TMA_VS) * Cfg::KV_BYTES + 8 * (1 + 2 * ATTN_TMA_KS + 2 * ATTN_TMA_VS);
-    static constexpr int NTHREADS = 384;  // producer warpgroup + 2 consumer warpgroups
+    static constexpr int NTHREADS = 128 * (Cfg::NWG + 1);  // producer warpgroup + consumers
     static constexpr int BR = Cfg::BR;
     static_assert(SMEM_BYTES <= 232448, "TMA forward: shared memory per block");
 };
@@ -302,21 +330,41 @@ typedef AttnTmaLaunch<AttnTmaCfgD64> AttnTmaLaunchD64;
 static_assert(AttnTmaLaunchD128::SMEM_BYTES == 164936 && AttnTmaLaunchD128::NTHREADS == 384 &&
                   AttnTmaLaunchD128::BR == 128,
               "documented (tma fwd d128)");
+#if ATTN_TMA_D64_WG == 2
 static_assert(AttnTmaLaunchD64::SMEM_BYTES == 83016 && AttnTmaLaunchD64::NTHREADS == 384 &&
                   AttnTmaLaunchD64::BR == 128,
               "documented (tma fwd d64)");
+#else
+static_assert(AttnTmaLaunchD64::SMEM_BYTES == 91208 && AttnTmaLaunchD64::NTHREADS == 512 &&
+                  AttnTmaLaunchD64::BR == 192,
+              "documented (tma fwd d64, 3 consumer warpgroups)");
 #endif
-#define ATTN_TMA_FWD_KERNEL(NAME, TR, CFG)                                                              \
+#endif
+#define ATTN_TMA_FWD_KERNEL(NAME, TR, CFG, HAS_MASK)                                                    \
     extern "C" __global__ void __launch_bounds__(AttnTmaLaunch<CFG>::NTHREADS, 1) NAME(                 \
         const __grid_constant__ FlashTmaParams tp) {                                                    \
-        flash_fwd_tma_body<TR, CFG, ATTN_TMA_KS, ATTN_TMA_VS>(tp, attn_tma_smem);                        \
+        flash_fwd_tma_body<TR, CFG, ATTN_TMA_KS, ATTN_TMA_VS, HAS_MASK>(tp, attn_tma_smem);              \
     }
-ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_f16, AttnF16, AttnTmaCfgD128)
-ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_bf16, AttnBF16, AttnTmaCfgD128)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_f16, AttnF16, AttnTmaCfgD128, true)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_bf16, AttnBF16, AttnTmaCfgD128, true)
+#ifndef ATTN_TMA_NOMASK
+// 1: also flash_fwd_tma_nm_d{D}_{T}, the same kernels for calls without an additive mask (the
+// mask pointer is ignored): without the mask's loads their consumers need fewer registers (at
+// D = 128 no spill; at D = 64 with 3 consumer warpgroups 160 suffice). Untimed candidates.
+#define ATTN_TMA_NOMASK 0
+#endif
+#if ATTN_TMA_NOMASK
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d128_f16, AttnF16, AttnTmaCfgD128, false)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d128_bf16, AttnBF16, AttnTmaCfgD128, false)
+#endif
 #if ATTN_TMA_D64
 // D = 64 (off by default): on the H200 (attention_wgmma_check.py, 2026-12-04) against
 // flash_fwd_wgmma_d64_* 311 / 402 / 423 TFLOP/s at L = 1024 / 4096 / 16384 against 335 / 393 /
 // 401 (causal 230 / 356 / 421 against 281 / 357 / 387): slower on short sequences, not adopted.
-ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_f16, AttnF16, AttnTmaCfgD64)
-ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_bf16, AttnBF16, AttnTmaCfgD64)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_f16, AttnF16, AttnTmaCfgD64, true)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_bf16, AttnBF16, AttnTmaCfgD64, true)
+#if ATTN_TMA_NOMASK
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d64_f16, AttnF16, AttnTmaCfgD64, false)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d64_bf16, AttnBF16, AttnTmaCfgD64, false)
+#endif
 #endif

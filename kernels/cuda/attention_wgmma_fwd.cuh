@@ -78,10 +78,14 @@ struct WgRows {
 // Masks the scores of the tile of keys n0 .. n0+BC-1 (Lk tail, causal, additive mask), updates
 // the running max m_r and turns s into P = 2^(s*sl2 - m*sl2) in place; alpha = the factor for
 // the old O and l, rsum = this thread's part of the row sums of P. As attention_fwd.cuh.
-template <typename Tr, int BC>
+// HAS_MASK = false: a kernel for calls without an additive mask (w.mask is ignored): without the
+// mask's loads, which the front end gathers at the top of a tile, its consumers need fewer
+// registers.
+template <typename Tr, int BC, bool HAS_MASK = true>
 __device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], float (&alpha)[2],
                                            float (&rsum)[2], const WgRows<typename Tr::T>& w, int n0) {
-    const bool need_mask = (n0 + BC > w.Lk) || (w.causal && n0 + BC - 1 > w.row0) || w.mask != nullptr;
+    const bool need_mask =
+        (n0 + BC > w.Lk) || (w.causal && n0 + BC - 1 > w.row0) || (HAS_MASK && w.mask != nullptr);
     if (need_mask) {
 #pragma unroll
         for (int nt = 0; nt < BC / 8; ++nt)
@@ -92,7 +96,7 @@ __device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], 
                 float x = s[4 * nt + e];
                 if (col >= w.Lk || (w.causal && col > row)) {
                     x = attn_neg_inf();
-                } else if (w.mask != nullptr && row < w.Lq) {
+                } else if (HAS_MASK && w.mask != nullptr && row < w.Lq) {
                     // scores stay unscaled: add mask/scale so scale*x = scale*qk + mask
                     x += Tr::to_float(w.mask[w.mask_base + (long long)row * w.mask_stride_q + col]) *
                          w.inv_scale;
