@@ -548,6 +548,7 @@ BWD_VARIANTS = [
     # producer warpgroup (bulk tensor copies of Q and dO, mbarrier-handed stages), dQ before dK.
     ("btma", {}, "attention_tma_bwd.cu: producer warpgroup + TMA, 2 consumer WG, mbarriers, dS^T x 2"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
+    ("btmac", {"ATTN_TBW_CARRY_DK": 1}, "btma, D64 carrying dK's GEMM into the next step (D128 as btma)"),
 ]
 
 

@@ -84,6 +84,9 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 // Stages of the Q / dO / lse / dsum ring: 2 (the default, with two dS^T buffers) or 3 (with one
 // dS^T buffer: 3 stages and two buffers do not fit; a warpgroup then also waits, before writing
 // dS^T, for the other's dQ GEMM of the previous step, named barriers 2 and 3).
+#ifndef ATTN_TBW_CARRY_DK
+#define ATTN_TBW_CARRY_DK 0  // 1: D = 64 carries dK's GEMM into the next step (untimed candidate)
+#endif
 #ifndef ATTN_TBW_STAGES
 #define ATTN_TBW_STAGES 2
 #endif
@@ -138,6 +141,9 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     // D = 64: warpgroup (it & 1) computes the whole dQ of step it (one m64n64 GEMM over the 128
     // keys) and the other none, so that neither needs an N = 32 GEMM; D = 128: each its half.
     constexpr int PR = BR / 4;  // packed P^T / dS^T registers
+    // D = 64 with ATTN_TBW_CARRY_DK: dK's GEMM runs on into the next step, completed there with
+    // S^T (D = 128 has no registers for that: ptxas would serialize the wgmmas, C7512).
+    constexpr bool CARRY = ATTN_TBW_CARRY_DK && Cfg::D == 64;
 
     const int tid = threadIdx.x;
     // warp-uniform warpgroup index (broadcast, so ptxas sees it uniform): 0 producer, 1 and 2 consumers
@@ -307,8 +313,13 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             M64::template ss<0, 0>(dp, wg_desc_add(v_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
         }
         wg_commit();
-        wg_wait<1>();  // S^T done (dP^T may run on)
+        wg_wait<1>();  // S^T done (dP^T may run on); CARRY: also dK of step it-1
         reg_fence(s);
+        if (CARRY) {
+            reg_fence(dk);
+            reg_fence(df);
+            if (it > 0) mbar_arrive(empty + 8 * ((it - 1) % ST));  // step it-1's stage is free
+        }
 
         // ---- P^T (rows = keys krow + 8r, columns = queries mm0 + 8nt + 2t + c) ----
         const bool need_mask = (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
@@ -448,10 +459,17 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             if (lane < 16) bulk_commit();
         }
 
-        wg_wait<0>();  // dK done: the stage has no reader left in this warpgroup
+        if (!CARRY) {
+            wg_wait<0>();  // dK done: the stage has no reader left in this warpgroup
+            reg_fence(dk);
+            reg_fence(df);
+            mbar_arrive(empty + 8 * slot);
+        }
+    }
+    if (CARRY) {  // the last dK (its stage is never refilled: no arrival)
+        wg_wait<0>();
         reg_fence(dk);
         reg_fence(df);
-        mbar_arrive(empty + 8 * slot);
     }
     if (lane < 16) bulk_wait_all();
 
