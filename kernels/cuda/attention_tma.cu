@@ -36,6 +36,9 @@
 // argument `const FlashTmaParams` by value: the FlashParams (pointers for o, lse, mask) and the
 // tensor maps of q, k, v: 3-D (D, L, B * heads), 16-bit elements, box (64, 128, 1),
 // CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero fill out of bounds (rows past L read 0).
+// (The compile-time D = 64 variant with 3 consumer warpgroups, ATTN_TMA_D64_WG=3 below: grid
+// (ceil(Lq / 192), H, B), block (512, 1, 1), 384 consumer arrivals per empty barrier, and q's
+// map with 64-row boxes.)
 struct __align__(64) FlashTmaParams {
     FlashParams p;
     TmaMap q, k, v;
@@ -120,7 +123,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
     constexpr int QBOX = BR == 128 ? 128 : 64;  // rows of the q tensor map's box
 
     const int tid = threadIdx.x;
-    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // 0 producer, 1 and 2 consumers
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // 0 producer, 1 .. NWG consumers
     const int m_block = gridDim.x - 1 - blockIdx.x;
     const int h = blockIdx.y;
     const int b = blockIdx.z;
