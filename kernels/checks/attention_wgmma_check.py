@@ -26,8 +26,10 @@ Two steps, because the GPU host has no Rust and the kernel needs the sm_90a targ
    only (--child-timeout seconds).
 
 Options: --quick (fewer cases / lengths), --no-bench, --no-check, --variants a,b.
---bwd: the same for the wgmma backward main kernel (attention_wgmma_bwd.cu, D = 128, with
-attention.cu's preprocess and convert kernels): dq, dk, dv against float64 autograd (f16/bf16,
+--bwd: the same for the wgmma backward main kernel (attention_wgmma_bwd.cu, D = 128) and the TMA
+backward's (attention_tma_bwd.cu, btma* variants, D = 128 and 64; the mma.sync backward is their
+D = 64 reference in the timing), each with attention.cu's preprocess and convert kernels: dq, dk,
+dv against float64 autograd (f16/bf16,
 causal 0/1, no mask / [Lq,Lk] / [B,H,Lq,Lk] masks with -inf entries and a fully masked row, odd
 lengths, Lq != Lk, GQA; outputs NaN-poisoned), then backward-only and forward + backward time
 next to the mma.sync backward and SDPA (bf16, B*L = 16384, H = 16, L 4096 / 16384, causal 0/1):
@@ -544,7 +546,7 @@ BWD_VARIANTS = [
     ("bwgx", {"ATTN_WGB_EXP_SPLIT": 1}, "defaults, the exponentials of unmasked steps without per-element tests"),
     ("bwgq", {"ATTN_WGB_DQ_FIRST": 1}, "defaults, dQ's GEMM before dK's (dK under the dQ stores)"),
     ("bwgxq", {"ATTN_WGB_EXP_SPLIT": 1, "ATTN_WGB_DQ_FIRST": 1}, "bwgx and bwgq together"),
-    # flash_bwd_tma_d128_* of attention_tma_bwd.cu (the setting attn_bwd_tma): the same GEMMs fed by a
+    # flash_bwd_tma_d{64,128}_* of attention_tma_bwd.cu (the setting attn_bwd_tma): the same GEMMs fed by a
     # producer warpgroup (bulk tensor copies of Q and dO, mbarrier-handed stages), dQ before dK.
     ("btma", {}, "attention_tma_bwd.cu: producer warpgroup + TMA, 2 consumer WG, mbarriers, dS^T x 2"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
