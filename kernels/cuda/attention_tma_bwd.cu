@@ -63,6 +63,7 @@
 
 #include "wgmma.cuh"
 #include "attention_tma.cuh"
+#include "attention_wgmma_bwd.cuh"
 
 struct __align__(64) FlashTmaBwdParams {
     FlashParams p;
@@ -128,8 +129,6 @@ static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656 && TmaBwdCfgD64::SMEM_BYTES ==
 template <typename Tr, typename Cfg>
 __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, unsigned char* smem) {
     typedef typename Tr::T T;
-    typedef Wgmma<Tr, 64> M64;
-    typedef Wgmma<Tr, Cfg::D> MD;  // dV and dK: 64 keys x D
     const FlashParams& p = tp.p;
     constexpr int D = Cfg::D;
     constexpr int BC = Cfg::BC;
@@ -299,20 +298,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         reg_fence(s);
         reg_fence(dp);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
-            const unsigned boff = st_off + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
-            M64::template ss<0, 0>(s, wg_desc_add(k_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
-        }
-        wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
-            const unsigned boff = st_off + Cfg::Q_BYTES + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
-            M64::template ss<0, 0>(dp, wg_desc_add(v_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
-        }
-        wg_commit();
+        wgb_issue_sdp<Tr, D, BC, BR>(s, dp, k_a, v_a, st_kmaj, st_off, Cfg::Q_BYTES);
         wg_wait<1>();  // S^T done (dP^T may run on); CARRY: also dK of step it-1
         reg_fence(s);
         if (CARRY) {
@@ -323,63 +309,20 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
 
         // ---- P^T (rows = keys krow + 8r, columns = queries mm0 + 8nt + 2t + c) ----
         const bool need_mask = (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
-        if (need_mask) {
-            const long long mask_base = (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h;
-#pragma unroll
-            for (int nt = 0; nt < BR / 8; ++nt) {
-                const int qc = nt * 8 + 2 * t;
-                const float2 lv = *reinterpret_cast<const float2*>(s_lse + qc);
-                // fully masked row (lse = -inf): every P of the row 0
-                const float l0 = (lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E;
-                const float l1 = (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float x = fmaf(s[4 * nt + e], sl2, -((e & 1) ? l1 : l0));
-                    const int key = krow + ((e >> 1) << 3);
-                    const int qrow = mm0 + qc + (e & 1);
-                    if (qrow >= Lq || key >= Lk || (p.causal && key > qrow)) {
-                        x = attn_neg_inf();
-                    } else if (has_mask) {
-                        x += Tr::to_float(mask[mask_base + (long long)qrow * p.mask_stride_q + key]) * ATTN_LOG2E;
-                    }
-                    s[4 * nt + e] = fast_exp2(x);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int nt = 0; nt < BR / 8; ++nt) {
-                const float2 lv = *reinterpret_cast<const float2*>(s_lse + nt * 8 + 2 * t);
-                const float l0 = (lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E;
-                const float l1 = (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], sl2, -((e & 1) ? l1 : l0)));
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < PR; ++i) pf[i] = Tr::pack(s[2 * i], s[2 * i + 1]);
+        const WgbMask<T> wm = {krow, mm0, t, Lq, Lk, p.causal, mask, has_mask,
+                               (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h, p.mask_stride_q};
+        wgb_probs<Tr, BR, true>(s, s_lse, sl2, need_mask, wm);
+        wgb_pack<Tr, PR>(pf, s);
 
         // ---- dV += P^T dO (runs while dS^T is computed) ----
         reg_fence(dv);
         reg_fence(pf);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BR / 16; ++kk) {
-            const unsigned a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-            MD::rs(dv, a, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES + kk * 2048));
-        }
+        wgb_issue_rs<Tr, D, BR>(dv, pf, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES));
         wg_commit();
         wg_wait<1>();  // dP^T done (dV may run on)
         reg_fence(dp);
 
-        // ---- dS^T = P^T o (dP^T - dsum) ----
-#pragma unroll
-        for (int nt = 0; nt < BR / 8; ++nt) {
-            const float2 dsv = *reinterpret_cast<const float2*>(s_dsum + nt * 8 + 2 * t);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - ((e & 1) ? dsv.y : dsv.x));
-        }
-#pragma unroll
-        for (int i = 0; i < PR; ++i) df[i] = Tr::pack(dp[2 * i], dp[2 * i + 1]);
         // One dS^T buffer: the other warpgroup's dQ GEMM of step it-1 (reading all 128 rows) is done.
         if (Cfg::DS_BUFS == 1 && it > 0) {
             if (cw == 0) {  // (constant barrier ids: ptxas reserves every id a register may name)
@@ -388,16 +331,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
                 named_bar_sync(2, 256);
             }
         }
-        // dS^T -> smem buffer `buf` [key][query]: row krow - n0 + 8r (r & 7 == g), query chunk nt, word t
-        unsigned char* const ds_ptr = gbase + (s_ds - base) + buf * Cfg::DS_BYTES;
-#pragma unroll
-        for (int nt = 0; nt < BR / 8; ++nt) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = krow - n0 + 8 * r;
-                *reinterpret_cast<unsigned*>(ds_ptr + row * 128 + ((nt ^ g) << 4) + 4 * t) = df[2 * nt + r];
-            }
-        }
+        // ---- dS^T = P^T o (dP^T - dsum) -> smem buffer `buf` [key][query] ----
+        wgb_ds<Tr, BR>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t);
         fence_proxy_async_smem();
         named_bar_sync(1, 256);  // dS^T of both warpgroups written
 
@@ -409,19 +344,11 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         if (D == 128) wg_fence();
         if (do_dq) {
             if (D == 64) wg_fence();  // (inside the branch: ptxas would insert it there, C7519)
-#pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk) {
-                M64::template ss<1, 1>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + kk * 2048),
-                                       wg_desc_add(k_b, kk * 2048), kk > 0 ? 1 : 0);
-            }
+            wgb_issue_dq<Tr, BC>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES), k_b);
             wg_commit();
         }
         if (D == 64) wg_fence();  // (after the branch, likewise)
-#pragma unroll
-        for (int kk = 0; kk < BR / 16; ++kk) {
-            const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
-            MD::rs(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
-        }
+        wgb_issue_rs<Tr, D, BR>(dk, df, wg_desc_add(st_mn, st_off));
         wg_commit();
         wg_wait<1>();  // dV and dQ (if any) done (dK runs on)
         reg_fence(dq);
@@ -441,22 +368,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         if (do_dq) {
             if (lane < 16) bulk_wait_read();  // this tile's last rows left it
             __syncwarp();
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float* rowp = sdq + (warp * 16 + g + 8 * r) * Cfg::DQ_LD + dq_col0 + 2 * t;
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
-                    *reinterpret_cast<float2*>(rowp + nt * 8) = make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
-            }
-            fence_proxy_async_smem();
-            __syncwarp();
-            const long long row_base = (long long)(b * H + hh) * Lq + mm0;
-            const int ql = warp * 16 + lane;
-            if (lane < 16 && mm0 + ql < Lq) {
-                bulk_red_add_f32(dq_accum + (row_base + ql) * D + dq_col0, s_dqw + (ql * Cfg::DQ_LD + dq_col0) * 4,
-                                 64 * 4);
-            }
-            if (lane < 16) bulk_commit();
+            wgb_reduce_dq<D>(dq, sdq, s_dqw, Cfg::DQ_LD, dq_col0, dq_accum, (long long)(b * H + hh) * Lq + mm0, mm0,
+                             Lq, warp, lane, g, t);
         }
 
         if (!CARRY) {
@@ -475,21 +388,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
 
     // ---- epilogue: dK = scale * acc, dV; rows past Lk are not stored ----
     const long long kv_off = ((long long)(b * p.Hkv + hk) * Lk + n0) * D;
-    T* dkg = static_cast<T*>(p.dk) + kv_off;
-    T* dvg = static_cast<T*>(p.dv) + kv_off;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int kl = krow - n0 + 8 * r;
-        if (n0 + kl < Lk) {
-#pragma unroll
-            for (int dn = 0; dn < D / 8; ++dn) {
-                *reinterpret_cast<unsigned*>(dkg + (long long)kl * D + dn * 8 + 2 * t) =
-                    Tr::pack(dk[4 * dn + 2 * r] * p.scale, dk[4 * dn + 2 * r + 1] * p.scale);
-                *reinterpret_cast<unsigned*>(dvg + (long long)kl * D + dn * 8 + 2 * t) =
-                    Tr::pack(dv[4 * dn + 2 * r], dv[4 * dn + 2 * r + 1]);
-            }
-        }
-    }
+    wgb_store_dkdv<Tr, D>(dk, dv, static_cast<T*>(p.dk) + kv_off, static_cast<T*>(p.dv) + kv_off, p.scale, krow - n0,
+                          n0, Lk, t);
 }
 
 // -------------------------------------------------------------------------------------

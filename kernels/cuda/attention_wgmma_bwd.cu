@@ -65,6 +65,7 @@
 
 #include "wgmma.cuh"
 #include "attention_tma.cuh"
+#include "attention_wgmma_bwd.cuh"
 
 #ifndef ATTN_WGB_DQ_FIRST
 #define ATTN_WGB_DQ_FIRST 0  // 1: dQ's GEMM issued before dK's, dK running on under the dQ
@@ -109,8 +110,6 @@ struct WgBwdCfg {
 template <typename Tr, typename Cfg>
 __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsigned char* smem) {
     typedef typename Tr::T T;
-    typedef Wgmma<Tr, 64> M64;
-    typedef Wgmma<Tr, 128> M128;
     constexpr int D = Cfg::D;
     constexpr int BC = Cfg::BC;
     constexpr int BR = Cfg::BR;
@@ -251,104 +250,35 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
         reg_fence(s);
         reg_fence(dp);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
-            const unsigned boff = st_off + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
-            M64::template ss<0, 0>(s, wg_desc_add(k_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
-        }
-        wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
-            const unsigned boff = st_off + Cfg::Q_BYTES + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
-            M64::template ss<0, 0>(dp, wg_desc_add(v_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
-        }
-        wg_commit();
+        wgb_issue_sdp<Tr, D, BC, BR>(s, dp, k_a, v_a, st_kmaj, st_off, Cfg::Q_BYTES);
         wg_wait<1>();  // S^T done (dP^T may run on)
         reg_fence(s);
 
         // ---- P^T (rows = keys krow + 8r, columns = queries mm0 + 8nt + 2t + c) ----
         const bool need_mask = (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
-        const long long mask_base = (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h;
-        if (ATTN_WGB_EXP_SPLIT && !need_mask) {
-            // the same exponentials without the per-element mask tests (identical values)
-#pragma unroll
-            for (int nt = 0; nt < BR / 8; ++nt) {
-                const float2 lv = *reinterpret_cast<const float2*>(s_lse + nt * 8 + 2 * t);
-                const float l0 = (lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E;
-                const float l1 = (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], sl2, -((e & 1) ? l1 : l0)));
-            }
-        } else
-#pragma unroll
-        for (int nt = 0; nt < BR / 8; ++nt) {
-            const int qc = nt * 8 + 2 * t;
-            const float2 lv = *reinterpret_cast<const float2*>(s_lse + qc);
-            // fully masked row (lse = -inf): every P of the row 0
-            const float l0 = (lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E;
-            const float l1 = (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = fmaf(s[4 * nt + e], sl2, -((e & 1) ? l1 : l0));
-                if (need_mask) {
-                    const int key = krow + ((e >> 1) << 3);
-                    const int qrow = mm0 + qc + (e & 1);
-                    if (qrow >= Lq || key >= Lk || (p.causal && key > qrow)) {
-                        x = attn_neg_inf();
-                    } else if (has_mask) {
-                        x += Tr::to_float(mask[mask_base + (long long)qrow * p.mask_stride_q + key]) * ATTN_LOG2E;
-                    }
-                }
-                s[4 * nt + e] = fast_exp2(x);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < PR; ++i) pf[i] = Tr::pack(s[2 * i], s[2 * i + 1]);
+        const WgbMask<T> wm = {krow, mm0, t, Lq, Lk, p.causal, mask, has_mask,
+                               (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h, p.mask_stride_q};
+        wgb_probs<Tr, BR, ATTN_WGB_EXP_SPLIT != 0>(s, s_lse, sl2, need_mask, wm);
+        wgb_pack<Tr, PR>(pf, s);
 
         // ---- dV += P^T dO (runs while dS^T is computed) ----
         reg_fence(dv);
         reg_fence(pf);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BR / 16; ++kk) {
-            const unsigned a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-            M128::rs(dv, a, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES + kk * 2048));
-        }
+        wgb_issue_rs<Tr, D, BR>(dv, pf, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES));
         wg_commit();
         wg_wait<1>();  // dP^T done (dV may run on)
         reg_fence(dp);
 
-        // ---- dS^T = P^T o (dP^T - dsum) ----
-#pragma unroll
-        for (int nt = 0; nt < BR / 8; ++nt) {
-            const float2 dsv = *reinterpret_cast<const float2*>(s_dsum + nt * 8 + 2 * t);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - ((e & 1) ? dsv.y : dsv.x));
-        }
-#pragma unroll
-        for (int i = 0; i < PR; ++i) df[i] = Tr::pack(dp[2 * i], dp[2 * i + 1]);
-        // dS^T -> smem [key][query]: row krow + 8r (r & 7 == g), query chunk nt, word t
-#pragma unroll
-        for (int nt = 0; nt < BR / 8; ++nt) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = krow - n0 + 8 * r;
-                *reinterpret_cast<unsigned*>(ds_ptr + row * 128 + ((nt ^ g) << 4) + 4 * t) = df[2 * nt + r];
-            }
-        }
+        // ---- dS^T = P^T o (dP^T - dsum) -> smem [key][query] ----
+        wgb_ds<Tr, BR>(dp, s, df, s_dsum, ds_ptr, krow - n0, g, t);
 
         // ---- dK += dS^T Q (DQ_FIRST: after dQ's GEMM, below) ----
         if (!ATTN_WGB_DQ_FIRST) {
             reg_fence(dk);
             reg_fence(df);
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < BR / 16; ++kk) {
-                const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
-                M128::rs(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
-            }
+            wgb_issue_rs<Tr, D, BR>(dk, df, wg_desc_add(st_mn, st_off));
             wg_commit();
         }
         if (Cfg::DQ_BULK && lane < 16) bulk_wait_read();  // last step's dQ rows left the staging tile
@@ -396,22 +326,14 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
         } else {
             reg_fence(dq);
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk) {
-                M64::template ss<1, 1>(dq, wg_desc_add(ds_a, kk * 2048), wg_desc_add(k_b, kk * 2048),
-                                       kk > 0 ? 1 : 0);
-            }
+            wgb_issue_dq<Tr, BC>(dq, ds_a, k_b);
             wg_commit();
             if (ATTN_WGB_DQ_FIRST) {
                 // dK += dS^T Q now, running on under the dQ stores below
                 reg_fence(dk);
                 reg_fence(df);
                 wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < BR / 16; ++kk) {
-                    const unsigned a[4] = {df[4 * kk], df[4 * kk + 1], df[4 * kk + 2], df[4 * kk + 3]};
-                    M128::rs(dk, a, wg_desc_add(st_mn, st_off + kk * 2048));
-                }
+                wgb_issue_rs<Tr, D, BR>(dk, df, wg_desc_add(st_mn, st_off));
                 wg_commit();
                 wg_wait<1>();  // dV and dQ done
             } else {
@@ -431,21 +353,7 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
             // The warp's 16 rows x the warpgroup's 64 columns -> staging tile, then lane l < 16
             // reduces row 16 warp + l (256 contiguous bytes) into dq_accum with one bulk op.
             float* sdq = reinterpret_cast<float*>(gbase + (s_dq - base));
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float* rowp = sdq + (warp * 16 + g + 8 * r) * Cfg::DQ_LD + 64 * wg + 2 * t;
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
-                    *reinterpret_cast<float2*>(rowp + nt * 8) = make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
-            }
-            fence_proxy_async_smem();
-            __syncwarp();
-            const int ql = warp * 16 + lane;
-            if (lane < 16 && mm0 + ql < Lq) {
-                bulk_red_add_f32(dq_accum + (row_base + ql) * D + 64 * wg,
-                                 s_dq + (ql * Cfg::DQ_LD + 64 * wg) * 4, 64 * 4);
-            }
-            if (lane < 16) bulk_commit();
+            wgb_reduce_dq<D>(dq, sdq, s_dq, Cfg::DQ_LD, 64 * wg, dq_accum, row_base, mm0, Lq, warp, lane, g, t);
         } else {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -467,21 +375,8 @@ __device__ __forceinline__ void flash_bwd_wgmma_body(const FlashParams& p, unsig
     cp_async_wait<0>();  // K/V may still be in flight when total == 0
 
     // ---- epilogue: dK = scale * acc, dV; rows past Lk are not stored ----
-    T* dkg = static_cast<T*>(p.dk) + kv_off;
-    T* dvg = static_cast<T*>(p.dv) + kv_off;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int kl = krow - n0 + 8 * r;
-        if (n0 + kl < Lk) {
-#pragma unroll
-            for (int dn = 0; dn < D / 8; ++dn) {
-                *reinterpret_cast<unsigned*>(dkg + (long long)kl * D + dn * 8 + 2 * t) =
-                    Tr::pack(dk[4 * dn + 2 * r] * p.scale, dk[4 * dn + 2 * r + 1] * p.scale);
-                *reinterpret_cast<unsigned*>(dvg + (long long)kl * D + dn * 8 + 2 * t) =
-                    Tr::pack(dv[4 * dn + 2 * r], dv[4 * dn + 2 * r + 1]);
-            }
-        }
-    }
+    wgb_store_dkdv<Tr, D>(dk, dv, static_cast<T*>(p.dk) + kv_off, static_cast<T*>(p.dv) + kv_off, p.scale, krow - n0,
+                          n0, Lk, t);
 }
 
 // -------------------------------------------------------------------------------------
