@@ -145,6 +145,22 @@ class TensorMaps:
         return out
 
 
+def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16):
+    """The `FlashTmaBwdParams` of flash_bwd_tma_* (attention_tma_bwd.cu: 704 bytes, q, k, v, dout
+    maps at 192, 320, 448, 576) for the FlashParams `p` (a 1-element array of `params_dtype`):
+    q and dO maps with 64-row boxes, k and v with 128-row ones."""
+    import numpy as np
+    tdt = np.dtype({"names": ["p", "q", "k", "v", "dout"], "formats": [params_dtype] + ["V128"] * 4,
+                    "offsets": [0, 192, 320, 448, 576], "itemsize": 704})
+    tp = np.zeros(1, dtype=tdt)
+    tp["p"] = p
+    pp = p[0] if getattr(p, "shape", ()) else p
+    for f, L, heads, rows in (("q", Lq, B * H, 64), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128),
+                              ("dout", Lq, B * H, 64)):
+        tp[f] = np.frombuffer(maps.encode(pp[f], D, L, heads, bf16, rows), dtype="V128")[0]
+    return tp
+
+
 # ---------------------------------------------------------------------------------------
 # Step 1 (here): build the CUBINs
 # ---------------------------------------------------------------------------------------
@@ -641,22 +657,11 @@ def bwd_main(args):
     def make_main_new(name, defs):
         threads, smem, bc = bwg_cfg(defs, name)
         if name.startswith("btma"):
-            import numpy as np
-            tdt = np.dtype({"names": ["p", "q", "k", "v", "dout"],
-                            "formats": [ac.PARAMS_DTYPE, "V128", "V128", "V128", "V128"],
-                            "offsets": [0, 192, 320, 448, 576], "itemsize": 704})
-
             def main_tma(p, B, H, Hkv, Lq, Lk, D, dt):
                 threads, smem, bc = bwg_cfg(defs, name, D)
                 if not maps:
                     maps.append(TensorMaps())
-                tp = np.zeros(1, dtype=tdt)
-                tp["p"] = p
-                pp = p[0] if getattr(p, "shape", ()) else p
-                bf = dt == "bf16"
-                for f, L, heads, rows in (("q", Lq, B * H, 64), ("k", Lk, B * Hkv, 128),
-                                          ("v", Lk, B * Hkv, 128), ("dout", Lq, B * H, 64)):
-                    tp[f] = np.frombuffer(maps[0].encode(pp[f], D, L, heads, bf, rows), dtype="V128")[0]
+                tp = tma_bwd_params(ac.PARAMS_DTYPE, maps[0], p, B, H, Hkv, Lq, Lk, D, dt == "bf16")
                 launch(name, "flash_bwd_tma_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
                        (threads, 1, 1), smem, tp)
             return main_tma

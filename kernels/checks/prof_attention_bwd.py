@@ -23,7 +23,6 @@ sys.path.insert(0, HERE)
 import attention_check as ac  # noqa: E402  (sets TMPDIR under $OUT, imports torch, cupy)
 import attention_wgmma_check as wc  # noqa: E402
 import cupy  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -61,14 +60,7 @@ def main():
     rpb = ac.pre_rows_per_block(D)
     launch("attention", "flash_bwd_preprocess_d%d_%s" % (D, dt), ((rows + rpb - 1) // rpb, 1, 1), (256, 1, 1), 0, p)
 
-    maps = wc.TensorMaps()
-    tdt = np.dtype({"names": ["p", "q", "k", "v", "dout"], "formats": [ac.PARAMS_DTYPE] + ["V128"] * 4,
-                    "offsets": [0, 192, 320, 448, 576], "itemsize": 704})
-    tp = np.zeros(1, dtype=tdt)
-    tp["p"] = p
-    pp = p[0]
-    for f, rows_box in (("q", 64), ("k", 128), ("v", 128), ("dout", 64)):
-        tp[f] = np.frombuffer(maps.encode(pp[f], D, L, B * H, True, rows_box), dtype="V128")[0]
+    tp = wc.tma_bwd_params(ac.PARAMS_DTYPE, wc.TensorMaps(), p, B, H, H, L, L, D, True)
 
     mains = []
     for name in ("bwg", "btma"):
