@@ -1,28 +1,17 @@
-//! Attention: the forward and backward ops against an f64 reference computed here
-//! (naive `softmax(scale·q·kᵀ + mask)·v` and the textbook gradients), on fresh random
-//! inputs, for every flag combination (dtype × D × causal × mask × lengths, GQA), with
-//! outputs poisoned (NaN) so an unwritten element fails; fully masked rows; other head
-//! dims; bad inputs (typed errors at submit, the op given back).
-//!
-//! The CPU backend runs the full flag grid on short lengths and a subsample on long
-//! ones (the f64 reference is O(Lq·Lk·D)); CUDA runs the full grid, up to 4097 × 4097.
+//! The attention tests' cases, the f64 reference and the running and checking of a case.
 
-mod common;
-
-use common::{
-    download, for_each_backend, for_each_cuda_with, rand_vec, rel_err, rel_err_scaled, rng, upload,
-};
+use crate::common::{download, rand_vec, rel_err, rel_err_scaled, rng, upload};
 use rand::rngs::StdRng;
 use rand::Rng;
 use rayon::prelude::*;
 use rtx_ops::attention::{attention, attention_backward};
-use rtx_runtime::{bf16, f16, BackendKind, DType, Element, Error, Runtime, Tensor};
+use rtx_runtime::{bf16, f16, BackendKind, DType, Element, Runtime, Tensor};
 
 // ---- cases -----------------------------------------------------------------------------
 
 /// The additive mask a case passes.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Mask {
+pub enum Mask {
     None,
     /// `[Lq, Lk]`.
     Plane,
@@ -35,27 +24,27 @@ enum Mask {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Case {
-    dtype: DType,
-    b: usize,
-    h: usize,
-    h_kv: usize,
-    lq: usize,
-    lk: usize,
-    d: usize,
-    causal: bool,
-    mask: Mask,
-    scale: Option<f32>,
+pub struct Case {
+    pub dtype: DType,
+    pub b: usize,
+    pub h: usize,
+    pub h_kv: usize,
+    pub lq: usize,
+    pub lk: usize,
+    pub d: usize,
+    pub causal: bool,
+    pub mask: Mask,
+    pub scale: Option<f32>,
 }
 
 impl Case {
-    fn q_dims(&self) -> [usize; 4] {
+    pub fn q_dims(&self) -> [usize; 4] {
         [self.b, self.h, self.lq, self.d]
     }
-    fn kv_dims(&self) -> [usize; 4] {
+    pub fn kv_dims(&self) -> [usize; 4] {
         [self.b, self.h_kv, self.lk, self.d]
     }
-    fn mask_dims(&self) -> Option<Vec<usize>> {
+    pub fn mask_dims(&self) -> Option<Vec<usize>> {
         let (b, h, lq, lk) = (self.b, self.h, self.lq, self.lk);
         match self.mask {
             Mask::None => None,
@@ -66,11 +55,11 @@ impl Case {
         }
     }
     /// The scale the op uses (its default is computed in f32).
-    fn scale_f32(&self) -> f32 {
+    pub fn scale_f32(&self) -> f32 {
         self.scale.unwrap_or(1.0 / (self.d as f32).sqrt())
     }
     /// The `[Lk]` row of the mask for (batch, head, query row), if any.
-    fn mask_row<'m>(
+    pub fn mask_row<'m>(
         &self,
         mask: Option<&'m [f32]>,
         b: usize,
@@ -90,11 +79,11 @@ impl Case {
 }
 
 /// (B, H, Hkv, Lq, Lk).
-type Dims = (usize, usize, usize, usize, usize);
+pub type Dims = (usize, usize, usize, usize, usize);
 
 /// Every combination of dtype × D {64, 128} × causal × mask {none, [Lq, Lk], full}
 /// for `dims`; every fourth case uses a scale other than the default.
-fn grid(dtypes: &[DType], dims: Dims) -> Vec<Case> {
+pub fn grid(dtypes: &[DType], dims: Dims) -> Vec<Case> {
     let (b, h, h_kv, lq, lk) = dims;
     let mut cases = Vec::new();
     for &dtype in dtypes {
@@ -123,11 +112,11 @@ fn grid(dtypes: &[DType], dims: Dims) -> Vec<Case> {
 
 /// Every seventh case of a grid: with 3 dtypes (36 cases) this still covers every
 /// dtype, D, causal flag and mask kind.
-fn subsample(cases: Vec<Case>) -> Vec<Case> {
+pub fn subsample(cases: Vec<Case>) -> Vec<Case> {
     cases.into_iter().step_by(7).collect()
 }
 
-fn dtypes(rt: &Runtime) -> &'static [DType] {
+pub fn dtypes(rt: &Runtime) -> &'static [DType] {
     match rt.backend() {
         BackendKind::Cpu => &[DType::F32, DType::F16, DType::BF16],
         BackendKind::Cuda => &[DType::F16, DType::BF16],
@@ -135,7 +124,7 @@ fn dtypes(rt: &Runtime) -> &'static [DType] {
 }
 
 /// Relative-error bound by the norm: 1e-4 for f32 (CPU), 2e-2 for f16 and bf16.
-fn tol(dtype: DType) -> f64 {
+pub fn tol(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => 1e-4,
         _ => 2e-2,
@@ -145,32 +134,32 @@ fn tol(dtype: DType) -> f64 {
 // ---- the f64 reference -----------------------------------------------------------------
 
 /// Outputs of the reference, all `[.., D]` row-major like the op's.
-struct Reference {
-    o: Vec<f64>,
-    lse: Vec<f64>,
+pub struct Reference {
+    pub o: Vec<f64>,
+    pub lse: Vec<f64>,
     /// Per row, the magnitude its lse is made of: the largest finite score's
     /// `scale·Σ|q·k| + |mask|`, or |lse| if larger. The lse is compared relative to it
     /// (a row's scores of both signs can give an lse near zero whose rounding error is
     /// that of the scores, e.g. a single key: lse = score).
-    lse_scale: Vec<f64>,
-    dq: Vec<f64>,
-    dk: Vec<f64>,
-    dv: Vec<f64>,
+    pub lse_scale: Vec<f64>,
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
 }
 
-struct Inputs<'a> {
-    q: &'a [f64],
-    k: &'a [f64],
-    v: &'a [f64],
-    mask: Option<&'a [f32]>,
-    do_: &'a [f64],
+pub struct Inputs<'a> {
+    pub q: &'a [f64],
+    pub k: &'a [f64],
+    pub v: &'a [f64],
+    pub mask: Option<&'a [f32]>,
+    pub do_: &'a [f64],
 }
 
-fn dot(a: &[f64], b: &[f64]) -> f64 {
+pub fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-fn axpy(y: &mut [f64], a: f64, x: &[f64]) {
+pub fn axpy(y: &mut [f64], a: f64, x: &[f64]) {
     y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x);
 }
 
@@ -181,7 +170,7 @@ const REF_ROWS: usize = 16;
 /// `-inf` for `j > i`); `dS = P ∘ (dO·vᵀ − rowsum(dO ∘ o))`, `dq = scale·dS·k`,
 /// `dk = scale·dSᵀ·q` and `dv = Pᵀ·dO` summed over each kv head's query heads. A row
 /// with no finite score gives o = 0, lse = −inf and no gradient.
-fn reference(c: &Case, x: &Inputs<'_>) -> Reference {
+pub fn reference(c: &Case, x: &Inputs<'_>) -> Reference {
     let (lq, lk, d) = (c.lq, c.lk, c.d);
     let scale = c.scale_f32() as f64;
     let mut r = Reference {
@@ -283,7 +272,7 @@ fn reference(c: &Case, x: &Inputs<'_>) -> Reference {
 // ---- running a case --------------------------------------------------------------------
 
 /// Random additive mask values: uniform in [-2, 2), a tenth of them `-inf`.
-fn mask_values<T: Element>(rng: &mut StdRng, n: usize) -> Vec<T> {
+pub fn mask_values<T: Element>(rng: &mut StdRng, n: usize) -> Vec<T> {
     (0..n)
         .map(|_| {
             let v = if rng.gen_bool(0.1) {
@@ -297,15 +286,15 @@ fn mask_values<T: Element>(rng: &mut StdRng, n: usize) -> Vec<T> {
 }
 
 /// The op's outputs, downloaded as f64.
-struct Outputs {
-    o: Vec<f64>,
-    lse: Vec<f64>,
-    dq: Vec<f64>,
-    dk: Vec<f64>,
-    dv: Vec<f64>,
+pub struct Outputs {
+    pub o: Vec<f64>,
+    pub lse: Vec<f64>,
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
 }
 
-fn submit_both(
+pub fn submit_both(
     rt: &Runtime,
     c: &Case,
     q: &Tensor,
@@ -342,7 +331,7 @@ fn submit_both(
 }
 
 /// Runs case `c` with the given host data and checks it against the reference.
-fn check_with<T: Element>(
+pub fn check_with<T: Element>(
     rt: &Runtime,
     label: &str,
     c: &Case,
@@ -398,7 +387,7 @@ fn check_with<T: Element>(
 /// [`rel_err_scaled`] over the finite entries of the reference, relative to the
 /// magnitudes the lse is made of (`Reference::lse_scale`), NaN unless the `-inf` entries
 /// (fully masked rows) are exactly those of `got`.
-fn lse_err(got: &[f64], want: &[f64], scale: &[f64]) -> f64 {
+pub fn lse_err(got: &[f64], want: &[f64], scale: &[f64]) -> f64 {
     if got.len() != want.len() || scale.len() != want.len() {
         return f64::NAN;
     }
@@ -411,7 +400,7 @@ fn lse_err(got: &[f64], want: &[f64], scale: &[f64]) -> f64 {
     rel_err_scaled(&keep(got), &keep(want), &keep(scale))
 }
 
-fn run_case_t<T: Element>(rt: &Runtime, label: &str, c: &Case) {
+pub fn run_case_t<T: Element>(rt: &Runtime, label: &str, c: &Case) {
     let (seed, mut r) = rng();
     let q: Vec<T> = rand_vec(&mut r, c.q_dims().iter().product(), -2.0, 2.0);
     let k: Vec<T> = rand_vec(&mut r, c.kv_dims().iter().product(), -2.0, 2.0);
@@ -423,7 +412,7 @@ fn run_case_t<T: Element>(rt: &Runtime, label: &str, c: &Case) {
     check_with(rt, label, c, seed, [&q, &k, &v, &do_], mask.as_deref());
 }
 
-fn run_case(rt: &Runtime, label: &str, c: &Case) {
+pub fn run_case(rt: &Runtime, label: &str, c: &Case) {
     match c.dtype {
         DType::F32 => run_case_t::<f32>(rt, label, c),
         DType::F16 => run_case_t::<f16>(rt, label, c),
@@ -432,7 +421,7 @@ fn run_case(rt: &Runtime, label: &str, c: &Case) {
     }
 }
 
-fn run_all(rt: &Runtime, label: &str, cases: &[Case]) {
+pub fn run_all(rt: &Runtime, label: &str, cases: &[Case]) {
     let t = std::time::Instant::now();
     for c in cases {
         run_case(rt, label, c);
@@ -442,143 +431,15 @@ fn run_all(rt: &Runtime, label: &str, cases: &[Case]) {
 
 /// Whether this run is the first runtime of its backend (one stream): the others
 /// (four streams) get a subsample of the long cases.
-fn first(label: &str) -> bool {
+pub fn first(label: &str) -> bool {
     label.ends_with("/1")
 }
 
-fn is_cuda(rt: &Runtime) -> bool {
+pub fn is_cuda(rt: &Runtime) -> bool {
     rt.backend() == BackendKind::Cuda
 }
 
-// ---- parity ----------------------------------------------------------------------------
-
-#[test]
-fn parity_short() {
-    for_each_backend(|rt, label| {
-        for dims in [(1, 2, 2, 1, 1), (1, 2, 2, 17, 17)] {
-            run_all(rt, label, &grid(dtypes(rt), dims));
-        }
-    });
-}
-
-#[test]
-fn parity_grouped_heads() {
-    for_each_backend(|rt, label| {
-        // GQA with two batches, and MQA (one kv head), at lengths off the tile sizes.
-        for dims in [(2, 4, 2, 77, 200), (1, 4, 1, 33, 65)] {
-            let cases = grid(dtypes(rt), dims);
-            let cases = if first(label) || is_cuda(rt) {
-                cases
-            } else {
-                subsample(cases)
-            };
-            run_all(rt, label, &cases);
-        }
-    });
-}
-
-#[test]
-fn parity_decode_and_cross() {
-    for_each_backend(|rt, label| {
-        for dims in [(1, 2, 2, 1, 1000), (1, 2, 2, 17, 1000), (1, 2, 2, 1000, 17)] {
-            let cases = grid(dtypes(rt), dims);
-            let cases = if first(label) || is_cuda(rt) {
-                cases
-            } else {
-                subsample(cases)
-            };
-            run_all(rt, label, &cases);
-        }
-    });
-}
-
-#[test]
-fn parity_long() {
-    for_each_backend(|rt, label| {
-        let cases = grid(dtypes(rt), (1, 2, 2, 1000, 1000));
-        let cases = if first(label) {
-            cases
-        } else {
-            subsample(cases)
-        };
-        run_all(rt, label, &cases);
-    });
-}
-
-/// The longest sequences, on CUDA only (the f64 reference is O(L²·D)).
-#[test]
-fn parity_4097_cuda() {
-    for_each_backend(|rt, label| {
-        if !is_cuda(rt) {
-            eprintln!("{label}: 4097 x 4097 runs on CUDA only");
-            return;
-        }
-        let cases = grid(dtypes(rt), (1, 2, 2, 4097, 4097));
-        let cases = if first(label) {
-            cases
-        } else {
-            subsample(cases)
-        };
-        // `RTX_TEST_SHARD=i/n`: the sanitizer runs split this test into processes.
-        run_all(rt, label, &common::shard(&cases));
-    });
-}
-
-/// Masks broadcast over only the batch or only the heads.
-#[test]
-fn parity_partial_mask_broadcast() {
-    for_each_backend(|rt, label| {
-        let mut cases = Vec::new();
-        for &dtype in dtypes(rt) {
-            for (mask, causal) in [(Mask::PerBatch, false), (Mask::PerHead, true)] {
-                cases.push(Case {
-                    dtype,
-                    b: 2,
-                    h: 3,
-                    h_kv: 1,
-                    lq: 33,
-                    lk: 70,
-                    d: 64,
-                    causal,
-                    mask,
-                    scale: None,
-                });
-            }
-        }
-        run_all(rt, label, &cases);
-    });
-}
-
-/// Rows whose every key is masked: o = 0, lse = -inf, zero dq, and the other rows
-/// unaffected.
-#[test]
-fn fully_masked_rows() {
-    for_each_backend(|rt, label| {
-        for &dtype in dtypes(rt) {
-            for mask in [Mask::Plane, Mask::Full] {
-                let c = Case {
-                    dtype,
-                    b: 1,
-                    h: 2,
-                    h_kv: 1,
-                    lq: 17,
-                    lk: 40,
-                    d: 64,
-                    causal: false,
-                    mask,
-                    scale: None,
-                };
-                match dtype {
-                    DType::F32 => fully_masked_t::<f32>(rt, label, &c),
-                    DType::F16 => fully_masked_t::<f16>(rt, label, &c),
-                    _ => fully_masked_t::<bf16>(rt, label, &c),
-                }
-            }
-        }
-    });
-}
-
-fn fully_masked_t<T: Element>(rt: &Runtime, label: &str, c: &Case) {
+pub fn fully_masked_t<T: Element>(rt: &Runtime, label: &str, c: &Case) {
     const ROW: usize = 3;
     let (seed, mut r) = rng();
     let n_q = c.q_dims().iter().product();
@@ -610,169 +471,4 @@ fn fully_masked_t<T: Element>(rt: &Runtime, label: &str, c: &Case) {
             "{label} {c:?}: lse of a masked row"
         );
     }
-}
-
-/// The TMA backward main kernel (the experimental setting `attn_bwd_tma`; compute
-/// capability 9.0, elsewhere the setting changes nothing): the grids above (D 64 and 128),
-/// GQA and MQA, lengths off its 64-row steps and 128-key blocks, Lq ≠ Lk, 4097 × 4097,
-/// fully masked rows; CUDA only.
-#[test]
-fn tma_backward_parity_cuda() {
-    for_each_cuda_with(
-        |b| b.attn_bwd_tma(true),
-        "tma-bwd",
-        |rt, label| {
-            assert!(rt.settings().attn_bwd_tma);
-            let launched = rtx_ops::attention::tma_backward_launches();
-
-            for dims in [
-                (1, 2, 2, 1, 1),
-                (1, 2, 2, 17, 17),
-                (2, 4, 2, 77, 200),
-                (1, 4, 1, 33, 65),
-                (1, 2, 2, 1, 1000),
-                (1, 2, 2, 1000, 17),
-                (1, 2, 2, 1000, 1000),
-            ] {
-                run_all(rt, label, &grid(dtypes(rt), dims));
-            }
-            let long = grid(dtypes(rt), (1, 2, 2, 4097, 4097));
-            let long = if first(label) { long } else { subsample(long) };
-            run_all(rt, label, &long);
-            for (&dtype, d) in dtypes(rt).iter().flat_map(|t| [(t, 64), (t, 128)]) {
-                let c = Case {
-                    dtype,
-                    b: 1,
-                    h: 2,
-                    h_kv: 1,
-                    lq: 130,
-                    lk: 200,
-                    d,
-                    causal: false,
-                    mask: Mask::Full,
-                    scale: None,
-                };
-                match dtype {
-                    DType::F16 => fully_masked_t::<f16>(rt, label, &c),
-                    _ => fully_masked_t::<bf16>(rt, label, &c),
-                }
-            }
-            // On compute capability 9.0 the TMA kernel itself ran (not its fallback after
-            // a failed load or refused tensor maps).
-            let hopper = rt
-                .info()
-                .devices
-                .iter()
-                .any(|d| d.compute_capability == Some((9, 0)));
-            if hopper {
-                assert!(
-                    rtx_ops::attention::tma_backward_launches() > launched,
-                    "{label}: flash_bwd_tma never launched"
-                );
-            }
-        },
-    );
-}
-
-/// The TMA backward's dK and dV are bitwise those of the wgmma backward (the same GEMMs
-/// in the same order; dq differs only in the order its f32 reductions land), and repeat
-/// bit for bit: a race on a stage or a dS^T buffer would show here. CUDA only.
-#[test]
-fn tma_backward_matches_wgmma_bitwise_cuda() {
-    for_each_cuda_with(
-        |b| b.attn_bwd_tma(true),
-        "tma-bwd",
-        |tma, label| {
-            let base = rtx_runtime::Runtime::builder()
-                .backend(rtx_runtime::Backend::Cuda(vec![]))
-                .streams(1)
-                .build()
-                .expect("a CUDA runtime");
-            let cases = [
-                (2, 4, 2, 1000, 1000, false),
-                (2, 4, 2, 1000, 1000, true),
-                (1, 4, 1, 777, 300, false),
-            ];
-            for (b, h, h_kv, lq, lk, causal) in cases {
-                let c = Case {
-                    dtype: DType::BF16,
-                    b,
-                    h,
-                    h_kv,
-                    lq,
-                    lk,
-                    d: 128,
-                    causal,
-                    mask: Mask::None,
-                    scale: None,
-                };
-                let (_seed, mut r) = rng();
-                let q: Vec<bf16> = rand_vec(&mut r, c.q_dims().iter().product(), -2.0, 2.0);
-                let k: Vec<bf16> = rand_vec(&mut r, c.kv_dims().iter().product(), -2.0, 2.0);
-                let v: Vec<bf16> = rand_vec(&mut r, c.kv_dims().iter().product(), -2.0, 2.0);
-                let g: Vec<bf16> = rand_vec(&mut r, c.q_dims().iter().product(), -1.0, 1.0);
-                let grads = |rt: &Runtime| {
-                    let (tq, tk, tv) = (
-                        upload(rt, &q, &c.q_dims()),
-                        upload(rt, &k, &c.kv_dims()),
-                        upload(rt, &v, &c.kv_dims()),
-                    );
-                    let tg = upload(rt, &g, &c.q_dims());
-                    let (_, _, _, dk, dv) = submit_both(rt, &c, &tq, &tk, &tv, None, &tg);
-                    let bits = |t: &Tensor| {
-                        download::<bf16>(rt, t)
-                            .iter()
-                            .map(|x| x.to_bits())
-                            .collect::<Vec<u64>>()
-                    };
-                    (bits(&dk), bits(&dv))
-                };
-                let want = grads(&base);
-                for rep in 0..3 {
-                    let got = grads(tma);
-                    assert!(
-                        got.0 == want.0 && got.1 == want.1,
-                        "{label} {c:?} run {rep}: dk or dv differs from the wgmma backward's bits"
-                    );
-                }
-            }
-        },
-    );
-}
-
-/// The CPU backend takes any head dim; CUDA rejects those it has no kernel for.
-#[test]
-fn other_head_dims() {
-    for_each_backend(|rt, label| {
-        for d in [8, 80] {
-            let mut c = Case {
-                dtype: DType::F16,
-                b: 1,
-                h: 2,
-                h_kv: 1,
-                lq: 9,
-                lk: 30,
-                d,
-                causal: true,
-                mask: Mask::Plane,
-                scale: None,
-            };
-            if !is_cuda(rt) {
-                for dtype in dtypes(rt) {
-                    c.dtype = *dtype;
-                    run_case(rt, label, &c);
-                }
-                continue;
-            }
-            let q = upload(rt, &vec![f16::ONE; 2 * 9 * d], &[1, 2, 9, d]);
-            let kv = upload(rt, &vec![f16::ONE; 30 * d], &[1, 1, 30, d]);
-            let e = rt.submit(attention(&q, &kv, &kv)).expect_err("rejected");
-            assert!(
-                matches!(e.error, Error::InvalidDim { .. }),
-                "{label}: {}",
-                e.error
-            );
-            assert!(e.into_op().into_inputs().0.same_storage(&q));
-        }
-    });
 }
