@@ -352,7 +352,7 @@ fn suite_speedup(rt: &Runtime) {
 /// forward + backward again with the experimental TMA backward (the setting
 /// `attn_bwd_tma`, case names ending in `_tma_bwd`).
 fn suite_attention(rt: &Runtime) {
-    use rtx::ops::attention::{attention, attention_backward};
+    use rtx::ops::attention::attention;
     let tma_bwd = (rt.backend() == rtx::BackendKind::Cuda).then(|| {
         Runtime::builder()
             .backend(Backend::Cuda(vec![]))
@@ -367,57 +367,49 @@ fn suite_attention(rt: &Runtime) {
             for causal in [false, true] {
                 let (b, h) = (16384 / l, 2048 / d);
                 let shape = [b, h, l, d];
-                // k and v: the same values rotated, so no two inputs are equal.
-                let rotated = |by: usize| -> Vec<f32> {
-                    host[by..].iter().chain(&host[..by]).copied().collect()
-                };
-                let q = upload(rt, &host, &shape, DType::BF16);
-                let k = upload(rt, &rotated(7), &shape, DType::BF16);
-                let v = upload(rt, &rotated(13), &shape, DType::BF16);
-                let dout = k.clone();
                 let fwd = 4.0 * (b * h * l * l * d) as f64 / if causal { 2.0 } else { 1.0 };
                 let name = format!("attn_d{d}_l{l}_c{}", causal as u8);
                 let reps = if l >= 16384 { 3 } else { 8 };
+                let [q, k, v] = attention_inputs(rt, &host, &shape);
                 let ms = time_op(rt, reps, 7, || attention(&q, &k, &v).causal(causal));
                 emit(&format!("{name}_fwd"), ms, 0.0, fwd, &[]);
-                let ms = time_with(rt, reps, 7, |rt, s| {
-                    let (o, lse) = rt
-                        .submit_on(s, attention(&q, &k, &v).causal(causal))
-                        .expect("fwd")
-                        .outputs()
-                        .cloned()
-                        .expect("out");
-                    let _submitted = rt
-                        .submit_on(
-                            s,
-                            attention_backward(&q, &k, &v, &o, &lse, &dout).causal(causal),
-                        )
-                        .expect("bwd");
-                });
+                let ms = time_fwd_bwd(rt, &[q, k, v], causal, reps);
                 emit(&format!("{name}_fwdbwd"), ms, 0.0, 3.5 * fwd, &[]);
                 if let Some(rt2) = &tma_bwd {
-                    let up = |x: &[f32]| upload(rt2, x, &shape, DType::BF16);
-                    let (q, k, v) = (up(&host), up(&rotated(7)), up(&rotated(13)));
-                    let dout = k.clone();
-                    let ms = time_with(rt2, reps, 7, |rt, s| {
-                        let (o, lse) = rt
-                            .submit_on(s, attention(&q, &k, &v).causal(causal))
-                            .expect("fwd")
-                            .outputs()
-                            .cloned()
-                            .expect("out");
-                        let _submitted = rt
-                            .submit_on(
-                                s,
-                                attention_backward(&q, &k, &v, &o, &lse, &dout).causal(causal),
-                            )
-                            .expect("bwd");
-                    });
+                    let ms = time_fwd_bwd(rt2, &attention_inputs(rt2, &host, &shape), causal, reps);
                     emit(&format!("{name}_fwdbwd_tma_bwd"), ms, 0.0, 3.5 * fwd, &[]);
                 }
             }
         }
     }
+}
+
+/// q, k, v of `shape` in bf16 on `rt`: `host`, and the same values rotated by 7 and 13 (so
+/// that no two inputs are equal).
+fn attention_inputs(rt: &Runtime, host: &[f32], shape: &[usize; 4]) -> [rtx::Tensor; 3] {
+    let rotated =
+        |by: usize| -> Vec<f32> { host[by..].iter().chain(&host[..by]).copied().collect() };
+    [
+        upload(rt, host, shape, DType::BF16),
+        upload(rt, &rotated(7), shape, DType::BF16),
+        upload(rt, &rotated(13), shape, DType::BF16),
+    ]
+}
+
+/// Milliseconds per forward + backward on `rt` (the output gradient: k).
+fn time_fwd_bwd(rt: &Runtime, [q, k, v]: &[rtx::Tensor; 3], causal: bool, reps: usize) -> f64 {
+    use rtx::ops::attention::{attention, attention_backward};
+    time_with(rt, reps, 7, |rt, s| {
+        let (o, lse) = rt
+            .submit_on(s, attention(q, k, v).causal(causal))
+            .expect("fwd")
+            .outputs()
+            .cloned()
+            .expect("out");
+        let _submitted = rt
+            .submit_on(s, attention_backward(q, k, v, &o, &lse, k).causal(causal))
+            .expect("bwd");
+    })
 }
 
 /// The driver's own cost on this host, without the runtime: 1,000 dependent 16-element
