@@ -145,18 +145,19 @@ class TensorMaps:
         return out
 
 
-def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16):
+def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16, qrows=64):
     """The `FlashTmaBwdParams` of flash_bwd_tma_* (attention_tma_bwd.cu: 704 bytes, q, k, v, dout
     maps at 192, 320, 448, 576) for the FlashParams `p` (a 1-element array of `params_dtype`):
-    q and dO maps with 64-row boxes, k and v with 128-row ones."""
+    q and dO maps with boxes of `qrows` rows (the kernel's query rows per step: 64, or 128 for
+    D = 64 built with ATTN_TBW_D64_BR=128), k and v with 128-row ones."""
     import numpy as np
     tdt = np.dtype({"names": ["p", "q", "k", "v", "dout"], "formats": [params_dtype] + ["V128"] * 4,
                     "offsets": [0, 192, 320, 448, 576], "itemsize": 704})
     tp = np.zeros(1, dtype=tdt)
     tp["p"] = p
     pp = p[0] if getattr(p, "shape", ()) else p
-    for f, L, heads, rows in (("q", Lq, B * H, 64), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128),
-                              ("dout", Lq, B * H, 64)):
+    for f, L, heads, rows in (("q", Lq, B * H, qrows), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128),
+                              ("dout", Lq, B * H, qrows)):
         tp[f] = np.frombuffer(maps.encode(pp[f], D, L, heads, bf16, rows), dtype="V128")[0]
     return tp
 
@@ -567,7 +568,16 @@ BWD_VARIANTS = [
     ("btma", {}, "attention_tma_bwd.cu: producer warpgroup + TMA, 2 consumer WG, mbarriers, dS^T x 2"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
     ("btmac", {"ATTN_TBW_CARRY_DK": 1}, "btma, D64 carrying dK's GEMM into the next step (D128 as btma)"),
+    ("btmar", {"ATTN_TBW_D64_BR": 128}, "btma, D64 with 128 query rows per step (FA-3's D64 block; D128 as btma)"),
+    ("btmau", {"ATTN_TBW_UNDEF": 1}, "btma, S^T / dP^T / dQ declared dead after their last use (reg_undef)"),
+    ("btmacu", {"ATTN_TBW_CARRY_DK": 2, "ATTN_TBW_UNDEF": 1}, "btmau, dK's GEMM carried into the next step "
+                                                               "(D128 too: fits with reg_undef)"),
 ]
+
+
+def tbw_rows(defs, D):
+    """Query rows per step of flash_bwd_tma_d{D}_* built with `defs` (its q / dO box rows)."""
+    return int(defs.get("ATTN_TBW_D64_BR", 64)) if D == 64 else 64
 
 
 def bwg_cfg(defs, name="bwg", D=128):
@@ -577,11 +587,12 @@ def bwg_cfg(defs, name="bwg", D=128):
     bc, br, d = 128, 64, 128
     if name.startswith("btma"):
         d = D
+        br = tbw_rows(defs, D)
         st = int(defs.get("ATTN_TBW_STAGES", 2))
         bufs = 2 if st == 2 else 1
-        tiles = 2 if d == 64 else 1  # dQ staging tiles
+        tiles = 2 if d == 64 else 1  # dQ staging tiles (64 rows each)
         return 384, 1024 + 2 * bc * d * 2 + bufs * bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + \
-            tiles * br * (d + 8) * 4 + 8 * (1 + 2 * st), bc
+            tiles * 64 * (d + 8) * 4 + 8 * (1 + 2 * st), bc
     dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
     st = int(defs.get("ATTN_WGB_STAGES", 3))
     return 2 * bc, 1024 + 2 * bc * d * 2 + bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + dq, bc
@@ -592,6 +603,7 @@ assert bwg_cfg({"ATTN_WGB_STAGES": 2}) == (256, 184320, 128)
 assert bwg_cfg({}, "btma") == (384, 200744, 128)
 assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3") == (384, 217656, 128)
 assert bwg_cfg({}, "btma", 64) == (384, 137256, 128)
+assert bwg_cfg({"ATTN_TBW_D64_BR": 128}, "btmar", 64) == (384, 203816, 128)
 
 
 def bwd_main(args):
@@ -661,7 +673,8 @@ def bwd_main(args):
                 threads, smem, bc = bwg_cfg(defs, name, D)
                 if not maps:
                     maps.append(TensorMaps())
-                tp = tma_bwd_params(ac.PARAMS_DTYPE, maps[0], p, B, H, Hkv, Lq, Lk, D, dt == "bf16")
+                tp = tma_bwd_params(ac.PARAMS_DTYPE, maps[0], p, B, H, Hkv, Lq, Lk, D, dt == "bf16",
+                                    tbw_rows(defs, D))
                 launch(name, "flash_bwd_tma_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
                        (threads, 1, 1), smem, tp)
             return main_tma

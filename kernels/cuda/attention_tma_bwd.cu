@@ -22,8 +22,8 @@
 //    -DATTN_TBW_STAGES=3 there is one buffer and two more waits per step: see TmaBwdCfg.)
 //  * Within a step the dQ GEMM is issued before dK's and waited for alone, so dK += dS^T Q keeps
 //    the tensor cores busy while dQ goes to its staging tile and on to dq_accum. (Carrying dK on
-//    into the next step's S^T and dP^T needs more than the consumers' 240 registers: ptxas then
-//    serializes the wgmmas, C7512.)
+//    into the next step's S^T and dP^T needs more than the consumers' 240 registers at D = 128:
+//    ptxas then serializes the wgmmas, C7512; it fits with ATTN_TBW_UNDEF, below.)
 //  * The exponentials run without per-element mask tests on the steps that need none (full tiles,
 //    no mask, not on the causal diagonal).
 //  * D = 64: K, V, Q and dO are one 64-column panel each; dV and dK are m64n64 GEMMs. dQ of a step
@@ -31,6 +31,10 @@
 //    and reduces, from its own staging tile, while the other goes on to the next step (splitting it
 //    by columns as for D = 128 would take m64n32 GEMMs, which read shared memory faster than it
 //    delivers).
+//  * Compile-time candidates (off by default; kernels/checks/attention_wgmma_check.py builds and
+//    times them): ATTN_TBW_STAGES=3, ATTN_TBW_D64_BR=128 (D = 64 steps of 128 query rows),
+//    ATTN_TBW_UNDEF=1 (reg_undef of the per-step accumulators), ATTN_TBW_CARRY_DK=1 or 2 (dK's
+//    GEMM carried into the next step, D = 64 or both head dims); see each macro below.
 //
 // rtx-kernels: arch-specific
 // (the line above makes rtx-kernels compile this program for sm_90a: wgmma, setmaxnreg and the
@@ -52,6 +56,7 @@
 //   each 3-D (D, L, B * heads), 16-bit elements, CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero
 //   fill out of bounds (rows past L read 0):
 //     q, dout: (D, Lq, B * H), box (64, 64, 1);   k, v: (D, Lk, B * Hkv), box (64, 128, 1).
+//   (-DATTN_TBW_D64_BR=128: D = 64 takes q and dout boxes of (64, 128, 1) and 203816 bytes.)
 //   Order on one stream as the wgmma kernel's: flash_bwd_preprocess_d{D}_{T} (attention.cu), this
 //   kernel, flash_bwd_convert_dq_d{D}_{T} (attention.cu).
 
@@ -86,43 +91,59 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 // dS^T buffer: 3 stages and two buffers do not fit; a warpgroup then also waits, before writing
 // dS^T, for the other's dQ GEMM of the previous step, named barriers 2 and 3).
 #ifndef ATTN_TBW_CARRY_DK
-#define ATTN_TBW_CARRY_DK 0  // 1: D = 64 carries dK's GEMM into the next step (untimed candidate)
+#define ATTN_TBW_CARRY_DK 0  // 1: D = 64 carries dK's GEMM into the next step, 2: D = 128 too (candidates)
+#endif
+#ifndef ATTN_TBW_UNDEF
+#define ATTN_TBW_UNDEF 0  // 1: reg_undef on every configuration (see UNDEF in the kernel)
 #endif
 #ifndef ATTN_TBW_STAGES
 #define ATTN_TBW_STAGES 2
+#endif
+// Query rows per step for D = 64: 64 (the default) or 128 (untimed candidate: FlashAttention-3's
+// D = 64 block, 128 keys x 128 queries; each consumer warpgroup computes S^T and dP^T of its 64
+// keys over all 128 queries, and the dQ of 64 of the queries every step, so that the per-step
+// handovers and waits are spread over twice the tensor-core work). D = 128 always takes 64.
+#ifndef ATTN_TBW_D64_BR
+#define ATTN_TBW_D64_BR 64
 #endif
 template <int D_>
 struct TmaBwdCfg {
     static constexpr int D = D_;
     static constexpr int BC = 128;               // keys per block (2 consumer warpgroups x 64)
-    static constexpr int BR = 64;                // query rows per step
+    static constexpr int BR = D_ == 64 ? ATTN_TBW_D64_BR : 64;  // query rows per step
     static constexpr int STAGES = ATTN_TBW_STAGES;  // Q / dO / lse / dsum stages
     static constexpr int DS_BUFS = STAGES == 2 ? 2 : 1;  // dS^T tiles
     static constexpr int NTHREADS = 384;         // producer warpgroup + 2 consumer warpgroups
     static constexpr int KV_BYTES = BC * D * 2;  // K or V tile
-    static constexpr int DS_BYTES = BC * BR * 2; // one dS^T tile [BC keys][BR queries]
+    static constexpr int DS_BYTES = BC * BR * 2; // one dS^T tile [BC keys][BR queries] (BR / 64 panels)
     static constexpr int Q_BYTES = BR * D * 2;   // Q or dO tile of a step
     static constexpr int RV_BYTES = 2 * BR * 4;  // lse and dsum of a step
     static constexpr int DQ_LD = D + 8;          // f32 row stride of a dQ staging tile
     // D = 128: one staging tile, each warpgroup its 64 columns; D = 64: one tile per warpgroup
-    // (the warpgroups take the dQ GEMM of alternate steps, each all 64 columns).
-    static constexpr int DQ_TILE_BYTES = BR * DQ_LD * 4;
+    // (BR = 64: the warpgroups take the dQ GEMM of alternate steps, each all 64 columns; BR = 128:
+    // each its 64 query rows every step).
+    static constexpr int DQ_TILE_BYTES = 64 * DQ_LD * 4;
+    // Every consumer warpgroup computes a dQ GEMM in every step (else they alternate).
+    static constexpr bool DQ_EVERY = D == 128 || BR == 128;
     static constexpr int DQ_BYTES = (D == 64 ? 2 : 1) * DQ_TILE_BYTES;
     static constexpr int NBARS = 1 + 2 * STAGES; // kv_full, full[STAGES], empty[STAGES]
     static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + DS_BUFS * DS_BYTES + STAGES * 2 * Q_BYTES +
                                       STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS;
     static_assert(STAGES == 2 || STAGES == 3, "stages");
+    static_assert(BR == 64 || (BR == 128 && D == 64), "query rows per step");
     static_assert(D == 64 || D == 128, "head dim");
     static_assert(SMEM_BYTES <= 232448, "shared memory per block");
 };
 typedef TmaBwdCfg<128> TmaBwdCfgD128;
 typedef TmaBwdCfg<64> TmaBwdCfgD64;
-#if ATTN_TBW_STAGES == 2
+#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128
+static_assert(TmaBwdCfgD64::SMEM_BYTES == 203816 && TmaBwdCfgD64::BR == 128, "tma bwd d64 with 128-row steps");
+#elif ATTN_TBW_STAGES == 2
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128,
               "documented (tma bwd d128)");
 static_assert(TmaBwdCfgD64::SMEM_BYTES == 137256 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128,
               "documented (tma bwd d64)");
-#else
+#elif ATTN_TBW_D64_BR == 64
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656 && TmaBwdCfgD64::SMEM_BYTES == 137784, "tma bwd with 3 stages");
 #endif
 
@@ -137,12 +158,20 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     constexpr int SR = BR / 2;  // S^T / dP^T accumulators per thread (64 keys x BR queries)
     constexpr int KR = D / 2;   // dK / dV accumulators per thread (64 keys x D)
     constexpr int QR = 32;      // dQ accumulators per thread (64 queries x 64 columns)
-    // D = 64: warpgroup (it & 1) computes the whole dQ of step it (one m64n64 GEMM over the 128
-    // keys) and the other none, so that neither needs an N = 32 GEMM; D = 128: each its half.
+    // D = 64, BR = 64: warpgroup (it & 1) computes the whole dQ of step it (one m64n64 GEMM over
+    // the 128 keys) and the other none, so that neither needs an N = 32 GEMM; D = 128: each its
+    // half of the columns; D = 64, BR = 128: each its 64 query rows (cw).
     constexpr int PR = BR / 4;  // packed P^T / dS^T registers
     // D = 64 with ATTN_TBW_CARRY_DK: dK's GEMM runs on into the next step, completed there with
-    // S^T (D = 128 has no registers for that: ptxas would serialize the wgmmas, C7512).
-    constexpr bool CARRY = ATTN_TBW_CARRY_DK && Cfg::D == 64;
+    // S^T (D = 128 too with ATTN_TBW_CARRY_DK=2, which needs ATTN_TBW_UNDEF: without it ptxas
+    // serializes the wgmmas, C7512).
+    constexpr bool CARRY = ATTN_TBW_CARRY_DK && (Cfg::D == 64 || ATTN_TBW_CARRY_DK == 2);
+    static_assert(!(CARRY && BR == 128), "ATTN_TBW_CARRY_DK with 128-row steps: not built");
+    // Tell the compiler that S^T, dP^T and dQ die at their last use in a step (reg_undef): needed
+    // for 128-row steps, whose registers do not hold them across the loop (ptxas would spill and
+    // serialize the wgmmas); an untimed candidate elsewhere (ATTN_TBW_UNDEF=1).
+    constexpr bool UNDEF = BR == 128 || ATTN_TBW_UNDEF;
+    constexpr bool DQ_EVERY = Cfg::DQ_EVERY;
 
     const int tid = threadIdx.x;
     // warp-uniform warpgroup index (broadcast, so ptxas sees it uniform): 0 producer, 1 and 2 consumers
@@ -274,6 +303,9 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     // K columns 64cw .. (D = 128) or all 64 (D = 64) as B, MN-major
     const unsigned long long k_b = wg_desc(s_k + (D == 128 ? cw : 0) * (BC * 128), BC * 128, 1024);
     const int dq_col0 = D == 128 ? 64 * cw : 0;  // first dq column of this warpgroup's GEMM
+    const int dq_row0 = BR == 128 ? 64 * cw : 0;  // its first query row in the step
+    // A operand of its dQ GEMM: the dS^T panel of its query rows (BR = 128), else the tile
+    const unsigned ds_panel = BR == 128 ? cw * (BC * 128) : 0;
     const unsigned s_dqw = s_dq + (D == 64 ? cw * Cfg::DQ_TILE_BYTES : 0);  // its staging tile
 
     const float sl2 = p.scale * ATTN_LOG2E;
@@ -293,6 +325,11 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         const unsigned st_off = slot * 2 * Cfg::Q_BYTES;
         const float* s_lse = rv_ptr + slot * (Cfg::RV_BYTES / 4);
         const float* s_dsum = s_lse + BR;
+        if (UNDEF) {  // S^T, dP^T and dQ are overwritten (scale-d 0): the last step's values are dead
+            reg_undef(s);
+            reg_undef(dp);
+            if (DQ_EVERY) reg_undef(dq);  // (alternate steps' dQ: ptxas would serialize, C7515)
+        }
 
         // ---- S^T = K_w Q^T and dP^T = V_w dO^T (two groups) ----
         reg_fence(s);
@@ -332,22 +369,22 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             }
         }
         // ---- dS^T = P^T o (dP^T - dsum) -> smem buffer `buf` [key][query] ----
-        wgb_ds<Tr, BR>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t);
+        wgb_ds<Tr, BR, BC>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t);
         fence_proxy_async_smem();
         named_bar_sync(1, 256);  // dS^T of both warpgroups written
 
         // ---- dQ[step rows, dq_col0 .. + 63] = dS K (D = 64: on alternate steps), then dK += dS^T Q ----
-        const bool do_dq = D == 128 || (it & 1) == cw;  // warpgroup-uniform
+        const bool do_dq = DQ_EVERY || (it & 1) == cw;  // warpgroup-uniform
         reg_fence(dq);
         reg_fence(dk);
         reg_fence(df);
-        if (D == 128) wg_fence();
+        if (DQ_EVERY) wg_fence();
         if (do_dq) {
-            if (D == 64) wg_fence();  // (inside the branch: ptxas would insert it there, C7519)
-            wgb_issue_dq<Tr, BC>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES), k_b);
+            if (!DQ_EVERY) wg_fence();  // (inside the branch: ptxas would insert it there, C7519)
+            wgb_issue_dq<Tr, BC>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + ds_panel), k_b);
             wg_commit();
         }
-        if (D == 64) wg_fence();  // (after the branch, likewise)
+        if (!DQ_EVERY) wg_fence();  // (after the branch, likewise)
         wgb_issue_rs<Tr, D, BR>(dk, df, wg_desc_add(st_mn, st_off));
         wg_commit();
         wg_wait<1>();  // dV and dQ (if any) done (dK runs on)
@@ -368,8 +405,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         if (do_dq) {
             if (lane < 16) bulk_wait_read();  // this tile's last rows left it
             __syncwarp();
-            wgb_reduce_dq<D>(dq, sdq, s_dqw, Cfg::DQ_LD, dq_col0, dq_accum, (long long)(b * H + hh) * Lq + mm0, mm0,
-                             Lq, warp, lane, g, t);
+            wgb_reduce_dq<D>(dq, sdq, s_dqw, Cfg::DQ_LD, dq_col0, dq_accum, (long long)(b * H + hh) * Lq + mm0 + dq_row0,
+                             mm0 + dq_row0, Lq, warp, lane, g, t);
         }
 
         if (!CARRY) {

@@ -10,26 +10,27 @@
 #include "attention_common.cuh"
 #include "wgmma.cuh"
 
-// S^T = K_w Q^T and dP^T = V_w dO^T as two committed wgmma groups of D/16 m64n64k16 each. k_a,
-// v_a: the warpgroup's K and V rows (A, K-major); st_kmaj: Q / dO stage 0 as B (K-major); st_off:
-// the step's stage; q_bytes: dO's offset from Q in a stage.
+// S^T = K_w Q^T and dP^T = V_w dO^T as two committed wgmma groups of D/16 m64nBRk16 each (BR = 64,
+// or 128 for the TMA backward's D = 64 variant). k_a, v_a: the warpgroup's K and V rows (A,
+// K-major); st_kmaj: Q / dO stage 0 as B (K-major); st_off: the step's stage; q_bytes: dO's offset
+// from Q in a stage.
 template <typename Tr, int D, int BC, int BR>
 __device__ __forceinline__ void wgb_issue_sdp(float (&s)[BR / 2], float (&dp)[BR / 2], unsigned long long k_a,
                                               unsigned long long v_a, unsigned long long st_kmaj, unsigned st_off,
                                               unsigned q_bytes) {
-    typedef Wgmma<Tr, 64> M64;
+    typedef Wgmma<Tr, BR> MS;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
         const unsigned boff = st_off + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
-        M64::template ss<0, 0>(s, wg_desc_add(k_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
+        MS::template ss<0, 0>(s, wg_desc_add(k_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
     }
     wg_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         const unsigned aoff = (kk >> 2) * (BC * 128) + (kk & 3) * 32;
         const unsigned boff = st_off + q_bytes + (kk >> 2) * (BR * 128) + (kk & 3) * 32;
-        M64::template ss<0, 0>(dp, wg_desc_add(v_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
+        MS::template ss<0, 0>(dp, wg_desc_add(v_a, aoff), wg_desc_add(st_kmaj, boff), kk > 0 ? 1 : 0);
     }
     wg_commit();
 }
@@ -105,10 +106,25 @@ __device__ __forceinline__ void wgb_issue_rs(float (&acc)[N / 2], const unsigned
     }
 }
 
+// Stores the packed dS^T fragments df into the dS^T tile at ds_ptr (layout: wgb_ds below).
+template <int BR, int BC>
+__device__ __forceinline__ void wgb_store_ds(const unsigned (&df)[BR / 4], unsigned char* ds_ptr, int row0, int g,
+                                             int t) {
+#pragma unroll
+    for (int nt = 0; nt < BR / 8; ++nt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 8 * r;
+            *reinterpret_cast<unsigned*>(ds_ptr + (nt >> 3) * (BC * 128) + row * 128 + (((nt & 7) ^ g) << 4) + 4 * t) =
+                df[2 * nt + r];
+        }
+    }
+}
+
 // dS^T = P^T o (dP^T - dsum) in dp, packed into df, and stored into the dS^T tile at ds_ptr
-// ([key][query], 128-byte rows, 16-byte chunk nt of row r at nt ^ (r & 7)); row0: the thread's
-// first key relative to the tile.
-template <typename Tr, int BR>
+// ([key][query], 128-byte rows, 16-byte chunk nt of row r at nt ^ (r & 7); BR = 128: two such
+// panels of BC rows, queries 0-63 and 64-127); row0: the thread's first key relative to the tile.
+template <typename Tr, int BR, int BC = 128>
 __device__ __forceinline__ void wgb_ds(float (&dp)[BR / 2], const float (&s)[BR / 2], unsigned (&df)[BR / 4],
                                        const float* s_dsum, unsigned char* ds_ptr, int row0, int g, int t) {
 #pragma unroll
@@ -118,14 +134,7 @@ __device__ __forceinline__ void wgb_ds(float (&dp)[BR / 2], const float (&s)[BR 
         for (int e = 0; e < 4; ++e) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - ((e & 1) ? dsv.y : dsv.x));
     }
     wgb_pack<Tr, BR / 4>(df, dp);
-#pragma unroll
-    for (int nt = 0; nt < BR / 8; ++nt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = row0 + 8 * r;
-            *reinterpret_cast<unsigned*>(ds_ptr + row * 128 + ((nt ^ g) << 4) + 4 * t) = df[2 * nt + r];
-        }
-    }
+    wgb_store_ds<BR, BC>(df, ds_ptr, row0, g, t);
 }
 
 // dQ[64 queries x 64 columns] = dS K over BC keys: BC/16 m64n64k16 SS wgmmas, A = dS (the dS^T

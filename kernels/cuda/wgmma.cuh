@@ -38,6 +38,15 @@ __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+// Ends the life of the values in r without an instruction: an empty asm "writes" every register,
+// so the compiler need not keep the old values from their last use to r's next GEMM (an
+// accumulator that GEMM overwrites, scale-d 0, is otherwise carried across loop iterations, since
+// the wgmma asm reads and writes it).
+template <int N>
+__device__ __forceinline__ void reg_undef(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "=f"(r[i]));  // (volatile: never merged)
+}
 template <int N>
 __device__ __forceinline__ void reg_fence(unsigned (&r)[N]) {
 #pragma unroll
