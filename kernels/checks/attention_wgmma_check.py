@@ -572,6 +572,9 @@ BWD_VARIANTS = [
     ("btmau", {"ATTN_TBW_UNDEF": 1}, "btma, S^T / dP^T / dQ declared dead after their last use (reg_undef)"),
     ("btmacu", {"ATTN_TBW_CARRY_DK": 2, "ATTN_TBW_UNDEF": 1}, "btmau, dK's GEMM carried into the next step "
                                                                "(D128 too: fits with reg_undef)"),
+    ("btmacu3", {"ATTN_TBW_CARRY_DK": 2, "ATTN_TBW_UNDEF": 1, "ATTN_TBW_STAGES": 3}, "btmacu with 3 stages "
+                                                                                     "(the carried dK holds a stage a step longer)"),
+    ("btmar3", {"ATTN_TBW_D64_BR": 128, "ATTN_TBW_STAGES": 3}, "btmar with 3 stages"),
 ]
 
 
@@ -604,6 +607,7 @@ assert bwg_cfg({}, "btma") == (384, 200744, 128)
 assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3") == (384, 217656, 128)
 assert bwg_cfg({}, "btma", 64) == (384, 137256, 128)
 assert bwg_cfg({"ATTN_TBW_D64_BR": 128}, "btmar", 64) == (384, 203816, 128)
+assert bwg_cfg({"ATTN_TBW_D64_BR": 128, "ATTN_TBW_STAGES": 3}, "btmar3", 64) == (384, 204856, 128)
 
 
 def bwd_main(args):
