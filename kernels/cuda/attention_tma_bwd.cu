@@ -136,13 +136,14 @@ struct TmaBwdCfg {
 };
 typedef TmaBwdCfg<128> TmaBwdCfgD128;
 typedef TmaBwdCfg<64> TmaBwdCfgD64;
-#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128
-static_assert(TmaBwdCfgD64::SMEM_BYTES == 203816 && TmaBwdCfgD64::BR == 128, "tma bwd d64 with 128-row steps");
-#elif ATTN_TBW_STAGES == 2
+#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 64
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128,
               "documented (tma bwd d128)");
 static_assert(TmaBwdCfgD64::SMEM_BYTES == 137256 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128,
               "documented (tma bwd d64)");
+#elif ATTN_TBW_STAGES == 2
+// (the defaults' asserts come first: ops/src/attention/cuda/launch.rs reads the first of each)
+static_assert(TmaBwdCfgD64::SMEM_BYTES == 203816 && TmaBwdCfgD64::BR == 128, "tma bwd d64 with 128-row steps");
 #elif ATTN_TBW_D64_BR == 64
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656 && TmaBwdCfgD64::SMEM_BYTES == 137784, "tma bwd with 3 stages");
 #endif
