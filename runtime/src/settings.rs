@@ -22,7 +22,7 @@
 //! | [`small_gemm`](crate::Builder::small_gemm) | `RTX_SMALL_GEMM=off\|eager\|always` (`0` off, `1` always) | [`eager`](SmallGemm::Eager) | On CUDA, small f16/bf16 `x·wᵀ` products (`linear`, `matmul` with `trans_b`; at most 2^27 multiply-adds, e.g. 512³; both inner dims multiples of 8, 16-byte aligned operands) run rtx's own tensor-core kernel (`kernels/cuda/small_gemm.cu`), launched straight through the driver, instead of `cublasLtMatmul`. Why: measured on the H200, a `cublasLtMatmul` call costs 8.7 µs of host time against 4.3 µs for a plain kernel launch, and from 8 threads at once 3.3 µs of wall time per call against 1.3 (`benches/gpu/lt_floor.cu`): eagerly, a small GEMM's cost is that host time. On the device cuBLASLt's kernels are faster (256³ in a graph: 2.8 µs against 3.7), so by default only eager products take rtx's kernel and captured ones keep cuBLASLt ([`SmallGemm`] has the choices). The kernel is the same on every stream and repeats bit for bit; with `eager` a captured small GEMM rounds differently from the same GEMM run eagerly (within the f16/bf16 rounding); `always` or `off` make the two bitwise equal. |
 //! | [`launch_batching`](crate::Builder::launch_batching) | `RTX_LAUNCH_BATCHING=0` turns off | on | On CUDA, when a stream actor finds small element-wise ops (at most 4096 elements, same-shape operands) or small f16/bf16 products that take rtx's small-GEMM kernel (see `small_gemm` below) queued behind each other, it runs their kernels as one launch of a batch kernel (up to 16 ops of one kind, in order: the element-wise ones on one block with a barrier between them, the products as a cooperative launch whose blocks meet at a grid-wide barrier) instead of one `cuLaunchKernel` each; nothing waits to fill a batch (it is launched when the mailbox runs empty, before any other work of the stream, or when full). Results are bitwise those of the single launches. Why: one launch costs the H200 host's driver 3.6-4.3 µs; a chain of tiny ops was bound by it. Graph captures and ops timed on the device launch one by one. See `runtime/src/driver/batch.rs`. |
 //! | [`embedding_one_launch`](crate::Builder::embedding_one_launch) | `RTX_EMB_ONE_LAUNCH=1` turns on | off | Experimental. On CUDA, `embedding_backward` with at most 16384 ids runs as one launch (`emb_bwd_scan_*` in `kernels/cuda/embedding.cu`: every block reads all the ids and writes its own table rows once) instead of five (count, scan, scatter, order, then the table). Why: the five-launch backward reached 58 % of the H200's copy peak at GPT-2 sizes, its preparation launches taking 4-6 µs each before the table write. Off until it has been measured and tested on a GPU; both are deterministic, and they may differ in the last bits of a row with more than 64 ids (summed in 32 segments instead of 8). |
-//! | [`attn_bwd_tma`](crate::Builder::attn_bwd_tma) | `RTX_ATTN_BWD_TMA=1` turns on | off | Experimental. On compute capability 9.0 with `attn_wgmma` on, `attention_backward` (head dims 64 and 128) runs its main kernel as `flash_bwd_tma_d{64,128}_*` (`kernels/cuda/attention_tma_bwd.cu`: a producer warpgroup loads Q and dO by bulk tensor copies, lse and dsum by plain loads, a step ahead, the consumer warpgroups hand stages over by mbarriers instead of a block barrier per step, and dK's GEMM runs while dQ is reduced) instead of `flash_bwd_wgmma_d128_*` (D = 128) or the `mma.sync` kernel (D = 64). Why: those backwards ran at 0.59-0.69× (D = 128) and 0.47-0.51× (D = 64) cuDNN's on the H200. Off until it has been measured and tested on a GPU. For D = 128 its dK and dV come from the same GEMMs in the same order as the wgmma kernel's; dQ, as there, adds the key blocks' f32 contributions in whatever order they land. A call whose tensor maps the driver refuses runs the kernel the setting off would run. |
+//! | [`attn_bwd_tma`](crate::Builder::attn_bwd_tma) | `RTX_ATTN_BWD_TMA=0` turns off | on | On compute capability 9.0 with `attn_wgmma` on, `attention_backward` (head dims 64 and 128) runs its main kernel as `flash_bwd_tma_d{64,128}_*` (`kernels/cuda/attention_tma_bwd.cu`: a producer warpgroup loads Q and dO by bulk tensor copies, lse and dsum by plain loads, a step ahead, the consumer warpgroups hand stages over by mbarriers instead of a block barrier per step, and dK's GEMM runs while dQ is reduced); off, `flash_bwd_wgmma_d128_*` (D = 128) or the `mma.sync` kernel (D = 64). Why: measured on the H200 (`benches/RESULTS.md`, "Attention"), the backward alone ran 1.27× as fast as the wgmma kernel's at D = 128 and 1.6-1.7× the `mma.sync` kernel's at D = 64. For D = 128 its dK and dV come from the same GEMMs in the same order as the wgmma kernel's (bitwise equal); dQ, as there, adds the key blocks' f32 contributions in whatever order they land. A call whose tensor maps the driver refuses runs the kernel the setting off would run. |
 //! | [`layer_norm_bulk`](crate::Builder::layer_norm_bulk) | `RTX_LN_BULK=1` turns on | off | Experimental. On CUDA devices of compute capability 9.0 and newer, `layer_norm` and `layer_norm_backward` on 16-byte aligned rows of the register path run on rings of bulk copies (`ln_fwd_bulk_*`, `ln_bwd_bulk_*` in `kernels/cuda/norm_bulk.cuh`: one thread per row group copies whole rows into shared memory up to 12 rows ahead, one block per SM) instead of `ln_fwd_*` and `ln_bwd_pipe_*` (or the three-kernel backward for rows under 8 KiB). Why: those reached 75 % (forward) and 70 % (forward + backward) of the H200's copy peak at bf16 8192 × 4096, with at most 64 KiB per SM in flight. Off until it has been measured and tested on a GPU; the forward's mean and rstd may differ in the last bits (its variance is combined by Chan's formula), the backward's sums are ordered as `ln_bwd_pipe`'s for the same grid. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
@@ -94,9 +94,9 @@ pub struct Settings {
     /// Experimental: the layer-norm ops on rings of bulk copies on CUDA (compute
     /// capability 9.0 and newer) where they apply (`RTX_LN_BULK`); see the module docs.
     pub layer_norm_bulk: bool,
-    /// Experimental: the attention backward's main kernel for head dim 128 on compute
-    /// capability 9.0 fed by a producer warpgroup's bulk tensor copies
-    /// (`RTX_ATTN_BWD_TMA`); see the module docs.
+    /// The attention backward's main kernel for head dims 64 and 128 on compute capability
+    /// 9.0 fed by a producer warpgroup's bulk tensor copies (default on;
+    /// `RTX_ATTN_BWD_TMA=0` turns it off); see the module docs.
     pub attn_bwd_tma: bool,
 }
 
@@ -164,7 +164,7 @@ impl Default for Settings {
             small_gemm: SmallGemm::Eager,
             embedding_one_launch: false,
             layer_norm_bulk: false,
-            attn_bwd_tma: false,
+            attn_bwd_tma: true,
         }
     }
 }
@@ -223,7 +223,7 @@ impl Settings {
             self.layer_norm_bulk = v == "1";
         }
         if let Some(v) = var("RTX_ATTN_BWD_TMA") {
-            self.attn_bwd_tma = v == "1";
+            self.attn_bwd_tma = v != "0";
         }
         self
     }
@@ -301,7 +301,7 @@ mod tests {
                 "RTX_SMALL_GEMM" => Some("always"),
                 "RTX_EMB_ONE_LAUNCH" => Some("1"),
                 "RTX_LN_BULK" => Some("1"),
-                "RTX_ATTN_BWD_TMA" => Some("1"),
+                "RTX_ATTN_BWD_TMA" => Some("0"),
                 _ => None,
             }
             .map(String::from)
@@ -316,7 +316,7 @@ mod tests {
         assert!(s.gemm_tune && !base.gemm_tune);
         assert!(s.embedding_one_launch && !base.embedding_one_launch);
         assert!(s.layer_norm_bulk && !base.layer_norm_bulk);
-        assert!(s.attn_bwd_tma && !base.attn_bwd_tma);
+        assert!(!s.attn_bwd_tma && base.attn_bwd_tma);
         assert_eq!((s.gemm_sm_share, base.gemm_sm_share), (4, 0));
         assert_eq!(
             (s.small_gemm, base.small_gemm),

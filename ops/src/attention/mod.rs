@@ -17,7 +17,7 @@ pub mod cpu;
 mod cuda;
 mod geometry;
 
-/// How many times this process launched the experimental TMA backward main kernel
+/// How many times this process launched the TMA backward main kernel
 /// (`flash_bwd_tma_d*`, the setting `attn_bwd_tma`): for tests that must know it ran
 /// rather than a fallback. Not a stable API.
 #[doc(hidden)]

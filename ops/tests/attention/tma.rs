@@ -1,11 +1,11 @@
-//! The experimental TMA backward main kernel (the setting `attn_bwd_tma`) against the f64
+//! The TMA backward main kernel (the setting `attn_bwd_tma`, on by default) against the f64
 //! reference and, bitwise, against the wgmma backward.
 
 use crate::cases::*;
 use crate::common::{download, for_each_cuda_with, rand_vec, rng, upload};
 use rtx_runtime::{bf16, f16, DType, Runtime, Tensor};
 
-/// The TMA backward main kernel (the experimental setting `attn_bwd_tma`; compute
+/// The TMA backward main kernel (the setting `attn_bwd_tma`, on by default; compute
 /// capability 9.0, elsewhere the setting changes nothing): the grids above (D 64 and 128),
 /// GQA and MQA, lengths off its 64-row steps and 128-key blocks, Lq ≠ Lk, 4097 × 4097,
 /// fully masked rows; CUDA only.
@@ -76,9 +76,11 @@ fn tma_backward_matches_wgmma_bitwise_cuda() {
         |b| b.attn_bwd_tma(true),
         "tma-bwd",
         |tma, label| {
+            // (RTX_ATTN_BWD_TMA=1 in the environment would turn the TMA kernel on here too.)
             let base = rtx_runtime::Runtime::builder()
                 .backend(rtx_runtime::Backend::Cuda(vec![]))
                 .streams(1)
+                .attn_bwd_tma(false)
                 .build()
                 .expect("a CUDA runtime");
             let cases = [

@@ -26,8 +26,8 @@ const WGMMA_MODULE: &str = "attention_wgmma";
 const TMA_MODULE: &str = "attention_tma";
 /// The Hopper (sm_90a) backward main kernel (D = 128).
 const WGMMA_BWD_MODULE: &str = "attention_wgmma_bwd";
-/// The Hopper (sm_90a) backward main kernel with a producer warpgroup (D = 128;
-/// experimental, the setting `attn_bwd_tma`).
+/// The Hopper (sm_90a) backward main kernel with a producer warpgroup (D = 64 and 128;
+/// the setting `attn_bwd_tma`, on by default).
 const TMA_BWD_MODULE: &str = "attention_tma_bwd";
 pub(super) const FWD: &str = "attention";
 pub(super) const BWD: &str = "attention_backward";

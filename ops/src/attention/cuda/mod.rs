@@ -35,18 +35,18 @@
 //! # Which backward
 //!
 //! The backward is three kernels on one stream: `attention.cu`'s preprocess (dsum,
-//! dq_accum = 0), the main kernel (dK, dV, dq_accum), `attention.cu`'s convert (dq). For
-//! D = 128 on compute capability 9.0 the main kernel is `flash_bwd_wgmma_d128_*` of
-//! `attention_wgmma_bwd.cu` (wgmma, sm_90a, 128 keys per block), with the same fallback
-//! rules as the forward (its own failure flag per stream; `RTX_ATTN_WGMMA=0` turns it off
-//! too); otherwise it is `attention.cu`'s `flash_bwd_dq_dk_dv_*` (64 keys per block).
-//!
-//! With the experimental setting `attn_bwd_tma` (`RTX_ATTN_BWD_TMA=1`; off by default
-//! until measured on a GPU) the main kernel on 9.0 is `flash_bwd_tma_d{64,128}_*` of
-//! `attention_tma_bwd.cu` instead: the wgmma kernel's GEMMs fed by a producer warpgroup
-//! (bulk tensor copies of Q and dO through tensor maps with 64-row boxes, K and V with
-//! 128-row ones), with the forward's fallback rules (maps refused: the kernel the setting
-//! off would run, for that call; failed to load: that kernel on that stream from then on).
+//! dq_accum = 0), the main kernel (dK, dV, dq_accum), `attention.cu`'s convert (dq). On
+//! compute capability 9.0 the main kernel is `flash_bwd_tma_d{64,128}_*` of
+//! `attention_tma_bwd.cu` (the setting `attn_bwd_tma`, on by default; `RTX_ATTN_BWD_TMA=0`
+//! turns it off): wgmma GEMMs fed by a producer warpgroup (bulk tensor copies of Q and dO
+//! through tensor maps with 64-row boxes, K and V with 128-row ones), with the forward's
+//! fallback rules (maps refused: the kernel the setting off would run, for that call;
+//! failed to load: that kernel on that stream from then on). With the setting off, or
+//! where that kernel is unavailable, D = 128 on 9.0 runs `flash_bwd_wgmma_d128_*` of
+//! `attention_wgmma_bwd.cu` (wgmma, sm_90a, 128 keys per block, every thread loading
+//! with cp.async), with the same fallback rules (its own failure flag per stream;
+//! `RTX_ATTN_WGMMA=0` turns both Hopper backwards off); otherwise the main kernel is
+//! `attention.cu`'s `flash_bwd_dq_dk_dv_*` (64 keys per block).
 
 mod launch;
 
