@@ -176,7 +176,7 @@ def embedding():
     bwd = {"eager": median_ms(lambda: torch.autograd.grad(F.embedding(ids, table), table, dy))}
     # zero + write the table, read dy and ids; the same PyTorch form against rtx's
     # experimental one-launch backward (benches/train.rs)
-    for case in ("emb_bwd_50257x768_n8192_f32", "emb_bwd_50257x768_n8192_f32_one_launch"):
+    for case in ("emb_bwd_50257x768_n8192_f32", "emb_bwd_50257x768_n8192_f32_five_launch"):
         emit(case, bwd, v * d * 4 + n * d * 4 + n * 8)
 
 

@@ -83,13 +83,13 @@ fn cross_entropy(rt: &Runtime) {
     );
 }
 
-/// A one-stream CUDA runtime with an experimental setting on, beside `rt` (`None` on the
-/// CPU backend, which has one path).
-fn experimental(rt: &Runtime, set: impl FnOnce(Builder) -> Builder) -> Option<Runtime> {
+/// A one-stream CUDA runtime with one setting changed, beside `rt` (`None` on the CPU
+/// backend, which has one path).
+fn with_setting(rt: &Runtime, set: impl FnOnce(Builder) -> Builder) -> Option<Runtime> {
     (rt.backend() == BackendKind::Cuda).then(|| {
         set(Runtime::builder().backend(Backend::Cuda(vec![])).streams(1))
             .build()
-            .expect("runtime with an experimental setting")
+            .expect("runtime with the setting changed")
     })
 }
 
@@ -97,7 +97,7 @@ fn experimental(rt: &Runtime, set: impl FnOnce(Builder) -> Builder) -> Option<Ru
 /// `layer_norm_bulk`, case names ending in `_bulk`).
 fn layer_norm(rt: &Runtime) {
     layer_norm_cases(rt, "");
-    if let Some(bulk) = experimental(rt, |b| b.layer_norm_bulk(true)) {
+    if let Some(bulk) = with_setting(rt, |b| b.layer_norm_bulk(true)) {
         layer_norm_cases(&bulk, "_bulk");
     }
 }
@@ -241,14 +241,14 @@ fn embedding(rt: &Runtime) {
     let bwd_bytes = (v * d * 4 + n * d * 4 + n * 4) as f64;
     let ms = time_op(rt, 10, 15, || ops::embedding_backward(&dy, &ids, v));
     emit("emb_bwd_50257x768_n8192_f32", ms, bwd_bytes, 0.0, &[]);
-    // The experimental one-launch backward (the setting `embedding_one_launch`), on a
-    // runtime of its own with the same inputs.
-    if let Some(one) = experimental(rt, |b| b.embedding_one_launch(true)) {
-        let ids = one.upload(&ids_host, [n]).expect("upload");
-        let dy = upload(&one, &random_f32(n * d, 50), &[n, d], DType::F32);
-        let ms = time_op(&one, 10, 15, || ops::embedding_backward(&dy, &ids, v));
+    // The five-launch backward (the setting `embedding_one_launch` off), on a runtime of
+    // its own with the same inputs.
+    if let Some(five) = with_setting(rt, |b| b.embedding_one_launch(false)) {
+        let ids = five.upload(&ids_host, [n]).expect("upload");
+        let dy = upload(&five, &random_f32(n * d, 50), &[n, d], DType::F32);
+        let ms = time_op(&five, 10, 15, || ops::embedding_backward(&dy, &ids, v));
         emit(
-            "emb_bwd_50257x768_n8192_f32_one_launch",
+            "emb_bwd_50257x768_n8192_f32_five_launch",
             ms,
             bwd_bytes,
             0.0,

@@ -171,16 +171,15 @@ backend_test!(out_of_range_ids, |rt, label| {
     out_of_range_case(rt, label);
 });
 
-/// The one-launch backward (the experimental setting `embedding_one_launch`; CUDA only):
-/// the same cases against f64, deterministic, invalid ids counted and skipped, and the
-/// cases past its limits through the five launches.
+/// The five-launch backward (the setting `embedding_one_launch` off; the tests above run
+/// the default, one launch where it applies; CUDA only): the same cases against f64,
+/// deterministic, invalid ids counted and skipped.
 #[test]
-fn one_launch_backward_scatter_adds_deterministically() {
+fn five_launch_backward_scatter_adds_deterministically() {
     for_each_cuda_with(
-        |b| b.embedding_one_launch(true),
-        "one-launch",
+        |b| b.embedding_one_launch(false),
+        "five-launch",
         |rt, label| {
-            assert!(rt.settings().embedding_one_launch);
             backward_case::<f32>(rt, label);
             backward_case::<bf16>(rt, label);
             backward_case::<f16>(rt, label);

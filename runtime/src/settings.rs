@@ -22,7 +22,7 @@
 //! | [`gemm_sm_share`](crate::Builder::gemm_sm_share) | `RTX_GEMM_SM_SHARE=<n>` | 0: the compute streams per device | On CUDA, small GEMMs (at most 2^27 multiply-adds, e.g. 512³) are planned for 1/n of the device's multiprocessors (cuBLASLt's `SM_COUNT_TARGET`, at least 8), so that the small GEMMs of n streams run side by side instead of each filling the device in turn. Measured on the H200: the 8 chains of 256³ GEMMs on 8 streams as graphs in 1.60 ms instead of 4.28, the training sweep's graphs on 8 streams 11-14 % faster. 1: the whole device for every GEMM (cuBLASLt's default; a runtime with one stream per device always plans so). A small GEMM running alone in a runtime of several streams gets fewer multiprocessors than it could use. Larger GEMMs always plan for the whole device. Another share can mean another cuBLASLt algorithm, so runtimes with different stream counts may round small GEMMs differently; give them the same share for bitwise-equal results. |
 //! | [`small_gemm`](crate::Builder::small_gemm) | `RTX_SMALL_GEMM=off\|eager\|always` (`0` off, `1` always) | [`eager`](SmallGemm::Eager) | On CUDA, small f16/bf16 `x·wᵀ` products (`linear`, `matmul` with `trans_b`; at most 2^27 multiply-adds, e.g. 512³; both inner dims multiples of 8, 16-byte aligned operands) run rtx's own tensor-core kernel (`kernels/cuda/small_gemm.cu`), launched straight through the driver, instead of `cublasLtMatmul`. Why: measured on the H200, a `cublasLtMatmul` call costs 8.7 µs of host time against 4.3 µs for a plain kernel launch, and from 8 threads at once 3.3 µs of wall time per call against 1.3 (`benches/gpu/lt_floor.cu`): eagerly, a small GEMM's cost is that host time. On the device cuBLASLt's kernels are faster (256³ in a graph: 2.8 µs against 3.7), so by default only eager products take rtx's kernel and captured ones keep cuBLASLt ([`SmallGemm`] has the choices). The kernel is the same on every stream and repeats bit for bit; with `eager` a captured small GEMM rounds differently from the same GEMM run eagerly (within the f16/bf16 rounding); `always` or `off` make the two bitwise equal. |
 //! | [`launch_batching`](crate::Builder::launch_batching) | `RTX_LAUNCH_BATCHING=0` turns off | on | On CUDA, when a stream actor finds small element-wise ops (at most 4096 elements, same-shape operands) or small f16/bf16 products that take rtx's small-GEMM kernel (see `small_gemm` below) queued behind each other, it runs their kernels as one launch of a batch kernel (up to 16 ops of one kind, in order: the element-wise ones on one block with a barrier between them, the products as a cooperative launch whose blocks meet at a grid-wide barrier) instead of one `cuLaunchKernel` each; nothing waits to fill a batch (it is launched when the mailbox runs empty, before any other work of the stream, or when full). Results are bitwise those of the single launches. Why: one launch costs the H200 host's driver 3.6-4.3 µs; a chain of tiny ops was bound by it. Graph captures and ops timed on the device launch one by one. See `runtime/src/driver/batch.rs`. |
-//! | [`embedding_one_launch`](crate::Builder::embedding_one_launch) | `RTX_EMB_ONE_LAUNCH=1` turns on | off | Experimental. On CUDA, `embedding_backward` with at most 16384 ids runs as one launch (`emb_bwd_scan_*` in `kernels/cuda/embedding.cu`: every block reads all the ids and writes its own table rows once) instead of five (count, scan, scatter, order, then the table). Why: the five-launch backward reached 58 % of the H200's copy peak at GPT-2 sizes, its preparation launches taking 4-6 µs each before the table write. Off until it has been measured and tested on a GPU; both are deterministic, and they may differ in the last bits of a row with more than 64 ids (summed in 32 segments instead of 8). |
+//! | [`embedding_one_launch`](crate::Builder::embedding_one_launch) | `RTX_EMB_ONE_LAUNCH=0` turns off | on | On CUDA, `embedding_backward` with at most 16384 ids runs as one launch (`emb_bwd_scan_*` in `kernels/cuda/embedding.cu`: every block reads all the ids and writes its own table rows once) instead of five (count, scan, scatter, order, then the table). Why: measured on the H200 at GPT-2 sizes (`benches/RESULTS.md`, "Training kernels"), 0.0616 ms against 0.0733 with uniform ids and 0.103 against 0.180 with Zipf-distributed ones, the five-launch backward's preparation launches taking 4-6 µs each before the table write. Both are deterministic; they may differ in the last bits of a row with more than 64 ids (summed in 32 segments instead of 8). |
 //! | [`layer_norm_bulk`](crate::Builder::layer_norm_bulk) | `RTX_LN_BULK=1` turns on | off | Experimental. On CUDA devices of compute capability 9.0 and newer, `layer_norm` and `layer_norm_backward` on 16-byte aligned rows of the register path run on rings of bulk copies (`ln_fwd_bulk_*`, `ln_bwd_bulk_*` in `kernels/cuda/norm_bulk.cuh`: one thread per row group copies whole rows into shared memory up to 12 rows ahead, one block per SM) instead of `ln_fwd_*` and `ln_bwd_pipe_*` (or the three-kernel backward for rows under 8 KiB). Why: those reached 75 % (forward) and 70 % (forward + backward) of the H200's copy peak at bf16 8192 × 4096, with at most 64 KiB per SM in flight. Off until it has been measured and tested on a GPU; the forward's mean and rstd may differ in the last bits (its variance is combined by Chan's formula), the backward's sums are ordered as `ln_bwd_pipe`'s for the same grid. |
 //! | — (rtx-kernels) | `RTX_KERNEL_CACHE=<dir>` | the user's cache folder | Where rtx-kernels keeps compiled CUBINs (read by rtx-kernels, process-wide, not a runtime setting). |
 //!
@@ -88,8 +88,8 @@ pub struct Settings {
     /// Which small f16/bf16 products run rtx's own kernel instead of cuBLASLt
     /// (`RTX_SMALL_GEMM`); see the module docs.
     pub small_gemm: SmallGemm,
-    /// Experimental: `embedding_backward` on CUDA as one launch where it applies
-    /// (`RTX_EMB_ONE_LAUNCH`); see the module docs.
+    /// `embedding_backward` on CUDA as one launch where it applies (default on;
+    /// `RTX_EMB_ONE_LAUNCH=0` turns it off); see the module docs.
     pub embedding_one_launch: bool,
     /// Experimental: the layer-norm ops on rings of bulk copies on CUDA (compute
     /// capability 9.0 and newer) where they apply (`RTX_LN_BULK`); see the module docs.
@@ -162,7 +162,7 @@ impl Default for Settings {
             gemm_tune: false,
             gemm_sm_share: 0,
             small_gemm: SmallGemm::Eager,
-            embedding_one_launch: false,
+            embedding_one_launch: true,
             layer_norm_bulk: false,
             attn_bwd_tma: true,
         }
@@ -217,7 +217,7 @@ impl Settings {
             self.small_gemm = v;
         }
         if let Some(v) = var("RTX_EMB_ONE_LAUNCH") {
-            self.embedding_one_launch = v == "1";
+            self.embedding_one_launch = v != "0";
         }
         if let Some(v) = var("RTX_LN_BULK") {
             self.layer_norm_bulk = v == "1";
@@ -299,7 +299,7 @@ mod tests {
                 "RTX_GEMM_TUNE" => Some("1"),
                 "RTX_GEMM_SM_SHARE" => Some("4"),
                 "RTX_SMALL_GEMM" => Some("always"),
-                "RTX_EMB_ONE_LAUNCH" => Some("1"),
+                "RTX_EMB_ONE_LAUNCH" => Some("0"),
                 "RTX_LN_BULK" => Some("1"),
                 "RTX_ATTN_BWD_TMA" => Some("0"),
                 _ => None,
@@ -314,7 +314,7 @@ mod tests {
         assert!(!s.programmatic_launch && base.programmatic_launch);
         assert!(!s.launch_batching && base.launch_batching);
         assert!(s.gemm_tune && !base.gemm_tune);
-        assert!(s.embedding_one_launch && !base.embedding_one_launch);
+        assert!(!s.embedding_one_launch && base.embedding_one_launch);
         assert!(s.layer_norm_bulk && !base.layer_norm_bulk);
         assert!(!s.attn_bwd_tma && base.attn_bwd_tma);
         assert_eq!((s.gemm_sm_share, base.gemm_sm_share), (4, 0));

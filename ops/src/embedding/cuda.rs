@@ -1,9 +1,8 @@
 //! CUDA launches of `kernels/cuda/embedding.cu`.
 //!
 //! The forward is one launch, a warp per output row (8 rows per block of 256).
-//! The backward is one launch, with the experimental setting `embedding_one_launch` on
-//! (off by default until measured on a GPU), when the ids are few (at most
-//! [`SCAN_MAX_IDS`]):
+//! The backward is one launch, with the setting `embedding_one_launch` on (the default),
+//! when the ids are few (at most [`SCAN_MAX_IDS`]):
 //! `emb_bwd_scan_*`, a block of 1024 threads per SM, each block owning every G-th table
 //! row; every block reads all the ids, sorts those of its rows in shared memory and
 //! writes its rows once (a row's positions summed in increasing order, zeros for an empty
