@@ -202,8 +202,8 @@ impl Builder {
         self
     }
     /// Experimental: on CUDA devices of compute capability 9.0 and newer, run the
-    /// layer-norm ops on rings of bulk copies where they apply (default off until
-    /// measured on a GPU; see the [settings table](crate::settings)). `RTX_LN_BULK=1`
+    /// layer-norm ops on rings of bulk copies where they apply (default off: slower than
+    /// the default kernels on the H200; see the [settings table](crate::settings)). `RTX_LN_BULK=1`
     /// turns it on.
     pub fn layer_norm_bulk(mut self, on: bool) -> Self {
         self.settings.layer_norm_bulk = on;
