@@ -174,8 +174,8 @@ def embedding():
     emit("emb_fwd_50257x768_n8192_f32",
          {"eager": median_ms(lambda: F.embedding(ids, table))}, 2 * n * d * 4 + n * 8)
     bwd = {"eager": median_ms(lambda: torch.autograd.grad(F.embedding(ids, table), table, dy))}
-    # zero + write the table, read dy and ids; the same PyTorch form against rtx's
-    # experimental one-launch backward (benches/train.rs)
+    # zero + write the table, read dy and ids; the same PyTorch form again against rtx's
+    # five-launch backward (the setting embedding_one_launch off; benches/train.rs)
     for case in ("emb_bwd_50257x768_n8192_f32", "emb_bwd_50257x768_n8192_f32_five_launch"):
         emit(case, bwd, v * d * 4 + n * d * 4 + n * 8)
 
