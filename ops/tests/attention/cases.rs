@@ -116,6 +116,16 @@ pub fn subsample(cases: Vec<Case>) -> Vec<Case> {
     cases.into_iter().step_by(7).collect()
 }
 
+/// `cases` whole on the first runtime of a test (and wherever `whole` holds), else
+/// [`subsample`]d.
+pub fn first_whole(label: &str, whole: bool, cases: Vec<Case>) -> Vec<Case> {
+    if first(label) || whole {
+        cases
+    } else {
+        subsample(cases)
+    }
+}
+
 pub fn dtypes(rt: &Runtime) -> &'static [DType] {
     match rt.backend() {
         BackendKind::Cpu => &[DType::F32, DType::F16, DType::BF16],

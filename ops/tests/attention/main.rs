@@ -33,12 +33,7 @@ fn parity_grouped_heads() {
     for_each_backend(|rt, label| {
         // GQA with two batches, and MQA (one kv head), at lengths off the tile sizes.
         for dims in [(2, 4, 2, 77, 200), (1, 4, 1, 33, 65)] {
-            let cases = grid(dtypes(rt), dims);
-            let cases = if first(label) || is_cuda(rt) {
-                cases
-            } else {
-                subsample(cases)
-            };
+            let cases = first_whole(label, is_cuda(rt), grid(dtypes(rt), dims));
             run_all(rt, label, &cases);
         }
     });
@@ -48,12 +43,7 @@ fn parity_grouped_heads() {
 fn parity_decode_and_cross() {
     for_each_backend(|rt, label| {
         for dims in [(1, 2, 2, 1, 1000), (1, 2, 2, 17, 1000), (1, 2, 2, 1000, 17)] {
-            let cases = grid(dtypes(rt), dims);
-            let cases = if first(label) || is_cuda(rt) {
-                cases
-            } else {
-                subsample(cases)
-            };
+            let cases = first_whole(label, is_cuda(rt), grid(dtypes(rt), dims));
             run_all(rt, label, &cases);
         }
     });
@@ -62,12 +52,7 @@ fn parity_decode_and_cross() {
 #[test]
 fn parity_long() {
     for_each_backend(|rt, label| {
-        let cases = grid(dtypes(rt), (1, 2, 2, 1000, 1000));
-        let cases = if first(label) {
-            cases
-        } else {
-            subsample(cases)
-        };
+        let cases = first_whole(label, false, grid(dtypes(rt), (1, 2, 2, 1000, 1000)));
         run_all(rt, label, &cases);
     });
 }
@@ -80,12 +65,7 @@ fn parity_4097_cuda() {
             eprintln!("{label}: 4097 x 4097 runs on CUDA only");
             return;
         }
-        let cases = grid(dtypes(rt), (1, 2, 2, 4097, 4097));
-        let cases = if first(label) {
-            cases
-        } else {
-            subsample(cases)
-        };
+        let cases = first_whole(label, false, grid(dtypes(rt), (1, 2, 2, 4097, 4097)));
         // `RTX_TEST_SHARD=i/n`: the sanitizer runs split this test into processes.
         run_all(rt, label, &common::shard(&cases));
     });
