@@ -148,8 +148,8 @@ class TensorMaps:
 def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16, qrows=64):
     """The `FlashTmaBwdParams` of flash_bwd_tma_* (attention_tma_bwd.cu: 704 bytes, q, k, v, dout
     maps at 192, 320, 448, 576) for the FlashParams `p` (a 1-element array of `params_dtype`):
-    q and dO maps with boxes of `qrows` rows (the kernel's query rows per step: 64, or 128 for
-    D = 64 built with ATTN_TBW_D64_BR=128), k and v with 128-row ones."""
+    q and dO maps with boxes of `qrows` rows (the kernel's query rows per step: 64 for D = 128,
+    128 for D = 64 unless built with ATTN_TBW_D64_BR=64), k and v with 128-row ones."""
     import numpy as np
     tdt = np.dtype({"names": ["p", "q", "k", "v", "dout"], "formats": [params_dtype] + ["V128"] * 4,
                     "offsets": [0, 192, 320, 448, 576], "itemsize": 704})
@@ -567,20 +567,20 @@ BWD_VARIANTS = [
     # producer warpgroup (bulk tensor copies of Q and dO, mbarrier-handed stages), dQ before dK.
     ("btma", {}, "attention_tma_bwd.cu: producer warpgroup + TMA, 2 consumer WG, mbarriers, dS^T x 2"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
-    ("btmac", {"ATTN_TBW_CARRY_DK": 1}, "btma, D64 carrying dK's GEMM into the next step (D128 as btma)"),
-    ("btmar", {"ATTN_TBW_D64_BR": 128}, "btma, D64 with 128 query rows per step (FA-3's D64 block; D128 as btma)"),
+    ("btma64", {"ATTN_TBW_D64_BR": 64}, "btma, D64 with 64 query rows per step (the earlier default; D128 as btma)"),
+    ("btmac", {"ATTN_TBW_CARRY_DK": 1, "ATTN_TBW_D64_BR": 64}, "btma64, D64 carrying dK's GEMM into the next step "
+                                                              "(D128 as btma)"),
     ("btmau", {"ATTN_TBW_UNDEF": 1}, "btma, S^T / dP^T / dQ declared dead after their last use (reg_undef)"),
-    ("btmacu", {"ATTN_TBW_CARRY_DK": 2, "ATTN_TBW_UNDEF": 1}, "btmau, dK's GEMM carried into the next step "
+    ("btmacu", {"ATTN_TBW_CARRY_DK": 2, "ATTN_TBW_UNDEF": 1, "ATTN_TBW_D64_BR": 64}, "btmau, dK's GEMM carried into the next step "
                                                                "(D128 too: fits with reg_undef)"),
-    ("btmacu3", {"ATTN_TBW_CARRY_DK": 2, "ATTN_TBW_UNDEF": 1, "ATTN_TBW_STAGES": 3}, "btmacu with 3 stages "
+    ("btmacu3", {"ATTN_TBW_CARRY_DK": 2, "ATTN_TBW_UNDEF": 1, "ATTN_TBW_STAGES": 3, "ATTN_TBW_D64_BR": 64}, "btmacu with 3 stages "
                                                                                      "(the carried dK holds a stage a step longer)"),
-    ("btmar3", {"ATTN_TBW_D64_BR": 128, "ATTN_TBW_STAGES": 3}, "btmar with 3 stages"),
 ]
 
 
 def tbw_rows(defs, D):
     """Query rows per step of flash_bwd_tma_d{D}_* built with `defs` (its q / dO box rows)."""
-    return int(defs.get("ATTN_TBW_D64_BR", 64)) if D == 64 else 64
+    return int(defs.get("ATTN_TBW_D64_BR", 128)) if D == 64 else 64
 
 
 def bwg_cfg(defs, name="bwg", D=128):
@@ -605,9 +605,9 @@ assert bwg_cfg({}) == (256, 217600, 128) and bwg_cfg({"ATTN_WGB_DQ_BULK": 0})[1]
 assert bwg_cfg({"ATTN_WGB_STAGES": 2}) == (256, 184320, 128)
 assert bwg_cfg({}, "btma") == (384, 200744, 128)
 assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3") == (384, 217656, 128)
-assert bwg_cfg({}, "btma", 64) == (384, 137256, 128)
-assert bwg_cfg({"ATTN_TBW_D64_BR": 128}, "btmar", 64) == (384, 203816, 128)
-assert bwg_cfg({"ATTN_TBW_D64_BR": 128, "ATTN_TBW_STAGES": 3}, "btmar3", 64) == (384, 204856, 128)
+assert bwg_cfg({}, "btma", 64) == (384, 203816, 128)
+assert bwg_cfg({"ATTN_TBW_D64_BR": 64}, "btma64", 64) == (384, 137256, 128)
+assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3", 64) == (384, 204856, 128)
 
 
 def bwd_main(args):

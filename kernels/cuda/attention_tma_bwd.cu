@@ -26,15 +26,19 @@
 //    ptxas then serializes the wgmmas, C7512; it fits with ATTN_TBW_UNDEF, below.)
 //  * The exponentials run without per-element mask tests on the steps that need none (full tiles,
 //    no mask, not on the causal diagonal).
-//  * D = 64: K, V, Q and dO are one 64-column panel each; dV and dK are m64n64 GEMMs. dQ of a step
-//    (64 rows x 64 columns over the 128 keys) is one m64n64 GEMM, which warpgroup (it & 1) computes
-//    and reduces, from its own staging tile, while the other goes on to the next step (splitting it
-//    by columns as for D = 128 would take m64n32 GEMMs, which read shared memory faster than it
-//    delivers).
-//  * Compile-time candidates (off by default; kernels/checks/attention_wgmma_check.py builds and
-//    times them): ATTN_TBW_STAGES=3, ATTN_TBW_D64_BR=128 (D = 64 steps of 128 query rows),
-//    ATTN_TBW_UNDEF=1 (reg_undef of the per-step accumulators), ATTN_TBW_CARRY_DK=1 or 2 (dK's
-//    GEMM carried into the next step, D = 64 or both head dims); see each macro below.
+//  * D = 64: K, V, Q and dO are one 64-column panel each; dV and dK are m64n64 GEMMs. A step
+//    takes 128 query rows (FlashAttention-3's D = 64 block, 128 keys x 128 queries): each consumer
+//    warpgroup computes S^T and dP^T of its 64 keys over the 128 queries (m64n128 GEMMs) and the
+//    dQ of its 64 of the queries (one m64n64 GEMM over the 128 keys, from its own staging tile),
+//    so the per-step handovers and waits are spread over twice the tensor-core work of a 64-row
+//    step (9-11 % faster on the H200, benches/RESULTS.md, "Attention"). (-DATTN_TBW_D64_BR=64, the
+//    earlier default: 64-row steps, where warpgroup (it & 1) computes the step's whole dQ and the
+//    other none, since splitting it by columns would take m64n32 GEMMs, which read shared memory
+//    faster than it delivers.)
+//  * Compile-time candidates (kernels/checks/attention_wgmma_check.py builds and times them):
+//    ATTN_TBW_STAGES=3, ATTN_TBW_D64_BR=64 (above), ATTN_TBW_UNDEF=1 (reg_undef of the per-step
+//    accumulators), ATTN_TBW_CARRY_DK=1 or 2 (dK's GEMM carried into the next step, D = 64 or both
+//    head dims; with ATTN_TBW_D64_BR=64); see each macro below.
 //
 // rtx-kernels: arch-specific
 // (the line above makes rtx-kernels compile this program for sm_90a: wgmma, setmaxnreg and the
@@ -44,19 +48,21 @@
 // ======================================================================================
 // Launch (kernels flash_bwd_tma_d{64,128}_{T})
 // ======================================================================================
-//   grid (ceil(Lk / 128), Hkv, B), block (384, 1, 1), dynamic smem 200744 bytes (D = 128; D = 64:
-//   137256, with K, V, Q, dO of 64 columns and one dQ staging tile per warpgroup): 1024 alignment
-//   slack + K and V (2 x 128*D*2) + two dS^T tiles (2 x 128*64*2) + 2 stages of Q and dO
-//   (2 x 2 x 64*D*2) + 2 stages of lse and dsum (2 x 2 x 64*4) + the dQ staging tile
-//   (64*(D+8)*4) + 5 mbarriers; needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
-//   (-DATTN_TBW_STAGES=3: one dS^T tile, 3 stages, 7 mbarriers: 217656 bytes for D = 128,
-//   137784 for D = 64.)
+//   grid (ceil(Lk / 128), Hkv, B), block (384, 1, 1), dynamic smem 200744 bytes for D = 128:
+//   1024 alignment slack + K and V (2 x 128*D*2) + two dS^T tiles (2 x 128*BR*2) + 2 stages of Q
+//   and dO (2 x 2 x BR*D*2) + 2 stages of lse and dsum (2 x 2 x BR*4) + the dQ staging tile
+//   (64*(D+8)*4) + 5 mbarriers, with BR = 64 query rows per step; D = 64: 203816, the same with
+//   BR = 128, 64 columns and one dQ staging tile per warpgroup. Needs
+//   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
+//   (-DATTN_TBW_D64_BR=64: D = 64 takes 137256 bytes. -DATTN_TBW_STAGES=3: one dS^T tile,
+//   3 stages, 7 mbarriers: 217656 bytes for D = 128, 204856 for D = 64 (137784 with 64 rows).)
 //   Argument: one `const FlashTmaBwdParams` by value (below): the FlashParams of
 //   flash_bwd_wgmma_d128_{T} (the same pointers, workspaces and semantics) and four tensor maps,
 //   each 3-D (D, L, B * heads), 16-bit elements, CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero
 //   fill out of bounds (rows past L read 0):
-//     q, dout: (D, Lq, B * H), box (64, 64, 1);   k, v: (D, Lk, B * Hkv), box (64, 128, 1).
-//   (-DATTN_TBW_D64_BR=128: D = 64 takes q and dout boxes of (64, 128, 1) and 203816 bytes.)
+//     q, dout: (D, Lq, B * H), box (64, BR, 1): (64, 64, 1) for D = 128, (64, 128, 1) for D = 64;
+//     k, v: (D, Lk, B * Hkv), box (64, 128, 1).
+//   (-DATTN_TBW_D64_BR=64: D = 64 takes q and dout boxes of (64, 64, 1).)
 //   Order on one stream as the wgmma kernel's: flash_bwd_preprocess_d{D}_{T} (attention.cu), this
 //   kernel, flash_bwd_convert_dq_d{D}_{T} (attention.cu).
 
@@ -99,12 +105,10 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TBW_STAGES
 #define ATTN_TBW_STAGES 2
 #endif
-// Query rows per step for D = 64: 64 (the default) or 128 (untimed candidate: FlashAttention-3's
-// D = 64 block, 128 keys x 128 queries; each consumer warpgroup computes S^T and dP^T of its 64
-// keys over all 128 queries, and the dQ of 64 of the queries every step, so that the per-step
-// handovers and waits are spread over twice the tensor-core work). D = 128 always takes 64.
+// Query rows per step for D = 64: 128 (the default: FlashAttention-3's D = 64 block, see the
+// design comment) or 64 (the earlier default, kept as a candidate). D = 128 always takes 64.
 #ifndef ATTN_TBW_D64_BR
-#define ATTN_TBW_D64_BR 64
+#define ATTN_TBW_D64_BR 128
 #endif
 template <int D_>
 struct TmaBwdCfg {
@@ -136,16 +140,21 @@ struct TmaBwdCfg {
 };
 typedef TmaBwdCfg<128> TmaBwdCfgD128;
 typedef TmaBwdCfg<64> TmaBwdCfgD64;
-#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 64
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128,
+// (the defaults' asserts come first: ops/src/attention/cuda/launch.rs reads the first of each)
+#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128
+static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128 &&
+                  TmaBwdCfgD128::BR == 64,
               "documented (tma bwd d128)");
-static_assert(TmaBwdCfgD64::SMEM_BYTES == 137256 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128,
+static_assert(TmaBwdCfgD64::SMEM_BYTES == 203816 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128 &&
+                  TmaBwdCfgD64::BR == 128,
               "documented (tma bwd d64)");
 #elif ATTN_TBW_STAGES == 2
-// (the defaults' asserts come first: ops/src/attention/cuda/launch.rs reads the first of each)
-static_assert(TmaBwdCfgD64::SMEM_BYTES == 203816 && TmaBwdCfgD64::BR == 128, "tma bwd d64 with 128-row steps");
+static_assert(TmaBwdCfgD64::SMEM_BYTES == 137256 && TmaBwdCfgD64::BR == 64, "tma bwd d64 with 64-row steps");
 #elif ATTN_TBW_D64_BR == 64
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656 && TmaBwdCfgD64::SMEM_BYTES == 137784, "tma bwd with 3 stages");
+#else
+static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656 && TmaBwdCfgD64::SMEM_BYTES == 204856,
+              "tma bwd with 3 stages, d64 with 128-row steps");
 #endif
 
 template <typename Tr, typename Cfg>

@@ -361,7 +361,8 @@ unsafe impl cudarc::driver::DeviceRepr for FlashTmaParams {}
 
 /// The argument of `flash_bwd_tma_d{64,128}_{f16,bf16}` (`attention_tma_bwd.cu`, struct
 /// `FlashTmaBwdParams`): the [`FlashParams`] of the backward call and the tensor maps of
-/// q and dO (3-D (D, Lq, B·H), box (64, 64, 1)) and of k and v (3-D (D, Lk, B·Hkv), box
+/// q and dO (3-D (D, Lq, B·H), box (64, 128, 1) for D = 64 and (64, 64, 1) for D = 128:
+/// the kernel's query rows per step) and of k and v (3-D (D, Lk, B·Hkv), box
 /// (64, 128, 1)), all with the 128-byte swizzle. 704 bytes, 64-aligned: `p` at 0, `q` at
 /// 192, `k` at 320, `v` at 448, `dout` at 576.
 #[repr(C, align(64))]
@@ -370,13 +371,14 @@ pub struct FlashTmaBwdParams {
     /// Sizes, flags and pointers (the kernel reads lse, dsum, the mask, dq_accum, dk and
     /// dv through them).
     pub p: FlashParams,
-    /// Queries, (D, Lq, B·H), 64-row boxes.
+    /// Queries, (D, Lq, B·H), boxes of the kernel's query rows per step (128 at D = 64, 64
+    /// at D = 128).
     pub q: TensorMap,
     /// Keys, (D, Lk, B·Hkv), 128-row boxes.
     pub k: TensorMap,
     /// Values, (D, Lk, B·Hkv), 128-row boxes.
     pub v: TensorMap,
-    /// The output's gradient dO, (D, Lq, B·H), 64-row boxes.
+    /// The output's gradient dO, (D, Lq, B·H), boxes as `q`'s.
     pub dout: TensorMap,
 }
 

@@ -140,7 +140,7 @@ impl Kernel {
             (Kernel::ForwardWgmma, _) => 197_632,
             (Kernel::ForwardTma, _) => 164_936,
             (Kernel::DqDkDvWgmma, _) => 217_600,
-            (Kernel::DqDkDvTma, 64) => 137_256,
+            (Kernel::DqDkDvTma, 64) => 203_816,
             (Kernel::DqDkDvTma, _) => 200_744,
             _ => 0,
         }
@@ -151,6 +151,16 @@ impl Kernel {
         match self {
             Kernel::DqDkDvWgmma | Kernel::DqDkDvTma => 128,
             _ => 64,
+        }
+    }
+
+    /// Query rows per step of the TMA backward main kernel, which are the rows of its q and
+    /// dO tensor maps' boxes: FlashAttention-3's 128 at D = 64, 64 at D = 128.
+    pub(super) fn tma_bwd_query_rows(d: usize) -> u32 {
+        if d == 64 {
+            128
+        } else {
+            64
         }
     }
 
@@ -452,7 +462,8 @@ impl Launch {
     ///
     /// As [`Launch::launch`], for `params.p` (a backward call's pointers); and the tensor
     /// maps of `params` describe q, k, v and dO of that call as [`tensor_map`] makes them
-    /// (64-row boxes for q and dO, 128-row ones for k and v; the kernel reads the tensors
+    /// (boxes of [`Kernel::tma_bwd_query_rows`] rows for q and dO, 128-row ones for k and
+    /// v; the kernel reads the tensors
     /// through them).
     pub(super) unsafe fn launch_tma_bwd(
         &self,
@@ -577,6 +588,10 @@ mod tests {
             assert_eq!(
                 k.keys_per_block(d),
                 asserted(TMA_BWD_MODULE, cfg, "BC") as usize
+            );
+            assert_eq!(
+                Kernel::tma_bwd_query_rows(d),
+                asserted(TMA_BWD_MODULE, cfg, "BR")
             );
         }
         let program =

@@ -39,7 +39,8 @@
 //! compute capability 9.0 the main kernel is `flash_bwd_tma_d{64,128}_*` of
 //! `attention_tma_bwd.cu` (the setting `attn_bwd_tma`, on by default; `RTX_ATTN_BWD_TMA=0`
 //! turns it off): wgmma GEMMs fed by a producer warpgroup (bulk tensor copies of Q and dO
-//! through tensor maps with 64-row boxes, K and V with 128-row ones), with the forward's
+//! through tensor maps, K and V in boxes of 128 rows, Q and dO of a step's query rows: 128
+//! at D = 64, FlashAttention-3's block, 64 at D = 128), with the forward's
 //! fallback rules (maps refused: the kernel the setting off would run, for that call;
 //! failed to load: that kernel on that stream from then on). With the setting off, or
 //! where that kernel is unavailable, D = 128 on 9.0 runs `flash_bwd_wgmma_d128_*` of
@@ -291,12 +292,13 @@ fn backward_t<T: Element>(
             None => unsafe { main.launch(stream, main_grid, &params) }?,
             Some(stand_in) => {
                 let dt = T::DTYPE;
+                let qrows = Kernel::tma_bwd_query_rows(d);
                 let maps = (|| {
                     Ok::<_, String>((
-                        tensor_map(qp, dt, d, p.lq, p.b * p.h, 64)?,
+                        tensor_map(qp, dt, d, p.lq, p.b * p.h, qrows)?,
                         tensor_map(kp, dt, d, p.lk, p.b * p.h_kv, 128)?,
                         tensor_map(vp, dt, d, p.lk, p.b * p.h_kv, 128)?,
-                        tensor_map(dop, dt, d, p.lq, p.b * p.h, 64)?,
+                        tensor_map(dop, dt, d, p.lq, p.b * p.h, qrows)?,
                     ))
                 })();
                 match maps {
@@ -309,8 +311,9 @@ fn backward_t<T: Element>(
                             dout,
                         };
                         // SAFETY: as above, and the maps are those of q, k, v and dO
-                        // made by `tensor_map` for these pointers and shapes (64-row
-                        // boxes for q and dO, 128-row ones for k and v), for the TMA
+                        // made by `tensor_map` for these pointers and shapes (boxes of
+                        // the kernel's query rows per step for q and dO, 128-row ones
+                        // for k and v), for the TMA
                         // kernel `main` is; its grid covers Lk in blocks of its 128 keys.
                         unsafe { main.launch_tma_bwd(stream, main_grid, &tp) }?;
                         TMA_BWD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
