@@ -25,6 +25,18 @@ pub fn tma_backward_launches() -> u64 {
     cuda::TMA_BWD_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// How many times this process launched the TMA forward (`flash_fwd_tma_d*`, for calls
+/// with a mask) and its build without the mask's loads (`flash_fwd_tma_nm_d*`, for calls
+/// without one): for tests that must know which ran. Not a stable API.
+#[doc(hidden)]
+pub fn tma_forward_launches() -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (
+        cuda::TMA_FWD_LAUNCHES[0].load(Relaxed),
+        cuda::TMA_FWD_LAUNCHES[1].load(Relaxed),
+    )
+}
+
 use rtx_runtime::{
     BackendCx, Buffer, Cost, DType, Device, Element, Error, ExecCx, Op, Plan, PlanCx, Result,
     Tensor, TensorSpec,

@@ -143,3 +143,38 @@ fn tma_backward_matches_wgmma_bitwise_cuda() {
         },
     );
 }
+
+/// The TMA forward at D = 128 (compute capability 9.0): calls without a mask run its build
+/// without the mask's loads (`flash_fwd_tma_nm_*`), calls with one the masked build; both
+/// against the f64 reference over the grid (every mask kind, causal and not, lengths off
+/// the 128-row and 128-key tiles, GQA). CUDA only.
+#[test]
+fn tma_forward_masked_and_maskless_cuda() {
+    for_each_cuda_with(
+        |b| b.attn_wgmma(true),
+        "tma-fwd",
+        |rt, label| {
+            let (masked, maskless) = rtx_ops::attention::tma_forward_launches();
+            for dims in [(1, 2, 2, 17, 17), (2, 4, 2, 77, 200), (1, 2, 2, 1000, 1000)] {
+                let cases: Vec<Case> = grid(dtypes(rt), dims)
+                    .into_iter()
+                    .filter(|c| c.d == 128)
+                    .collect();
+                run_all(rt, label, &cases);
+            }
+            let hopper = rt
+                .info()
+                .devices
+                .iter()
+                .any(|d| d.compute_capability == Some((9, 0)));
+            if hopper {
+                let (m, nm) = rtx_ops::attention::tma_forward_launches();
+                assert!(
+                    m > masked,
+                    "{label}: flash_fwd_tma never launched for a masked call"
+                );
+                assert!(nm > maskless, "{label}: flash_fwd_tma_nm never launched");
+            }
+        },
+    );
+}

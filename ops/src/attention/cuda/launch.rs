@@ -74,6 +74,10 @@ pub(super) enum Kernel {
     /// The sm_90a backward main kernel of `attention_tma_bwd.cu`: the wgmma one's GEMMs
     /// fed by a producer warpgroup (D = 64 and 128; takes a [`FlashTmaBwdParams`]).
     DqDkDvTma,
+    /// [`Kernel::ForwardTma`] built without the additive mask's loads
+    /// (`flash_fwd_tma_nm_*`: fewer registers, no spill), for calls without a mask; the
+    /// kernel ignores `mask`, so [`Launch::launch_tma`] refuses it a call with one.
+    ForwardTmaNoMask,
 }
 
 impl Kernel {
@@ -87,6 +91,7 @@ impl Kernel {
             Kernel::ForwardTma => "flash_fwd_tma",
             Kernel::DqDkDvWgmma => "flash_bwd_wgmma",
             Kernel::DqDkDvTma => "flash_bwd_tma",
+            Kernel::ForwardTmaNoMask => "flash_fwd_tma_nm",
         }
     }
 
@@ -99,7 +104,7 @@ impl Kernel {
     fn module(self) -> &'static str {
         match self {
             Kernel::ForwardWgmma => WGMMA_MODULE,
-            Kernel::ForwardTma => TMA_MODULE,
+            Kernel::ForwardTma | Kernel::ForwardTmaNoMask => TMA_MODULE,
             Kernel::DqDkDvWgmma => WGMMA_BWD_MODULE,
             Kernel::DqDkDvTma => TMA_BWD_MODULE,
             _ => MODULE,
@@ -109,7 +114,10 @@ impl Kernel {
     /// The op that launches it (for errors).
     fn op(self) -> &'static str {
         match self {
-            Kernel::Forward | Kernel::ForwardWgmma | Kernel::ForwardTma => FWD,
+            Kernel::Forward
+            | Kernel::ForwardWgmma
+            | Kernel::ForwardTma
+            | Kernel::ForwardTmaNoMask => FWD,
             _ => BWD,
         }
     }
@@ -123,7 +131,7 @@ impl Kernel {
     /// wgmma kernels have 2 warpgroups of 128 threads, the TMA kernels 3).
     fn threads(self, d: usize) -> u32 {
         match (self, d) {
-            (Kernel::ForwardTma | Kernel::DqDkDvTma, _) => 384,
+            (Kernel::ForwardTma | Kernel::ForwardTmaNoMask | Kernel::DqDkDvTma, _) => 384,
             (Kernel::DqDkDv, _) | (Kernel::Forward, 64) => 128,
             _ => 256,
         }
@@ -138,7 +146,7 @@ impl Kernel {
             (Kernel::DqDkDv, _) => 70_144,
             (Kernel::ForwardWgmma, 64) => 50_176,
             (Kernel::ForwardWgmma, _) => 197_632,
-            (Kernel::ForwardTma, _) => 164_936,
+            (Kernel::ForwardTma | Kernel::ForwardTmaNoMask, _) => 164_936,
             (Kernel::DqDkDvWgmma, _) => 217_600,
             (Kernel::DqDkDvTma, 64) => 203_816,
             (Kernel::DqDkDvTma, _) => 200_744,
@@ -192,11 +200,22 @@ pub(super) struct AttnState {
     wgmma_failed: HashSet<Kernel>,
 }
 
-/// The forward for head dim `d` on compute capability 9.0: for D = 128 the TMA kernel,
-/// else (or where that one is unavailable) the wgmma kernel; elsewhere the `mma.sync`
-/// one (see [`hopper_or`]).
-pub(super) fn forward_function(scx: &mut StreamCx, d: usize, dtype: DType) -> Result<Launch> {
+/// The forward for head dim `d` on compute capability 9.0: for D = 128 the TMA kernel
+/// (its build without the mask's loads for a call without a mask, `masked` false), else
+/// (or where that one is unavailable) the wgmma kernel; elsewhere the `mma.sync` one (see
+/// [`hopper_or`]).
+pub(super) fn forward_function(
+    scx: &mut StreamCx,
+    d: usize,
+    dtype: DType,
+    masked: bool,
+) -> Result<Launch> {
     if d == 128 {
+        if !masked {
+            if let Some(f) = hopper(scx, Kernel::ForwardTmaNoMask, d, dtype)? {
+                return Ok(f);
+            }
+        }
         if let Some(f) = hopper(scx, Kernel::ForwardTma, d, dtype)? {
             return Ok(f);
         }
@@ -414,7 +433,10 @@ impl Launch {
         grid: (u32, u32, u32),
         params: &FlashParams,
     ) -> Result<()> {
-        if matches!(self.kernel, Kernel::ForwardTma | Kernel::DqDkDvTma) {
+        if matches!(
+            self.kernel,
+            Kernel::ForwardTma | Kernel::ForwardTmaNoMask | Kernel::DqDkDvTma
+        ) {
             return Err(Error::invalid(
                 self.kernel.op(),
                 format!(
@@ -442,7 +464,7 @@ impl Launch {
         grid: (u32, u32, u32),
         params: &FlashTmaParams,
     ) -> Result<()> {
-        if self.kernel != Kernel::ForwardTma {
+        if !matches!(self.kernel, Kernel::ForwardTma | Kernel::ForwardTmaNoMask) {
             return Err(Error::invalid(
                 self.kernel.op(),
                 format!(
@@ -451,8 +473,18 @@ impl Launch {
                 ),
             ));
         }
-        // SAFETY: flash_fwd_tma_d128_* takes exactly one `FlashTmaParams` by value; the
-        // pointers and maps are valid per this function's contract.
+        if self.kernel == Kernel::ForwardTmaNoMask && params.p.mask != 0 {
+            return Err(Error::invalid(
+                self.kernel.op(),
+                format!(
+                    "{} ignores the mask: a call with one takes flash_fwd_tma",
+                    self.kernel.name()
+                ),
+            ));
+        }
+        // SAFETY: flash_fwd_tma_d128_* and flash_fwd_tma_nm_d128_* take exactly one
+        // `FlashTmaParams` by value; the pointers and maps are valid per this function's
+        // contract (and a call with a mask does not reach the kernel that ignores it).
         unsafe { self.enqueue(stream, grid, params) }
     }
 
@@ -558,6 +590,24 @@ mod tests {
         assert_eq!(k.module(), TMA_MODULE);
         let program = rtx_kernels::source(TMA_MODULE).expect("attention_tma.cu is built in");
         assert!(program.arch_specific());
+        // The mask-less build: the same launch, compiled by default.
+        let nm = Kernel::ForwardTmaNoMask;
+        assert_eq!(
+            (
+                nm.smem(128),
+                nm.threads(128),
+                nm.rows_per_block(128),
+                nm.module()
+            ),
+            (
+                k.smem(128),
+                k.threads(128),
+                k.rows_per_block(128),
+                k.module()
+            )
+        );
+        assert!(program.source.contains("#define ATTN_TMA_NOMASK 1"));
+        assert!(program.source.contains("flash_fwd_tma_nm_d128_bf16"));
         let program = rtx_kernels::source(WGMMA_MODULE).expect("attention_wgmma.cu is built in");
         assert!(program.arch_specific());
         assert_eq!(Kernel::ForwardWgmma.module(), WGMMA_MODULE);

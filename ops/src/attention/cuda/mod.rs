@@ -26,7 +26,9 @@
 //! For D = 128 on 9.0 the forward is `flash_fwd_tma_d128_*` of `attention_tma.cu`:
 //! FlashAttention-3's block (a producer warpgroup loading Q, K and V tiles with bulk
 //! tensor copies, two consumer warpgroups in ping-pong, stages handed over by mbarriers),
-//! 1.13-1.22× the wgmma kernel on the H200 (`benches/RESULTS.md`, "Attention"). It reads
+//! 1.13-1.22× the wgmma kernel on the H200 (`benches/RESULTS.md`, "Attention"); a call
+//! without a mask takes its build without the mask's loads, `flash_fwd_tma_nm_d128_*`
+//! (fewer registers: the masked build spills 24 bytes, this one none). It reads
 //! q, k and v through tensor maps made on the host per call (`cuTensorMapEncodeTiled`);
 //! a call whose maps the driver refuses runs the wgmma forward instead (or, where that
 //! one is unavailable too, the `mma.sync` one), and a stream where the TMA kernel fails
@@ -69,6 +71,12 @@ use crate::kernels;
 /// `crate::attention::tma_backward_launches`).
 pub(super) static TMA_BWD_LAUNCHES: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(0);
+/// Launches of the TMA forward in this process: the masked build, the mask-less one (see
+/// `crate::attention::tma_forward_launches`).
+pub(super) static TMA_FWD_LAUNCHES: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
 
 /// Set once a call's tensor maps were refused (the warning is logged once per process).
 static MAPS_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -101,11 +109,13 @@ fn forward_t<T: Element>(
     mask: Option<&Buffer>,
 ) -> Result<(Buffer, Buffer)> {
     let p = &g.p;
-    let f = forward_function(scx, p.d, T::DTYPE)?;
+    let f = forward_function(scx, p.d, T::DTYPE, mask.is_some())?;
     // The TMA kernel's stand-in for a call whose tensor maps the driver refuses (taken
     // here, before the stream is borrowed; its own failure fails only such a call).
     let stand_in = match f.kernel {
-        Kernel::ForwardTma => Some(wgmma_forward_function(scx, p.d, T::DTYPE)),
+        Kernel::ForwardTma | Kernel::ForwardTmaNoMask => {
+            Some(wgmma_forward_function(scx, p.d, T::DTYPE))
+        }
         _ => None,
     };
     let mut o = kernels::alloc_out::<T>(scx, p.q_len())?;
@@ -154,6 +164,8 @@ fn forward_t<T: Element>(
                     let tp = FlashTmaParams { p: params, q, k, v };
                     // SAFETY: the buffers above and their maps, for the TMA kernel `f` is.
                     unsafe { f.launch_tma(stream, grid, &tp) }?;
+                    let nm = (f.kernel == Kernel::ForwardTmaNoMask) as usize;
+                    TMA_FWD_LAUNCHES[nm].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 Err(e) => {
                     let w = stand_in?;
