@@ -74,10 +74,10 @@ VARIANTS = [
     # 3 K stages, or 3 K and 3 V, 3-9 % slower; D64 slower than wg at L = 1024 (the kernel's
     # comment); 176-key tiles (FlashAttention-3's non-causal tile) spill 788 B, not built.
     ("tma", {}, (128,), "TMA: producer WG + 2 consumer WG x 64 rows, 128 keys, 2 K + 2 V stages"),
-    ("tma64", {"ATTN_TMA_D64": 1}, (64, 128), "TMA, also D64 (not adopted)"),
+    ("tma64", {"ATTN_TMA_D64_WG": 2}, (64, 128), "TMA, D64 with 2 consumer WG x 64 rows (not adopted)"),
     ("tmanm", {"ATTN_TMA_NOMASK": 1}, (128,), "D128 TMA, calls without a mask on kernels without the mask's "
                                                "loads (no consumer spill)"),
-    ("tma64w3", {"ATTN_TMA_D64": 1, "ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1}, (64,),
+    ("tma64w3", {"ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1}, (64,),
      "D64 TMA with 3 consumer WG x 64 rows (FA-3's D64 block), mask-less calls on the nm kernels "
      "(160 registers; the masked kernel spills)"),
     ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
@@ -102,16 +102,16 @@ assert wg_cfg({}, 128) == (256, 197632, 128) and wg_cfg({}, 64) == (256, 50176, 
 
 def tma_cfg(defs, D=128):
     """(threads, dynamic smem bytes, query rows per block) of flash_fwd_tma_d{D}_* (the launch
-    documented above the kernel in attention_tma.cu): 2 consumer warpgroups, or 3 for D = 64
-    with ATTN_TMA_D64_WG=3."""
+    documented above the kernel in attention_tma.cu): 2 consumer warpgroups, and 3 for D = 64
+    unless built with ATTN_TMA_D64_WG=2."""
     ks, vs = int(defs.get("ATTN_TMA_KS", 2)), int(defs.get("ATTN_TMA_VS", 2))
-    nwg = int(defs.get("ATTN_TMA_D64_WG", 2)) if D == 64 else 2
+    nwg = int(defs.get("ATTN_TMA_D64_WG", 3)) if D == 64 else 2
     br = 64 * nwg
     return 128 * (nwg + 1), 1024 + br * D * 2 + (ks + vs) * 128 * D * 2 + 8 * (1 + 2 * ks + 2 * vs), br
 
 
-assert tma_cfg({})[1] == 164936 and tma_cfg({}, 64)[1] == 83016
-assert tma_cfg({"ATTN_TMA_D64_WG": 3}, 64) == (512, 91208, 192)
+assert tma_cfg({})[1] == 164936 and tma_cfg({"ATTN_TMA_D64_WG": 2}, 64)[1] == 83016
+assert tma_cfg({}, 64) == (512, 91208, 192)
 
 
 class TensorMaps:

@@ -1,6 +1,7 @@
-// attention_tma.cu — FlashAttention-3-style forward for Hopper (sm_90a), f16 and bf16, head dim
-// 128: flash_fwd_tma_d128_{T}, rtx's forward for D = 128 on compute capability 9.0 (the wgmma
-// kernel of attention_wgmma.cu is its fallback). Same semantics as flash_fwd_* of attention.cu;
+// attention_tma.cu — FlashAttention-3-style forward for Hopper (sm_90a), f16 and bf16:
+// flash_fwd_tma_d128_{T} and, for calls without a mask, flash_fwd_tma_nm_d{64,128}_{T} (D = 64
+// with 3 consumer warpgroups), rtx's forwards on compute capability 9.0 (the wgmma kernels of
+// attention_wgmma.cu are their fallback, and run D = 64 calls with a mask). Same semantics as flash_fwd_* of attention.cu;
 // its argument is a `struct FlashTmaParams` (below) and its launch is documented above its body.
 // The per-tile steps of its consumer warpgroups are attention_wgmma_fwd.cuh's.
 //
@@ -36,9 +37,9 @@
 // argument `const FlashTmaParams` by value: the FlashParams (pointers for o, lse, mask) and the
 // tensor maps of q, k, v: 3-D (D, L, B * heads), 16-bit elements, box (64, 128, 1),
 // CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero fill out of bounds (rows past L read 0).
-// (The compile-time D = 64 variant with 3 consumer warpgroups, ATTN_TMA_D64_WG=3 below: grid
-// (ceil(Lq / 192), H, B), block (512, 1, 1), 384 consumer arrivals per empty barrier, and q's
-// map with 64-row boxes.)
+// D = 64 (flash_fwd_tma_nm_d64_*, 3 consumer warpgroups, ATTN_TMA_D64_WG below): grid
+// (ceil(Lq / 192), H, B), block (512, 1, 1), 384 consumer arrivals per empty barrier, q's map
+// with 64-row boxes, dynamic smem 91208 bytes (the formula above with 192 rows of Q).
 struct __align__(64) FlashTmaParams {
     FlashParams p;
     TmaMap q, k, v;
@@ -52,7 +53,7 @@ static_assert(sizeof(FlashTmaParams) == 576 && alignof(FlashTmaParams) == 64 && 
 #define ATTN_TMA_KS 2  // K stages
 #endif
 #ifndef ATTN_TMA_D64
-#define ATTN_TMA_D64 0  // 1: also flash_fwd_tma_d64_* (see the kernels at the bottom)
+#define ATTN_TMA_D64 1  // 1: also flash_fwd_tma_nm_d64_* (and flash_fwd_tma_d64_*: the kernels at the bottom)
 #endif
 #ifndef ATTN_TMA_VS
 #define ATTN_TMA_VS 2  // V stages
@@ -315,7 +316,7 @@ extern __shared__ __align__(1024) unsigned char attn_tma_smem[];
 // FlashAttention-3's block for D = 64), whose q tensor map has 64-row boxes (3 copies per
 // panel; the others 128-row ones).
 #ifndef ATTN_TMA_D64_WG
-#define ATTN_TMA_D64_WG 2
+#define ATTN_TMA_D64_WG 3
 #endif
 typedef WgFwdCfg<128, 128, 2, true, true, 1> AttnTmaCfgD128;
 typedef WgFwdCfg<64, 128, ATTN_TMA_D64_WG, true, true, 1> AttnTmaCfgD64;
@@ -333,14 +334,15 @@ typedef AttnTmaLaunch<AttnTmaCfgD64> AttnTmaLaunchD64;
 static_assert(AttnTmaLaunchD128::SMEM_BYTES == 164936 && AttnTmaLaunchD128::NTHREADS == 384 &&
                   AttnTmaLaunchD128::BR == 128,
               "documented (tma fwd d128)");
-#if ATTN_TMA_D64_WG == 2
-static_assert(AttnTmaLaunchD64::SMEM_BYTES == 83016 && AttnTmaLaunchD64::NTHREADS == 384 &&
-                  AttnTmaLaunchD64::BR == 128,
-              "documented (tma fwd d64)");
-#else
+// (the default's assert first: ops/src/attention/cuda/launch.rs reads the first of each)
+#if ATTN_TMA_D64_WG == 3
 static_assert(AttnTmaLaunchD64::SMEM_BYTES == 91208 && AttnTmaLaunchD64::NTHREADS == 512 &&
                   AttnTmaLaunchD64::BR == 192,
               "documented (tma fwd d64, 3 consumer warpgroups)");
+#else
+static_assert(AttnTmaLaunchD64::SMEM_BYTES == 83016 && AttnTmaLaunchD64::NTHREADS == 384 &&
+                  AttnTmaLaunchD64::BR == 128,
+              "documented (tma fwd d64)");
 #endif
 #endif
 #define ATTN_TMA_FWD_KERNEL(NAME, TR, CFG, HAS_MASK)                                                    \
@@ -363,11 +365,19 @@ ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d128_f16, AttnF16, AttnTmaCfgD128, false)
 ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d128_bf16, AttnBF16, AttnTmaCfgD128, false)
 #endif
 #if ATTN_TMA_D64
-// D = 64 (off by default): on the H200 (attention_wgmma_check.py, 2026-12-04) against
-// flash_fwd_wgmma_d64_* 311 / 402 / 423 TFLOP/s at L = 1024 / 4096 / 16384 against 335 / 393 /
-// 401 (causal 230 / 356 / 421 against 281 / 357 / 387): slower on short sequences, not adopted.
+// D = 64: with 3 consumer warpgroups (the default) the mask-less build alone, since the
+// masked one spills at 160 registers (calls with a mask take the wgmma forward;
+// ATTN_TMA_D64_MASKED=1 builds it for the check); with 2 (ATTN_TMA_D64_WG=2) the masked build
+// too. With 2, on the H200 (attention_wgmma_check.py,
+// 2026-12-04) against flash_fwd_wgmma_d64_* 311 / 402 / 423 TFLOP/s at L = 1024 / 4096 / 16384
+// against 335 / 393 / 401 (causal 230 / 356 / 421 against 281 / 357 / 387).
+#ifndef ATTN_TMA_D64_MASKED
+#define ATTN_TMA_D64_MASKED 0
+#endif
+#if ATTN_TMA_D64_WG == 2 || ATTN_TMA_D64_MASKED
 ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_f16, AttnF16, AttnTmaCfgD64, true)
 ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_bf16, AttnBF16, AttnTmaCfgD64, true)
+#endif
 #if ATTN_TMA_NOMASK
 ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d64_f16, AttnF16, AttnTmaCfgD64, false)
 ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d64_bf16, AttnBF16, AttnTmaCfgD64, false)

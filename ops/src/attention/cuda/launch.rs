@@ -22,7 +22,8 @@ use crate::kernels::{self, launch_error};
 const MODULE: &str = "attention";
 /// The Hopper (sm_90a) forward.
 const WGMMA_MODULE: &str = "attention_wgmma";
-/// The Hopper (sm_90a) forward with a producer warpgroup and bulk tensor copies (D = 128).
+/// The Hopper (sm_90a) forward with a producer warpgroup and bulk tensor copies (D = 128;
+/// D = 64 for calls without a mask).
 const TMA_MODULE: &str = "attention_tma";
 /// The Hopper (sm_90a) backward main kernel (D = 128).
 const WGMMA_BWD_MODULE: &str = "attention_wgmma_bwd";
@@ -75,8 +76,9 @@ pub(super) enum Kernel {
     /// fed by a producer warpgroup (D = 64 and 128; takes a [`FlashTmaBwdParams`]).
     DqDkDvTma,
     /// [`Kernel::ForwardTma`] built without the additive mask's loads
-    /// (`flash_fwd_tma_nm_*`: fewer registers, no spill), for calls without a mask; the
-    /// kernel ignores `mask`, so [`Launch::launch_tma`] refuses it a call with one.
+    /// (`flash_fwd_tma_nm_*`: fewer registers, no spill), for calls without a mask, D = 128
+    /// and D = 64 (3 consumer warpgroups, 192 rows per block); the kernel ignores `mask`,
+    /// so [`Launch::launch_tma`] refuses it a call with one.
     ForwardTmaNoMask,
 }
 
@@ -131,6 +133,7 @@ impl Kernel {
     /// wgmma kernels have 2 warpgroups of 128 threads, the TMA kernels 3).
     fn threads(self, d: usize) -> u32 {
         match (self, d) {
+            (Kernel::ForwardTmaNoMask, 64) => 512,
             (Kernel::ForwardTma | Kernel::ForwardTmaNoMask | Kernel::DqDkDvTma, _) => 384,
             (Kernel::DqDkDv, _) | (Kernel::Forward, 64) => 128,
             _ => 256,
@@ -146,6 +149,7 @@ impl Kernel {
             (Kernel::DqDkDv, _) => 70_144,
             (Kernel::ForwardWgmma, 64) => 50_176,
             (Kernel::ForwardWgmma, _) => 197_632,
+            (Kernel::ForwardTmaNoMask, 64) => 91_208,
             (Kernel::ForwardTma | Kernel::ForwardTmaNoMask, _) => 164_936,
             (Kernel::DqDkDvWgmma, _) => 217_600,
             (Kernel::DqDkDvTma, 64) => 203_816,
@@ -172,11 +176,24 @@ impl Kernel {
         }
     }
 
-    /// Query rows per block of a forward (its grid is `ceil(Lq / rows)` x H x B): 128 for
-    /// both forwards and head dims, kept separate from the kernel so that a tile change in
-    /// a `.cu` file meets the test below.
-    pub(super) fn rows_per_block(self, _d: usize) -> usize {
-        128
+    /// Query rows per block of a forward (its grid is `ceil(Lq / rows)` x H x B): 192 for
+    /// the mask-less TMA forward at D = 64 (3 consumer warpgroups), else 128, kept
+    /// separate from the kernel so that a tile change in a `.cu` file meets the test below.
+    pub(super) fn rows_per_block(self, d: usize) -> usize {
+        match (self, d) {
+            (Kernel::ForwardTmaNoMask, 64) => 192,
+            _ => 128,
+        }
+    }
+
+    /// Rows of the TMA forward's q tensor map box: 64 at D = 64 (three copies per
+    /// 192-row block), else 128.
+    pub(super) fn tma_fwd_q_rows(d: usize) -> u32 {
+        if d == 64 {
+            64
+        } else {
+            128
+        }
     }
 
     fn config(self, d: usize, grid: (u32, u32, u32)) -> LaunchConfig {
@@ -200,22 +217,22 @@ pub(super) struct AttnState {
     wgmma_failed: HashSet<Kernel>,
 }
 
-/// The forward for head dim `d` on compute capability 9.0: for D = 128 the TMA kernel
-/// (its build without the mask's loads for a call without a mask, `masked` false), else
-/// (or where that one is unavailable) the wgmma kernel; elsewhere the `mma.sync` one (see
-/// [`hopper_or`]).
+/// The forward for head dim `d` on compute capability 9.0: the TMA kernel's build without
+/// the mask's loads for a call without a mask (`masked` false; D = 64 and 128), the masked
+/// TMA kernel for D = 128, else (or where those are unavailable) the wgmma kernel;
+/// elsewhere the `mma.sync` one (see [`hopper_or`]).
 pub(super) fn forward_function(
     scx: &mut StreamCx,
     d: usize,
     dtype: DType,
     masked: bool,
 ) -> Result<Launch> {
-    if d == 128 {
-        if !masked {
-            if let Some(f) = hopper(scx, Kernel::ForwardTmaNoMask, d, dtype)? {
-                return Ok(f);
-            }
+    if !masked {
+        if let Some(f) = hopper(scx, Kernel::ForwardTmaNoMask, d, dtype)? {
+            return Ok(f);
         }
+    }
+    if d == 128 {
         if let Some(f) = hopper(scx, Kernel::ForwardTma, d, dtype)? {
             return Ok(f);
         }
@@ -590,8 +607,17 @@ mod tests {
         assert_eq!(k.module(), TMA_MODULE);
         let program = rtx_kernels::source(TMA_MODULE).expect("attention_tma.cu is built in");
         assert!(program.arch_specific());
-        // The mask-less build: the same launch, compiled by default.
-        let nm = Kernel::ForwardTmaNoMask;
+        // The mask-less build: at D = 64 with 3 consumer warpgroups (and no masked build),
+        // at D = 128 the masked one's launch; both compiled by default.
+        let (nm, cfg) = (Kernel::ForwardTmaNoMask, "AttnTmaLaunchD64");
+        assert_eq!(nm.smem(64), asserted(TMA_MODULE, cfg, "SMEM_BYTES"));
+        assert_eq!(nm.threads(64), asserted(TMA_MODULE, cfg, "NTHREADS"));
+        assert_eq!(
+            nm.rows_per_block(64),
+            asserted(TMA_MODULE, cfg, "BR") as usize
+        );
+        assert_eq!(nm.threads(64), 512);
+        assert!(program.source.contains("flash_fwd_tma_nm_d64_bf16"));
         assert_eq!(
             (
                 nm.smem(128),

@@ -28,7 +28,11 @@
 //! tensor copies, two consumer warpgroups in ping-pong, stages handed over by mbarriers),
 //! 1.13-1.22× the wgmma kernel on the H200 (`benches/RESULTS.md`, "Attention"); a call
 //! without a mask takes its build without the mask's loads, `flash_fwd_tma_nm_d128_*`
-//! (fewer registers: the masked build spills 24 bytes, this one none). It reads
+//! (fewer registers: the masked build spills 24 bytes, this one none). For D = 64 a call
+//! without a mask runs `flash_fwd_tma_nm_d64_*` (FlashAttention-3's D = 64 block: three
+//! consumer warpgroups of 64 rows, 192 rows per block; 1.19-1.28× the wgmma forward at
+//! L ≥ 4096 on the H200), a call with one the wgmma forward (the masked build spills at
+//! the 160 registers three consumers get). The TMA kernels read
 //! q, k and v through tensor maps made on the host per call (`cuTensorMapEncodeTiled`);
 //! a call whose maps the driver refuses runs the wgmma forward instead (or, where that
 //! one is unavailable too, the `mma.sync` one), and a stream where the TMA kernel fails
@@ -144,7 +148,7 @@ fn forward_t<T: Element>(
         let maps = || {
             let dt = T::DTYPE;
             Ok::<_, String>((
-                tensor_map(qp, dt, p.d, p.lq, p.b * p.h, 128)?,
+                tensor_map(qp, dt, p.d, p.lq, p.b * p.h, Kernel::tma_fwd_q_rows(p.d))?,
                 tensor_map(kp, dt, p.d, p.lk, p.b * p.h_kv, 128)?,
                 tensor_map(vp, dt, p.d, p.lk, p.b * p.h_kv, 128)?,
             ))
