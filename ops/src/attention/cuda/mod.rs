@@ -30,7 +30,7 @@
 //! without a mask takes its build without the mask's loads, `flash_fwd_tma_nm_d128_*`
 //! (fewer registers: the masked build spills 24 bytes, this one none). For D = 64 a call
 //! without a mask runs `flash_fwd_tma_nm_d64_*` (FlashAttention-3's D = 64 block: three
-//! consumer warpgroups of 64 rows, 192 rows per block; 1.19-1.28× the wgmma forward at
+//! consumer warpgroups of 64 rows, 192 rows per block; 1.21-1.28× the wgmma forward at
 //! L ≥ 4096 on the H200), a call with one the wgmma forward (the masked build spills at
 //! the 160 registers three consumers get). The TMA kernels read
 //! q, k and v through tensor maps made on the host per call (`cuTensorMapEncodeTiled`);
