@@ -499,7 +499,7 @@ impl Launch {
                 ),
             ));
         }
-        // SAFETY: flash_fwd_tma_d128_* and flash_fwd_tma_nm_d128_* take exactly one
+        // SAFETY: flash_fwd_tma_d128_* and flash_fwd_tma_nm_d{64,128}_* take exactly one
         // `FlashTmaParams` by value; the pointers and maps are valid per this function's
         // contract (and a call with a mask does not reach the kernel that ignores it).
         unsafe { self.enqueue(stream, grid, params) }

@@ -174,7 +174,12 @@ fn forward_t<T: Element>(
                 Err(e) => {
                     let w = stand_in?;
                     maps_refused(&e, &w);
-                    // SAFETY: the buffers above; `w` is a FlashParams kernel.
+                    // Its own grid: the D = 64 TMA forward takes 192 rows a block, the
+                    // wgmma and mma.sync ones 128.
+                    let rows = w.kernel.rows_per_block(p.d);
+                    let grid = (p.lq.div_ceil(rows) as u32, p.h as u32, p.b as u32);
+                    // SAFETY: the buffers above; `w` is a FlashParams kernel, launched
+                    // over its own grid.
                     unsafe { w.launch(stream, grid, &params) }?;
                 }
             },
