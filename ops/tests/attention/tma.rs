@@ -5,6 +5,15 @@ use crate::cases::*;
 use crate::common::{download, for_each_cuda_with, rand_vec, rng, upload};
 use rtx_runtime::{bf16, f16, DType, Runtime, Tensor};
 
+/// Whether `rt` has a compute capability 9.0 device, where the TMA kernels run (elsewhere
+/// their fallbacks do).
+fn hopper(rt: &Runtime) -> bool {
+    rt.info()
+        .devices
+        .iter()
+        .any(|d| d.compute_capability == Some((9, 0)))
+}
+
 /// The TMA backward main kernel (the setting `attn_bwd_tma`, on by default; compute
 /// capability 9.0, elsewhere the setting changes nothing): the grids above (D 64 and 128),
 /// GQA and MQA, lengths off its query steps (64 rows at D = 128, 128 at D = 64) and
@@ -52,12 +61,7 @@ fn tma_backward_parity_cuda() {
             }
             // On compute capability 9.0 the TMA kernel itself ran (not its fallback after
             // a failed load or refused tensor maps).
-            let hopper = rt
-                .info()
-                .devices
-                .iter()
-                .any(|d| d.compute_capability == Some((9, 0)));
-            if hopper {
+            if hopper(rt) {
                 assert!(
                     rtx_ops::attention::tma_backward_launches() > launched,
                     "{label}: flash_bwd_tma never launched"
@@ -159,12 +163,7 @@ fn tma_forward_masked_and_maskless_cuda() {
             for dims in [(1, 2, 2, 17, 17), (2, 4, 2, 77, 200), (1, 2, 2, 1000, 1000)] {
                 run_all(rt, label, &grid(dtypes(rt), dims));
             }
-            let hopper = rt
-                .info()
-                .devices
-                .iter()
-                .any(|d| d.compute_capability == Some((9, 0)));
-            if hopper {
+            if hopper(rt) {
                 let (m, nm) = rtx_ops::attention::tma_forward_launches();
                 assert!(
                     m > masked,

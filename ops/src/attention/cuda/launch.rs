@@ -8,11 +8,11 @@
 
 use std::collections::HashSet;
 
-use cudarc::driver::sys::{self, CUfunction_attribute_enum};
+use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
-pub(crate) use rtx_kernels::launch::{FlashParams, FlashTmaBwdParams, FlashTmaParams, TensorMap};
+pub(crate) use rtx_kernels::launch::{FlashParams, FlashTmaBwdParams, FlashTmaParams};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{DType, Error, Result};
 
@@ -310,62 +310,6 @@ fn hopper(scx: &mut StreamCx, k: Kernel, d: usize, dtype: DType) -> Result<Optio
     }
 }
 
-/// The tensor map of a contiguous `[heads, l, d]` tensor of 16-bit elements at `ptr`,
-/// as the TMA kernels read it: 3-D (d, l, heads), box (64, `rows`, 1), 128-byte swizzle
-/// (the shared-memory panels of `attention_wgmma.cu`), rows past `l` read as zeros.
-/// Errors when the driver refuses it (e.g. `ptr` not 16-byte aligned).
-pub(super) fn tensor_map(
-    ptr: u64,
-    dtype: DType,
-    d: usize,
-    l: usize,
-    heads: usize,
-    rows: u32,
-) -> std::result::Result<TensorMap, String> {
-    use sys::{
-        CUtensorMapDataType as Dt, CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il,
-        CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
-    };
-    let dt = match dtype {
-        DType::F16 => Dt::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        DType::BF16 => Dt::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        other => return Err(format!("no tensor map for {other:?}")),
-    };
-    let row = d.checked_mul(2).ok_or("row bytes overflow")?;
-    let plane = row.checked_mul(l).ok_or("plane bytes overflow")?;
-    let dims: [u64; 3] = [d as u64, l as u64, heads as u64];
-    let strides: [u64; 2] = [row as u64, plane as u64];
-    let boxes: [u32; 3] = [64, rows, 1];
-    let steps: [u32; 3] = [1, 1, 1];
-    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
-    // SAFETY: every pointer argument points at a live array of the length the call reads
-    // for rank 3 (3 dims, 2 strides, 3 box sizes, 3 element strides) and `map` at room for
-    // one CUtensorMap, which the call writes whole when it succeeds (checked below). The
-    // global address is only recorded in the map, not dereferenced.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            map.as_mut_ptr(),
-            dt,
-            3,
-            ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            steps.as_ptr(),
-            Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            Sw::CU_TENSOR_MAP_SWIZZLE_128B,
-            L2::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-            Oob::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(format!("cuTensorMapEncodeTiled: {r:?}"));
-    }
-    // SAFETY: the call succeeded, so it wrote the whole map.
-    let map = unsafe { map.assume_init() };
-    Ok(TensorMap(map.opaque))
-}
-
 pub(super) fn state(scx: &mut StreamCx) -> Result<&mut AttnState> {
     scx.ext::<AttnState>(|_| Ok(AttnState::default()))
 }
@@ -473,7 +417,7 @@ impl Launch {
     /// # Safety
     ///
     /// As [`Launch::launch`], for `params.p`; and the tensor maps of `params` describe q,
-    /// k and v of that call as [`tensor_map`] makes them (the kernel reads the tensors
+    /// k and v of that call as [`super::tensor_map::tensor_map`] makes them (the kernel reads the tensors
     /// through them).
     pub(super) unsafe fn launch_tma(
         &self,
@@ -510,7 +454,7 @@ impl Launch {
     /// # Safety
     ///
     /// As [`Launch::launch`], for `params.p` (a backward call's pointers); and the tensor
-    /// maps of `params` describe q, k, v and dO of that call as [`tensor_map`] makes them
+    /// maps of `params` describe q, k, v and dO of that call as [`super::tensor_map::tensor_map`] makes them
     /// (boxes of [`Kernel::tma_bwd_query_rows`] rows for q and dO, 128-row ones for k and
     /// v; the kernel reads the tensors
     /// through them).
@@ -572,6 +516,20 @@ mod tests {
         digits.parse().expect("a number")
     }
 
+    /// `k`'s launch at head dim `d` is what `{module}.cu` asserts for `cfg`: its shared
+    /// memory, threads, and rows per block (`BR`, a forward) or keys per block (`BC`, a
+    /// backward main kernel).
+    fn assert_launch(k: Kernel, d: usize, module: &str, cfg: &str) {
+        assert_eq!(k.smem(d), asserted(module, cfg, "SMEM_BYTES"), "{cfg}");
+        assert_eq!(k.threads(d), asserted(module, cfg, "NTHREADS"), "{cfg}");
+        let blocks = if k.op() == FWD {
+            (k.rows_per_block(d), "BR")
+        } else {
+            (k.keys_per_block(d), "BC")
+        };
+        assert_eq!(blocks.0, asserted(module, cfg, blocks.1) as usize, "{cfg}");
+    }
+
     /// The documented shared memory sizes are those `attention.cu` asserts.
     #[test]
     fn smem_matches_the_kernel_asserts() {
@@ -588,34 +546,17 @@ mod tests {
     #[test]
     fn wgmma_launch_matches_the_kernel_asserts() {
         for (d, cfg) in [(64, "AttnWgCfgD64"), (128, "AttnWgCfgD128")] {
-            let k = Kernel::ForwardWgmma;
-            assert_eq!(k.smem(d), asserted(WGMMA_MODULE, cfg, "SMEM_BYTES"));
-            assert_eq!(k.threads(d), asserted(WGMMA_MODULE, cfg, "NTHREADS"));
-            assert_eq!(
-                k.rows_per_block(d),
-                asserted(WGMMA_MODULE, cfg, "BR") as usize
-            );
+            assert_launch(Kernel::ForwardWgmma, d, WGMMA_MODULE, cfg);
         }
         let k = Kernel::ForwardTma;
-        let cfg = "AttnTmaLaunchD128";
-        assert_eq!(k.smem(128), asserted(TMA_MODULE, cfg, "SMEM_BYTES"));
-        assert_eq!(k.threads(128), asserted(TMA_MODULE, cfg, "NTHREADS"));
-        assert_eq!(
-            k.rows_per_block(128),
-            asserted(TMA_MODULE, cfg, "BR") as usize
-        );
+        assert_launch(k, 128, TMA_MODULE, "AttnTmaLaunchD128");
         assert_eq!(k.module(), TMA_MODULE);
         let program = rtx_kernels::source(TMA_MODULE).expect("attention_tma.cu is built in");
         assert!(program.arch_specific());
         // The mask-less build: at D = 64 with 3 consumer warpgroups (and no masked build),
         // at D = 128 the masked one's launch; both compiled by default.
-        let (nm, cfg) = (Kernel::ForwardTmaNoMask, "AttnTmaLaunchD64");
-        assert_eq!(nm.smem(64), asserted(TMA_MODULE, cfg, "SMEM_BYTES"));
-        assert_eq!(nm.threads(64), asserted(TMA_MODULE, cfg, "NTHREADS"));
-        assert_eq!(
-            nm.rows_per_block(64),
-            asserted(TMA_MODULE, cfg, "BR") as usize
-        );
+        let nm = Kernel::ForwardTmaNoMask;
+        assert_launch(nm, 64, TMA_MODULE, "AttnTmaLaunchD64");
         assert_eq!(nm.threads(64), 512);
         assert!(program.source.contains("flash_fwd_tma_nm_d64_bf16"));
         assert_eq!(
@@ -645,13 +586,8 @@ mod tests {
     /// those programs are compiled for sm_90a.
     #[test]
     fn wgmma_backward_launch_matches_the_kernel_asserts() {
-        let (k, cfg) = (Kernel::DqDkDvWgmma, "AttnWgBwdCfgD128");
-        assert_eq!(k.smem(128), asserted(WGMMA_BWD_MODULE, cfg, "SMEM_BYTES"));
-        assert_eq!(k.threads(128), asserted(WGMMA_BWD_MODULE, cfg, "NTHREADS"));
-        assert_eq!(
-            k.keys_per_block(128),
-            asserted(WGMMA_BWD_MODULE, cfg, "BC") as usize
-        );
+        let k = Kernel::DqDkDvWgmma;
+        assert_launch(k, 128, WGMMA_BWD_MODULE, "AttnWgBwdCfgD128");
         let program =
             rtx_kernels::source(WGMMA_BWD_MODULE).expect("attention_wgmma_bwd.cu is built in");
         assert!(program.arch_specific());
@@ -659,12 +595,7 @@ mod tests {
         assert_eq!(Kernel::DqDkDv.keys_per_block(128), 64);
         let k = Kernel::DqDkDvTma;
         for (d, cfg) in [(64, "TmaBwdCfgD64"), (128, "TmaBwdCfgD128")] {
-            assert_eq!(k.smem(d), asserted(TMA_BWD_MODULE, cfg, "SMEM_BYTES"));
-            assert_eq!(k.threads(d), asserted(TMA_BWD_MODULE, cfg, "NTHREADS"));
-            assert_eq!(
-                k.keys_per_block(d),
-                asserted(TMA_BWD_MODULE, cfg, "BC") as usize
-            );
+            assert_launch(k, d, TMA_BWD_MODULE, cfg);
             assert_eq!(
                 Kernel::tma_bwd_query_rows(d),
                 asserted(TMA_BWD_MODULE, cfg, "BR")

@@ -56,6 +56,7 @@
 //! `attention.cu`'s `flash_bwd_dq_dk_dv_*` (64 keys per block).
 
 mod launch;
+mod tensor_map;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
@@ -63,10 +64,10 @@ use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
 use self::launch::{
-    backward_function, flash_params, forward_function, function, state, tensor_map,
-    wgmma_backward_function, wgmma_forward_function, FlashParams, FlashTmaBwdParams,
-    FlashTmaParams, Kernel, BWD, FWD,
+    backward_function, flash_params, forward_function, function, state, wgmma_backward_function,
+    wgmma_forward_function, FlashParams, FlashTmaBwdParams, FlashTmaParams, Kernel, BWD, FWD,
 };
+use self::tensor_map::tensor_map;
 use super::geometry::Geometry;
 use crate::gemm::device::{dptr, dptr_mut};
 use crate::kernels;
