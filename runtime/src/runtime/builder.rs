@@ -211,7 +211,7 @@ impl Builder {
     }
     /// On compute capability 9.0, run the attention backward's main kernel (head dims 64
     /// and 128) with a producer warpgroup's bulk tensor copies and mbarrier-handed stages
-    /// (default on: 1.27-1.7× as fast as the kernels it replaces on the H200; see the
+    /// (default on: 1.27-2.0× as fast as the kernels it replaces on the H200; see the
     /// [settings table](crate::settings)). `RTX_ATTN_BWD_TMA=0` turns it off.
     pub fn attn_bwd_tma(mut self, on: bool) -> Self {
         self.settings.attn_bwd_tma = on;
