@@ -80,6 +80,26 @@ VARIANTS = [
     ("tma64w3", {"ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1}, (64,),
      "D64 TMA with 3 consumer WG x 64 rows (FA-3's D64 block), mask-less calls on the nm kernels "
      "(160 registers; the masked kernel spills)"),
+    # The launch's grid and scheduler (attention_tma.cu, "Work tiles"; no build of their own:
+    # "launch_cubin" names the CUBIN, "launch_*" keys are not -D defines): tmanm / tma64w3 above
+    # launch a block per work tile; "launch_persist" 1 gives calls without causal masking at most
+    # one block per SM, 2 every call; "launch_sched" 1 hands the tiles out by the kernel's atomic
+    # counter (the launcher's way), else each block takes every grid-th; "launch_blocks" caps the
+    # grid lower still, so that the check's small cases run several work tiles per block.
+    ("tmad", {"launch_cubin": "tmanm", "ATTN_TMA_NOMASK": 1, "launch_persist": 2, "launch_sched": 1}, (128,),
+     "tmanm on the launcher's grid: one block per SM, tiles handed out by the counter"),
+    ("tmap", {"launch_cubin": "tmanm", "ATTN_TMA_NOMASK": 1, "launch_persist": 1}, (128,),
+     "tmanm, one block per SM without causal masking, every grid-th tile (no counter)"),
+    ("tmad5", {"launch_cubin": "tmanm", "ATTN_TMA_NOMASK": 1, "launch_persist": 2, "launch_sched": 1,
+               "launch_blocks": 5}, (128,), "tmad on at most 5 blocks (several work tiles per block; for the check)"),
+    ("tmap5", {"launch_cubin": "tmanm", "ATTN_TMA_NOMASK": 1, "launch_persist": 2, "launch_blocks": 5}, (128,),
+     "tmap (every call) on at most 5 blocks"),
+    ("tmam5", {"launch_cubin": "tma", "launch_persist": 2, "launch_sched": 1, "launch_blocks": 5}, (128,),
+     "the masked D128 build, counter, at most 5 blocks"),
+    ("tma64d", {"launch_cubin": "tma64w3", "launch_persist": 2, "launch_sched": 1, "ATTN_TMA_D64_WG": 3,
+                "ATTN_TMA_NOMASK": 1}, (64,), "tma64w3 on the launcher's grid (one block per SM, the counter)"),
+    ("tma64d5", {"launch_cubin": "tma64w3", "launch_persist": 2, "launch_sched": 1, "launch_blocks": 5,
+                 "ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1}, (64,), "tma64d on at most 5 blocks"),
     ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
     ("tmak3v3", {"ATTN_TMA_KS": 3, "ATTN_TMA_VS": 3}, (128,), "D128 TMA with 3 K and 3 V stages"),
 ]
@@ -107,11 +127,11 @@ def tma_cfg(defs, D=128):
     ks, vs = int(defs.get("ATTN_TMA_KS", 2)), int(defs.get("ATTN_TMA_VS", 2))
     nwg = int(defs.get("ATTN_TMA_D64_WG", 3)) if D == 64 else 2
     br = 64 * nwg
-    return 128 * (nwg + 1), 1024 + br * D * 2 + (ks + vs) * 128 * D * 2 + 8 * (1 + 2 * ks + 2 * vs), br
+    return 128 * (nwg + 1), 1024 + br * D * 2 + (ks + vs) * 128 * D * 2 + 8 * (3 + 2 * ks + 2 * vs), br
 
 
-assert tma_cfg({})[1] == 164936 and tma_cfg({"ATTN_TMA_D64_WG": 2}, 64)[1] == 83016
-assert tma_cfg({}, 64) == (512, 91208, 192)
+assert tma_cfg({})[1] == 164952 and tma_cfg({"ATTN_TMA_D64_WG": 2}, 64)[1] == 83032
+assert tma_cfg({}, 64) == (512, 91224, 192)
 
 
 class TensorMaps:
@@ -177,7 +197,8 @@ def build(outdir):
     manifest = {}
     tmp = os.path.join(outdir, "tmp")
     # the tma* variants are flash_fwd_tma_* of attention_tma.cu, the others attention_wgmma.cu's
-    jobs = ([(n, "attention_tma" if n.startswith("tma") else "attention_wgmma", d) for (n, d, _, _) in VARIANTS] +
+    jobs = ([(n, "attention_tma" if n.startswith("tma") else "attention_wgmma", d) for (n, d, _, _) in VARIANTS
+             if "launch_cubin" not in d] +
             [("attention", "attention", {})] +
             [(n, "attention_tma_bwd" if n.startswith("btma") else "attention_wgmma_bwd", d)
              for (n, d, _) in BWD_VARIANTS])
@@ -238,7 +259,7 @@ def gpu_main(args):
     class Wg:
         def __init__(self, name, defs, dims):
             self.name, self.defs, self.dims = name, defs, dims
-            self.m = Mod(os.path.join(args.cubins, name + ".cubin"))
+            self.m = Mod(os.path.join(args.cubins, defs.get("launch_cubin", name) + ".cubin"))
 
         def fwd(self, p, B, H, Lq, D, dt):
             threads, smem, br = wg_cfg(self.defs, D)
@@ -247,13 +268,15 @@ def gpu_main(args):
 
     class Tma(Wg):
         maps = None
+        sched = None
 
         def fwd(self, p, B, H, Lq, D, dt):
             import numpy as np
             if Tma.maps is None:
                 Tma.maps = TensorMaps()
-            tdt = np.dtype({"names": ["p", "q", "k", "v"], "formats": [ac.PARAMS_DTYPE, "V128", "V128", "V128"],
-                            "offsets": [0, 192, 320, 448], "itemsize": 576})
+            tdt = np.dtype({"names": ["p", "sched", "q", "k", "v"],
+                            "formats": [ac.PARAMS_DTYPE, "u8", "V128", "V128", "V128"],
+                            "offsets": [0, 152, 192, 320, 448], "itemsize": 576})
             tp = np.zeros(1, dtype=tdt)
             tp["p"] = p
             pp = p[0] if getattr(p, "shape", ()) else p
@@ -264,8 +287,17 @@ def gpu_main(args):
                 tp[f] = np.frombuffer(Tma.maps.encode(pp[f], D, L, heads, bf, rows), dtype="V128")[0]
             # ATTN_TMA_NOMASK: calls without a mask take the flash_fwd_tma_nm_* kernels
             nm = "nm_" if int(self.defs.get("ATTN_TMA_NOMASK", 0)) and int(pp["mask"]) == 0 else ""
-            self.m.launch("flash_fwd_tma_%sd%d_%s" % (nm, D, dt), ((Lq + br - 1) // br, H, B), (threads, 1, 1),
-                          smem, tp)
+            # the work tiles, one block each, or fewer blocks taking several (see VARIANTS)
+            blocks = (Lq + br - 1) // br * H * B
+            persist = int(self.defs.get("launch_persist", 0))
+            if persist == 2 or (persist == 1 and not int(pp["causal"])):
+                blocks = min(blocks, torch.cuda.get_device_properties(0).multi_processor_count,
+                             int(self.defs.get("launch_blocks", 1 << 30)))
+            if int(self.defs.get("launch_sched", 0)):
+                if self.sched is None:  # [next, done], left at 0 by every launch
+                    self.sched = torch.zeros(2, dtype=torch.int32, device="cuda")
+                tp["sched"] = self.sched.data_ptr()
+            self.m.launch("flash_fwd_tma_%sd%d_%s" % (nm, D, dt), (blocks, 1, 1), (threads, 1, 1), smem, tp)
 
     class Mma:
         name, dims = "mma", (64, 128)
@@ -286,7 +318,7 @@ def gpu_main(args):
     sel = [x for x in args.variants.split(",") if x]
     builds = []
     for (name, defs, dims, note) in VARIANTS:
-        if (sel and name not in sel and name != "wg") or (args.child and name != args.child):
+        if (sel and name not in sel and (name != "wg" or args.no_wg)) or (args.child and name != args.child):
             continue
         try:
             builds.append((Tma if name.startswith("tma") else Wg)(name, defs, dims))
@@ -421,7 +453,7 @@ def gpu_main(args):
     elif args.child:
         fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
         for K in [K for K in builds if K.name == args.child]:
-            full = K.name in ("wg", "tma", "tmanm", "tma64w3") and not args.quick
+            full = K.name in ("wg", "tma", "tmanm", "tma64w3", "tmad5", "tma64d5") and not args.quick
             gen = torch.Generator(device="cuda")
             gen.manual_seed(1234)
             res, worst, t1 = [], {"o": 0.0, "lse": 0.0}, time.time()
@@ -469,7 +501,7 @@ def gpu_main(args):
             if lost:
                 break
         # determinism: the same inputs three times give bitwise the same output
-        if args.child in ("wg", "tma") and args.child in ok_names:
+        if args.child in ("wg", "tma", "tmad5", "tma64d5") and args.child in ok_names:
             K = builds[0]
             gen = torch.Generator(device="cuda")
             gen.manual_seed(99)
@@ -500,13 +532,30 @@ def gpu_main(args):
                         q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                         o = torch.empty_like(q)
                         lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
-                        sets.append((q, k, v, ac.make_params(q, k, v, o, lse, None, (0, 0, 0), causal)))
+                        # (o and lse kept with the set: the kernel writes them on every call)
+                        sets.append((q, k, v, ac.make_params(q, k, v, o, lse, None, (0, 0, 0), causal), o, lse))
                     reps = 20 if L >= 16384 else 30
                     r = {"D": D, "L": L, "B": B, "causal": causal, "tflops": {}}
+                    ref = None
                     for K in [mma] + [K for K in timed if D in K.dims]:
                         try:
                             ms = ac.time_fn([lambda s=s, K=K: K.fwd(s[3], B, H, L, D, "bf16") for s in sets], reps)
                             r["tflops"][K.name] = fl / (ms * 1e-3) / 1e12
+                            # after its timed launches, the output of one more against the first
+                            # timed kernel's (the mma.sync one: 2e-2 as the check), and the work-tile
+                            # counters back at 0
+                            s0 = sets[0]
+                            s0[4].fill_(float("nan"))
+                            K.fwd(s0[3], B, H, L, D, "bf16")
+                            torch.cuda.synchronize()
+                            if ref is None:
+                                ref = s0[4].clone()
+                            err = ac.relerr(s0[4], ref)
+                            sched = getattr(K, "sched", None)
+                            left = sched.tolist() if sched is not None else [0, 0]
+                            if not err < TOL or left != [0, 0]:
+                                print("AFTER TIMING %s: rel err %.2e against mma, counters %s" % (K.name, err, left))
+                                r["tflops"][K.name] = float("nan")
                         except Exception as e:  # noqa: BLE001
                             print("timing %s failed: %s" % (K.name, str(e)[:200]))
 
@@ -542,7 +591,7 @@ def gpu_main(args):
         with open(os.path.join(out_dir, "attention_wgmma_check.json"), "w") as f:
             json.dump(summary, f, indent=1, default=str)
         shutil.rmtree(ac._TMP, ignore_errors=True)  # cupy's scratch under $OUT
-    return 0 if "wg" in ok_names or args.no_check else 1
+    return 0 if "wg" in ok_names or args.no_check or (args.no_wg and ok_names) else 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -899,7 +948,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--variants", default="", help="comma-separated variant names ('wg' always)")
+    ap.add_argument("--variants", default="", help="comma-separated variant names ('wg' always, unless --no-wg)")
+    ap.add_argument("--no-wg", action="store_true", help="with --variants: leave out 'wg' unless named")
     ap.add_argument("--child-timeout", type=int, default=100, help="seconds for one variant's check")
     ap.add_argument("--bwd", action="store_true",
                     help="check and time the wgmma backward (attention_wgmma_bwd.cu) instead")

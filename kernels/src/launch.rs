@@ -329,15 +329,21 @@ unsafe impl cudarc::driver::DeviceRepr for FlashParams {}
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TensorMap(pub [u64; 16]);
 
-/// The argument of `flash_fwd_tma_d128_{f16,bf16}` (`attention_wgmma.cu`, struct
-/// `FlashTmaParams`): the [`FlashParams`] of the call and the tensor maps of q, k and v,
-/// each 3-D (D, L, B·heads) with box (64, 128, 1) and the 128-byte swizzle. 576 bytes,
-/// 64-aligned: `p` at 0, `q` at 192, `k` at 320, `v` at 448.
+/// The argument of the TMA forwards `flash_fwd_tma_d128_*` and `flash_fwd_tma_nm_d{64,128}_*`
+/// (`attention_tma.cu`, struct `FlashTmaParams`): the [`FlashParams`] of the call, the
+/// work-tile counters and the tensor maps of q, k and v, each 3-D (D, L, B·heads) with
+/// the 128-byte swizzle (box (64, 128, 1); q's (64, 64, 1) at D = 64). 576 bytes,
+/// 64-aligned: `p` at 0, `sched` at 152, `q` at 192, `k` at 320, `v` at 448.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FlashTmaParams {
     /// Sizes, flags and pointers (the kernel reads o, lse, mask and its strides here).
     pub p: FlashParams,
+    /// Device address of two `u32` counters, 0 at launch (the kernel leaves them at 0),
+    /// by which the blocks of a grid smaller than the work tiles claim the tiles past
+    /// their first; or 0: block x takes tiles x, x + grid, ... (`attention_tma.cu`, "Work
+    /// tiles").
+    pub sched: u64,
     /// Queries, (D, Lq, B·H).
     pub q: TensorMap,
     /// Keys, (D, Lk, B·Hkv).
@@ -349,14 +355,15 @@ pub struct FlashTmaParams {
 const _: () = assert!(std::mem::size_of::<TensorMap>() == 128);
 const _: () = assert!(std::mem::size_of::<FlashTmaParams>() == 576);
 const _: () = assert!(std::mem::align_of::<FlashTmaParams>() == 64);
+const _: () = assert!(std::mem::offset_of!(FlashTmaParams, sched) == 152);
 const _: () = assert!(std::mem::offset_of!(FlashTmaParams, q) == 192);
 const _: () = assert!(std::mem::offset_of!(FlashTmaParams, k) == 320);
 const _: () = assert!(std::mem::offset_of!(FlashTmaParams, v) == 448);
 
 // SAFETY: `FlashTmaParams` is `repr(C, align(64))` with the layout of the C struct the
 // TMA forward takes by value (576 bytes, 64-aligned, the offsets checked above; the C
-// side asserts the same size and alignment): a `FlashParams` (see its impl) and three
-// 128-byte tensor maps, plain bytes. It is plain old data, valid for any bit pattern.
+// side asserts the same size and alignment): a `FlashParams` (see its impl), a device
+// address and three 128-byte tensor maps, plain bytes. It is plain old data, valid for any bit pattern.
 unsafe impl cudarc::driver::DeviceRepr for FlashTmaParams {}
 
 /// The argument of `flash_bwd_tma_d{64,128}_{f16,bf16}` (`attention_tma_bwd.cu`, struct

@@ -174,3 +174,83 @@ fn tma_forward_masked_and_maskless_cuda() {
         },
     );
 }
+
+/// The TMA forward's persistent grid (calls without causal masking: at most one block per
+/// SM, each taking every grid-th work tile, the K / V ring and the consumers' turns running
+/// on from one tile to the next): shapes with more work tiles than the H100's and H200's
+/// 132 SMs (3 × 8 heads × 1000 rows: 192 tiles of 128 rows at D = 128, 144 of 192 at
+/// D = 64), so that some blocks take two, with and without a mask, GQA, against the f64
+/// reference, and a causal call of the same shape; then twelve launches of one call in a
+/// row, bit for bit the same (the counters by which blocks claim tiles start every launch
+/// at 0). CUDA only.
+#[test]
+fn tma_forward_persistent_grid_cuda() {
+    for_each_cuda_with(
+        |b| b.attn_wgmma(true),
+        "tma-fwd-persistent",
+        |rt, label| {
+            let (masked, maskless) = rtx_ops::attention::tma_forward_launches();
+            let dt = dtypes(rt);
+            let mut cases = Vec::new();
+            for (i, (d, causal, mask)) in [
+                (128, false, Mask::None),
+                (128, false, Mask::Plane),
+                (64, false, Mask::None),
+                (64, false, Mask::Full),
+                (128, true, Mask::None),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                cases.push(Case {
+                    dtype: dt[i % dt.len()],
+                    b: 3,
+                    h: 8,
+                    h_kv: 2,
+                    lq: 1000,
+                    lk: 1000,
+                    d,
+                    causal,
+                    mask,
+                    scale: None,
+                });
+            }
+            run_all(rt, label, &cases);
+            // Launch after launch: the work-tile counters come back to 0 each time (a claim
+            // left over would make the next launch skip tiles, leaving their rows as the
+            // allocator found them), so twelve forwards of one call give the first's bits.
+            for (d, causal) in [(128, false), (64, false), (128, true)] {
+                let (seed, mut r) = rng();
+                let dims = [3, 8, 1000, d];
+                let n: usize = dims.iter().product();
+                let [q, k, v] =
+                    [(); 3].map(|_| upload(rt, &rand_vec::<bf16>(&mut r, n, -2.0, 2.0), &dims));
+                let mut first: Option<Vec<f64>> = None;
+                for i in 0..12 {
+                    let (o, _lse) = rt
+                        .submit(rtx_ops::attention::attention(&q, &k, &v).causal(causal))
+                        .expect("submit attention")
+                        .wait()
+                        .expect("attention");
+                    let got = download::<bf16>(rt, &o);
+                    match &first {
+                        None => first = Some(got),
+                        Some(want) => assert!(
+                            got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{label} D={d} causal={causal} (seed {seed}): launch {i} differs from the first"
+                        ),
+                    }
+                }
+            }
+            if hopper(rt) {
+                let (m, nm) = rtx_ops::attention::tma_forward_launches();
+                assert!(m > masked, "{label}: flash_fwd_tma never launched");
+                assert!(
+                    nm >= maskless + 3,
+                    "{label}: flash_fwd_tma_nm launched {} times, not 3",
+                    nm - maskless
+                );
+            }
+        },
+    );
+}

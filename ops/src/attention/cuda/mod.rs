@@ -123,6 +123,11 @@ fn forward_t<T: Element>(
         }
         _ => None,
     };
+    // The TMA forward's work-tile counters (before the stream is borrowed below).
+    let sched = match stand_in {
+        Some(_) => tile_counters(scx)?,
+        None => 0,
+    };
     let mut o = kernels::alloc_out::<T>(scx, p.q_len())?;
     let mut lse = kernels::alloc_out::<f32>(scx, p.lse_len())?;
     let (q, k, v) = (q.cuda::<T>()?, k.cuda::<T>()?, v.cuda::<T>()?);
@@ -145,7 +150,15 @@ fn forward_t<T: Element>(
             ..flash_params(g)
         };
         let rows = f.kernel.rows_per_block(p.d);
-        let grid = (p.lq.div_ceil(rows) as u32, p.h as u32, p.b as u32);
+        let grid = match f.kernel {
+            Kernel::ForwardTma | Kernel::ForwardTmaNoMask => f
+                .kernel
+                .tma_forward_grid(p.d, (p.lq, p.lk, p.h, p.b), scx.sm_count())
+                .ok_or_else(|| {
+                    Error::invalid(FWD, "more query tiles than the TMA forward counts (2^31)")
+                })?,
+            _ => (p.lq.div_ceil(rows) as u32, p.h as u32, p.b as u32),
+        };
         let maps = || {
             let dt = T::DTYPE;
             Ok::<_, String>((
@@ -166,7 +179,13 @@ fn forward_t<T: Element>(
             None => unsafe { f.launch(stream, grid, &params) }?,
             Some(stand_in) => match maps() {
                 Ok((q, k, v)) => {
-                    let tp = FlashTmaParams { p: params, q, k, v };
+                    let tp = FlashTmaParams {
+                        p: params,
+                        sched,
+                        q,
+                        k,
+                        v,
+                    };
                     // SAFETY: the buffers above and their maps, for the TMA kernel `f` is.
                     unsafe { f.launch_tma(stream, grid, &tp) }?;
                     let nm = (f.kernel == Kernel::ForwardTmaNoMask) as usize;
@@ -187,6 +206,32 @@ fn forward_t<T: Element>(
         }
     }
     Ok((Buffer::from_cuda(o), Buffer::from_cuda(lse)))
+}
+
+/// This stream's work-tile counters of the TMA forward (two `u32`, [`FlashTmaParams`]'s
+/// `sched`): zeroed once when first needed (so never first inside a graph capture: the
+/// capture's eager run of the op makes them), and left at 0 by every launch. Launches on
+/// one stream run in order, so two never use them at once.
+fn tile_counters(scx: &mut StreamCx) -> Result<u64> {
+    struct TileCounters {
+        addr: u64,
+        _words: CudaSlice<u32>,
+    }
+    Ok(scx
+        .ext::<TileCounters>(|s| {
+            // Memory work on the stream: what is deferred goes first.
+            s.flush_launches();
+            let mut words = s.alloc::<u32>(2)?;
+            s.stream()
+                .memset_zeros(&mut words)
+                .map_err(|e| Error::cuda("cuMemsetD8Async", e))?;
+            let addr = kernels::device_addr(&words, s);
+            Ok(TileCounters {
+                addr,
+                _words: words,
+            })
+        })?
+        .addr)
 }
 
 /// Logs (once per process) that the driver refused a call's tensor maps (`e`) and that
