@@ -32,7 +32,8 @@ def ew(reps):
         y = torch.empty_like(a)
         vec = 16 // a.element_size()
         name = "ew_%s_%s" % (op, t.tname(dt))
-        grid = min((n + t.BLOCK * vec * 4 - 1) // (t.BLOCK * vec * 4), mod.resident(name))
+        # the launcher's grid (rtx_kernels::launch::elementwise_grid): a 16-byte vector per thread
+        grid = (n + t.BLOCK * vec - 1) // (t.BLOCK * vec)
         args = ((t.ptr(a), t.ptr(b), t.ptr(y), t.np.uint64(n)) if op == "add"
                 else (t.ptr(a), t.ptr(y), t.np.uint64(n)))
         for _ in range(reps):
