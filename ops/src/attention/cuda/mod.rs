@@ -209,9 +209,10 @@ fn forward_t<T: Element>(
 }
 
 /// This stream's work-tile counters of the TMA forward and backward (two `u32`,
-/// [`FlashTmaParams`]'s and [`FlashTmaBwdParams`]'s `sched`): zeroed once when first needed (so never first inside a graph capture: the
-/// capture's eager run of the op makes them), and left at 0 by every launch. Launches on
-/// one stream run in order, so two never use them at once.
+/// [`FlashTmaParams`]'s and [`FlashTmaBwdParams`]'s `sched`): zeroed once when first
+/// needed (so never first inside a graph capture: the capture's eager run of the op makes
+/// them), and left at 0 by every launch. Launches on one stream run in order, so two never
+/// use them at once.
 fn tile_counters(scx: &mut StreamCx) -> Result<u64> {
     struct TileCounters {
         addr: u64,
@@ -349,7 +350,16 @@ fn backward_t<T: Element>(
         let keys = main.kernel.keys_per_block(d);
         let main_grid = (p.lk.div_ceil(keys) as u32, p.h_kv as u32, p.b as u32);
         let conv_grid = ((p.q_len() / 4).div_ceil(256).clamp(1, 65_535) as u32, 1, 1);
-        let sms = scx.sm_count();
+        // The TMA kernel's grid of work tiles (before anything is enqueued).
+        let tma_grid = match main.kernel {
+            Kernel::DqDkDvTma => main
+                .kernel
+                .tma_backward_grid(d, (p.lq, p.lk, p.h_kv, p.b), scx.sm_count())
+                .ok_or_else(|| {
+                    Error::invalid(BWD, "more key tiles than the TMA backward counts (2^31)")
+                })?,
+            _ => main_grid,
+        };
         // SAFETY (all three): q, k, v, o, dO, lse and the mask are the op's inputs in
         // the shapes and dtypes validated at submit (o/dO/dq [B,H,Lq,D] and k/v/dk/dv
         // [B,Hkv,Lk,D] of T, lse [B,H,Lq] f32), kept alive by the op until completion;
@@ -389,16 +399,7 @@ fn backward_t<T: Element>(
                         // the kernel's query rows per step for q and dO, 128-row ones
                         // for k and v), for the TMA
                         // kernel `main` is, over its grid of work tiles.
-                        let grid = main
-                            .kernel
-                            .tma_backward_grid(d, (p.lq, p.lk, p.h_kv, p.b), sms)
-                            .ok_or_else(|| {
-                                Error::invalid(
-                                    BWD,
-                                    "more key tiles than the TMA backward counts (2^31)",
-                                )
-                            })?;
-                        unsafe { main.launch_tma_bwd(stream, grid, &tp) }?;
+                        unsafe { main.launch_tma_bwd(stream, tma_grid, &tp) }?;
                         TMA_BWD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     Err(e) => {
