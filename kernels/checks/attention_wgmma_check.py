@@ -165,18 +165,16 @@ class TensorMaps:
         return out
 
 
-def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16, qrows=64, sched=0):
-    """The `FlashTmaBwdParams` of flash_bwd_tma_* (attention_tma_bwd.cu: 704 bytes, the counters'
-    address `sched` at 152, q, k, v, dout maps at 192, 320, 448, 576) for the FlashParams `p` (a
-    1-element array of `params_dtype`):
+def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16, qrows=64):
+    """The `FlashTmaBwdParams` of flash_bwd_tma_* (attention_tma_bwd.cu: 704 bytes, q, k, v, dout
+    maps at 192, 320, 448, 576) for the FlashParams `p` (a 1-element array of `params_dtype`):
     q and dO maps with boxes of `qrows` rows (the kernel's query rows per step: 64 for D = 128,
     128 for D = 64 unless built with ATTN_TBW_D64_BR=64), k and v with 128-row ones."""
     import numpy as np
-    tdt = np.dtype({"names": ["p", "sched", "q", "k", "v", "dout"], "formats": [params_dtype, "u8"] + ["V128"] * 4,
-                    "offsets": [0, 152, 192, 320, 448, 576], "itemsize": 704})
+    tdt = np.dtype({"names": ["p", "q", "k", "v", "dout"], "formats": [params_dtype] + ["V128"] * 4,
+                    "offsets": [0, 192, 320, 448, 576], "itemsize": 704})
     tp = np.zeros(1, dtype=tdt)
     tp["p"] = p
-    tp["sched"] = sched
     pp = p[0] if getattr(p, "shape", ()) else p
     for f, L, heads, rows in (("q", Lq, B * H, qrows), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128),
                               ("dout", Lq, B * H, qrows)):
@@ -203,7 +201,7 @@ def build(outdir):
              if "launch_cubin" not in d] +
             [("attention", "attention", {})] +
             [(n, "attention_tma_bwd" if n.startswith("btma") else "attention_wgmma_bwd", d)
-             for (n, d, _) in BWD_VARIANTS if "launch_cubin" not in d])
+             for (n, d, _) in BWD_VARIANTS])
     for name, program, defs in jobs:
         os.makedirs(tmp, exist_ok=True)
         flags = ["--flag=-D%s=%s" % kv for kv in sorted(defs.items())]
@@ -618,11 +616,6 @@ BWD_VARIANTS = [
     # producer warpgroup (bulk tensor copies of Q and dO, mbarrier-handed stages), dQ before dK.
     ("btma", {}, "attention_tma_bwd.cu: producer warpgroup + TMA, 2 consumer WG, mbarriers, dS^T x 2"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
-    # btma's CUBIN launched on a persistent grid, one block per SM claiming work tiles from the
-    # launch's counters ("launch_*" keys are not -D defines), and on at most 5 blocks (several
-    # tiles per block, for the check)
-    ("btmad", {"launch_cubin": "btma", "launch_persist": 1}, "btma, one block per SM, tiles by the counter"),
-    ("btmad5", {"launch_cubin": "btma", "launch_persist": 1, "launch_blocks": 5}, "btmad on at most 5 blocks"),
     ("btma64", {"ATTN_TBW_D64_BR": 64}, "btma, D64 with 64 query rows per step (the earlier default; D128 as btma)"),
     ("btmac", {"ATTN_TBW_CARRY_DK": 1, "ATTN_TBW_D64_BR": 64}, "btma64, D64 carrying dK's GEMM into the next step "
                                                               "(D128 as btma)"),
@@ -651,7 +644,7 @@ def bwg_cfg(defs, name="bwg", D=128):
         bufs = 2 if st == 2 else 1
         tiles = 2 if d == 64 else 1  # dQ staging tiles (64 rows each)
         return 384, 1024 + 2 * bc * d * 2 + bufs * bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + \
-            tiles * 64 * (d + 8) * 4 + 8 * (2 + 2 * st) + 8, bc
+            tiles * 64 * (d + 8) * 4 + 8 * (1 + 2 * st), bc
     dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
     st = int(defs.get("ATTN_WGB_STAGES", 3))
     return 2 * bc, 1024 + 2 * bc * d * 2 + bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + dq, bc
@@ -659,11 +652,11 @@ def bwg_cfg(defs, name="bwg", D=128):
 
 assert bwg_cfg({}) == (256, 217600, 128) and bwg_cfg({"ATTN_WGB_DQ_BULK": 0})[1] == 182784
 assert bwg_cfg({"ATTN_WGB_STAGES": 2}) == (256, 184320, 128)
-assert bwg_cfg({}, "btma") == (384, 200760, 128)
-assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3") == (384, 217672, 128)
-assert bwg_cfg({}, "btma", 64) == (384, 203832, 128)
-assert bwg_cfg({"ATTN_TBW_D64_BR": 64}, "btma64", 64) == (384, 137272, 128)
-assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3", 64) == (384, 204872, 128)
+assert bwg_cfg({}, "btma") == (384, 200744, 128)
+assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3") == (384, 217656, 128)
+assert bwg_cfg({}, "btma", 64) == (384, 203816, 128)
+assert bwg_cfg({"ATTN_TBW_D64_BR": 64}, "btma64", 64) == (384, 137256, 128)
+assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3", 64) == (384, 204856, 128)
 
 
 def bwd_main(args):
@@ -729,25 +722,13 @@ def bwd_main(args):
     def make_main_new(name, defs):
         threads, smem, bc = bwg_cfg(defs, name)
         if name.startswith("btma"):
-            sched = []
-
             def main_tma(p, B, H, Hkv, Lq, Lk, D, dt):
                 threads, smem, bc = bwg_cfg(defs, name, D)
                 if not maps:
                     maps.append(TensorMaps())
-                # the work tiles (attention_tma_bwd.cu, "Work tiles"), a block each, or fewer blocks
-                # claiming them from the counters (see BWD_VARIANTS)
-                blocks = (Lk + bc - 1) // bc * Hkv * B
-                addr = 0
-                if int(defs.get("launch_persist", 0)):
-                    blocks = min(blocks, torch.cuda.get_device_properties(0).multi_processor_count,
-                                 int(defs.get("launch_blocks", 1 << 30)))
-                    if not sched:  # [next, done], left at 0 by every launch
-                        sched.append(torch.zeros(2, dtype=torch.int32, device="cuda"))
-                    addr = sched[0].data_ptr()
                 tp = tma_bwd_params(ac.PARAMS_DTYPE, maps[0], p, B, H, Hkv, Lq, Lk, D, dt == "bf16",
-                                    tbw_rows(defs, D), addr)
-                launch(defs.get("launch_cubin", name), "flash_bwd_tma_d%d_%s" % (D, dt), (blocks, 1, 1),
+                                    tbw_rows(defs, D))
+                launch(name, "flash_bwd_tma_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
                        (threads, 1, 1), smem, tp)
             return main_tma
 
@@ -814,7 +795,7 @@ def bwd_main(args):
     if args.child:
         (name, defs, _), = [v for v in variants if v[0] == args.child]
         bwd = bwd_with(make_main_new(name, defs))
-        full = name in ("bwg", "bwgred", "btma", "btmad5") and not args.quick
+        full = name in ("bwg", "bwgred", "btma") and not args.quick
         gen = torch.Generator(device="cuda")
         gen.manual_seed(1234)
         res, worst, lost, t1 = [], dict.fromkeys(names, 0.0), False, time.time()
@@ -859,7 +840,7 @@ def bwd_main(args):
             res_path = os.path.join(res_dir, "result_%s.json" % name)
             cmd = [sys.executable, os.path.abspath(__file__), "--bwd", "--child", name, "--cubins", args.cubins,
                    "--result", res_path] + (["--quick"] if args.quick else [])
-            limit = args.child_timeout if name in ("bwg", "bwgred", "btma", "btmad5") else max(30, args.child_timeout // 2)
+            limit = args.child_timeout if name in ("bwg", "bwgred", "btma") else max(30, args.child_timeout // 2)
             try:
                 rc = subprocess.run(cmd, timeout=limit).returncode
             except subprocess.TimeoutExpired:

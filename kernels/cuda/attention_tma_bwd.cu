@@ -48,27 +48,16 @@
 // ======================================================================================
 // Launch (kernels flash_bwd_tma_d{64,128}_{T})
 // ======================================================================================
-//   Work tiles: 128 keys of one (batch, kv head), n_work = ceil(Lk / 128) * Hkv * B of them, tile
-//   i being key block i % n_kb of (b, hk) = ((i / n_kb) / Hkv, (i / n_kb) % Hkv) (the order of a
-//   grid (n_kb, Hkv, B)); each steps over its group's query rows. Block x takes tile x first,
-//   then, with `sched` null, x + gridDim.x, ...; with `sched` (two u32 counters [next, done], 0
-//   at launch), the next unclaimed tile (gridDim.x + atomicAdd(&sched[0], 1)), claimed by the
-//   producer when it has issued the current tile's last step; the last block to run out sets the
-//   counters back to 0 (as the TMA forward's, attention_tma.cu). A block keeps its barriers and
-//   ring over its tiles: the producer loads the next tile's K and V once every GEMM of this one
-//   has completed (kv_empty) and its first steps as the ring frees, while the consumers store
-//   this tile's dK and dV. The launcher's grid: one block per SM up to 2048 query rows, a block
-//   per tile beyond (ops/src/attention/cuda/launch.rs, PERSISTENT_MAX_QUERIES).
-//   grid (G, 1, 1), 1 <= G <= n_work < 2^31, block (384, 1, 1), dynamic smem 200760 bytes for
-//   D = 128: 1024 alignment slack + K and V (2 x 128*D*2) + two dS^T tiles (2 x 128*BR*2) + 2
-//   stages of Q and dO (2 x 2 x BR*D*2) + 2 stages of lse and dsum (2 x 2 x BR*4) + the dQ
-//   staging tile (64*(D+8)*4) + 6 mbarriers + 8 bytes of tile slot, with BR = 64 query rows per
-//   step; D = 64: 203832, the same with BR = 128, 64 columns and one dQ staging tile per
-//   warpgroup. Needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
-//   (-DATTN_TBW_D64_BR=64: D = 64 takes 137272 bytes. -DATTN_TBW_STAGES=3: one dS^T tile,
-//   3 stages, 8 mbarriers: 217672 bytes for D = 128, 204872 for D = 64 (137800 with 64 rows).)
+//   grid (ceil(Lk / 128), Hkv, B), block (384, 1, 1), dynamic smem 200744 bytes for D = 128:
+//   1024 alignment slack + K and V (2 x 128*D*2) + two dS^T tiles (2 x 128*BR*2) + 2 stages of Q
+//   and dO (2 x 2 x BR*D*2) + 2 stages of lse and dsum (2 x 2 x BR*4) + the dQ staging tile
+//   (64*(D+8)*4) + 5 mbarriers, with BR = 64 query rows per step; D = 64: 203816, the same with
+//   BR = 128, 64 columns and one dQ staging tile per warpgroup. Needs
+//   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
+//   (-DATTN_TBW_D64_BR=64: D = 64 takes 137256 bytes. -DATTN_TBW_STAGES=3: one dS^T tile,
+//   3 stages, 7 mbarriers: 217656 bytes for D = 128, 204856 for D = 64 (137784 with 64 rows).)
 //   Argument: one `const FlashTmaBwdParams` by value (below): the FlashParams of
-//   flash_bwd_wgmma_d128_{T} (the same pointers, workspaces and semantics), `sched` and four tensor maps,
+//   flash_bwd_wgmma_d128_{T} (the same pointers, workspaces and semantics) and four tensor maps,
 //   each 3-D (D, L, B * heads), 16-bit elements, CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero
 //   fill out of bounds (rows past L read 0):
 //     q, dout: (D, Lq, B * H), box (64, BR, 1): (64, 64, 1) for D = 128, (64, 128, 1) for D = 64;
@@ -89,12 +78,9 @@
 
 struct __align__(64) FlashTmaBwdParams {
     FlashParams p;
-    // Nullable: two u32 counters [next, done], 0 at launch (the kernel leaves them at 0), as the
-    // TMA forward's (attention_tma.cu): see "Work tiles" above the kernel.
-    unsigned* sched;
     TmaMap q, k, v, dout;
 };
-// (152 bytes of FlashParams, sched at 152, then q, k, v, dout at 192, 320, 448, 576.)
+// (152 bytes of FlashParams, then q, k, v, dout at 192, 320, 448, 576.)
 static_assert(sizeof(FlashTmaBwdParams) == 704 && alignof(FlashTmaBwdParams) == 64, "FlashTmaBwdParams ABI");
 
 // setmaxnreg: the producer warpgroup's registers and the consumers'; they must fit the block's
@@ -144,10 +130,9 @@ struct TmaBwdCfg {
     // Every consumer warpgroup computes a dQ GEMM in every step (else they alternate).
     static constexpr bool DQ_EVERY = D == 128 || BR == 128;
     static constexpr int DQ_BYTES = (D == 64 ? 2 : 1) * DQ_TILE_BYTES;
-    static constexpr int NBARS = 2 + 2 * STAGES; // kv_full, full[STAGES], empty[STAGES], kv_empty
-    // (and 8 bytes of tile slot after the barriers)
+    static constexpr int NBARS = 1 + 2 * STAGES; // kv_full, full[STAGES], empty[STAGES]
     static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + DS_BUFS * DS_BYTES + STAGES * 2 * Q_BYTES +
-                                      STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS + 8;
+                                      STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS;
     static_assert(STAGES == 2 || STAGES == 3, "stages");
     static_assert(BR == 64 || (BR == 128 && D == 64), "query rows per step");
     static_assert(D == 64 || D == 128, "head dim");
@@ -157,18 +142,18 @@ typedef TmaBwdCfg<128> TmaBwdCfgD128;
 typedef TmaBwdCfg<64> TmaBwdCfgD64;
 // (the defaults' asserts come first: ops/src/attention/cuda/launch.rs reads the first of each)
 #if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 200760 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128 &&
+static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128 &&
                   TmaBwdCfgD128::BR == 64,
               "documented (tma bwd d128)");
-static_assert(TmaBwdCfgD64::SMEM_BYTES == 203832 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128 &&
+static_assert(TmaBwdCfgD64::SMEM_BYTES == 203816 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128 &&
                   TmaBwdCfgD64::BR == 128,
               "documented (tma bwd d64)");
 #elif ATTN_TBW_STAGES == 2
-static_assert(TmaBwdCfgD64::SMEM_BYTES == 137272 && TmaBwdCfgD64::BR == 64, "tma bwd d64 with 64-row steps");
+static_assert(TmaBwdCfgD64::SMEM_BYTES == 137256 && TmaBwdCfgD64::BR == 64, "tma bwd d64 with 64-row steps");
 #elif ATTN_TBW_D64_BR == 64
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 217672 && TmaBwdCfgD64::SMEM_BYTES == 137800, "tma bwd with 3 stages");
+static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656 && TmaBwdCfgD64::SMEM_BYTES == 137784, "tma bwd with 3 stages");
 #else
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 217672 && TmaBwdCfgD64::SMEM_BYTES == 204872,
+static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656 && TmaBwdCfgD64::SMEM_BYTES == 204856,
               "tma bwd with 3 stages, d64 with 128-row steps");
 #endif
 
@@ -202,19 +187,22 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     // warp-uniform warpgroup index (broadcast, so ptxas sees it uniform): 0 producer, 1 and 2 consumers
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
 
+    const int n_block = blockIdx.x;
+    const int hk = blockIdx.y;
+    const int b = blockIdx.z;
     const int H = p.H;
     const int G = H / p.Hkv;
     const int Lq = p.Lq;
     const int Lk = p.Lk;
-    // Work tiles: 128 keys of one (batch, kv head), tile i being key block i % n_kb of (b, hk) =
-    // ((i / n_kb) / Hkv, (i / n_kb) % Hkv) (the order of a grid (n_kb, Hkv, B)); see "Work tiles"
-    // above the kernel for who takes which.
-    const int n_kb = (Lk + BC - 1) / BC;
-    const unsigned n_work = (unsigned)n_kb * p.Hkv * p.B;  // (the launcher keeps it under 2^31)
-    const int n_m = (Lq + BR - 1) / BR;
+    const int n0 = n_block * BC;
 
-    // smem: [K][V][dS^T x DS_BUFS][Q, dO stage 0, 1 (, 2)][lse, dsum stage 0, 1 (, 2)][dQ staging]
-    //       [barriers: kv_full, full[ST], empty[ST], kv_empty][tile slot]
+    // Query steps per head of the group: causal skips those whose rows all precede n0.
+    const int m_begin = p.causal ? n0 / BR : 0;
+    const int n_m = (Lq + BR - 1) / BR;
+    const int per_head = n_m > m_begin ? n_m - m_begin : 0;
+    const int total = G * per_head;
+
+    // smem: [K][V][dS^T x DS_BUFS][Q, dO stage 0, 1 (, 2)][lse, dsum stage 0, 1 (, 2)][dQ staging][barriers]
     const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned s_k = base;
     const unsigned s_v = s_k + Cfg::KV_BYTES;
@@ -226,11 +214,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     const unsigned kv_full = bar;
     const unsigned full = bar + 8;
     const unsigned empty = full + 8 * ST;
-    const unsigned kv_empty = empty + 8 * ST;
     unsigned char* const gbase = smem + (base - smem_u32(smem));
-    // The work tile whose K and V kv_full announces (n_work or more: none left). Written again
-    // only after kv_empty of that tile, which every consumer reaches after reading it.
-    volatile unsigned* const slot = reinterpret_cast<volatile unsigned*>(gbase + (kv_empty + 8 - base));
 
     if (tid == 0) {
         mbar_init(kv_full, 1);
@@ -238,7 +222,6 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             mbar_init(full + 8 * i, 32);
             mbar_init(empty + 8 * i, 256);
         }
-        mbar_init(kv_empty, 256);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -248,98 +231,66 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ATTN_TBW_PREGS) : "memory");
         if (tid >= 32) return;
         const int lane = tid;
+        if (lane == 0) {
+            const int kh = b * p.Hkv + hk;
+            mbar_expect_tx(kv_full, 2 * Cfg::KV_BYTES);
+#pragma unroll
+            for (int pn = 0; pn < D / 64; ++pn) {
+                tma_load_3d(s_k + pn * (BC * 128), &tp.k, kv_full, 64 * pn, n0, kh);
+                tma_load_3d(s_v + pn * (BC * 128), &tp.v, kv_full, 64 * pn, n0, kh);
+            }
+        }
         const float* lse = static_cast<const float*>(p.lse);
         const float* dsum = static_cast<const float*>(p.dsum);
-        unsigned* const sched = tp.sched;
-        unsigned cur = blockIdx.x;  // < n_work: the grid is at most n_work
-        int gs = 0;                 // steps issued over the block's work tiles (the ring's)
-        for (int tc = 0;; ++tc) {
-            // K and V: the consumers' last reads of the previous tile's have completed.
-            if (tc > 0) mbar_wait(kv_empty, (tc - 1) & 1);
-            if (lane == 0) *slot = cur;
-            if (cur >= n_work) {
-                if (lane == 0) mbar_arrive(kv_full);  // (releases the slot: the consumers stop)
-                break;
-            }
-            const int n_block = (int)(cur % (unsigned)n_kb);
-            const int bkh = (int)(cur / (unsigned)n_kb);  // b * Hkv + hk
-            const int hk = bkh % p.Hkv, b = bkh / p.Hkv;
-            const int n0 = n_block * BC;
-            // Query steps per head of the group: causal skips those whose rows all precede n0.
-            const int m_begin = p.causal ? n0 / BR : 0;
-            const int per_head = n_m > m_begin ? n_m - m_begin : 0;
-            const int total = G * per_head;
+        for (int it = 0; it < total; ++it) {
+            const int slot = it % ST;
+            if (it >= ST) mbar_wait(empty + 8 * slot, ((it / ST) + 1) & 1);
+            const int hh = hk * G + it / per_head;
+            const int mm0 = (m_begin + it % per_head) * BR;
+            const long long row_base = (long long)(b * H + hh) * Lq + mm0;
+            const unsigned fb = full + 8 * slot;
+            // Lane 0 announces the copies' bytes (before issuing them, so that none can land
+            // first) without arriving; then every lane stores its lse and dsum values and
+            // arrives, each arrival releasing that lane's stores.
             if (lane == 0) {
-                mbar_expect_tx(kv_full, 2 * Cfg::KV_BYTES);  // (its arrival releases the slot)
+                const unsigned st = s_st + slot * 2 * Cfg::Q_BYTES;
+                const int qh = b * H + hh;
+                mbar_expect_tx_only(fb, 2 * Cfg::Q_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < D / 64; ++pn) {
-                    tma_load_3d(s_k + pn * (BC * 128), &tp.k, kv_full, 64 * pn, n0, bkh);
-                    tma_load_3d(s_v + pn * (BC * 128), &tp.v, kv_full, 64 * pn, n0, bkh);
+                    tma_load_3d(st + pn * (BR * 128), &tp.q, fb, 64 * pn, mm0, qh);
+                    tma_load_3d(st + Cfg::Q_BYTES + pn * (BR * 128), &tp.dout, fb, 64 * pn, mm0, qh);
                 }
             }
-            // step it: head hh = hk * G + it / per_head, query block mi = m_begin + it % per_head
-            // (kept as counters: the divisions cost registers the producer's 24 do not have)
-            int hh = hk * G, mi = m_begin;
-#pragma unroll 1
-            for (int it = 0; it < total; ++it, ++gs) {
-                const int slot_i = gs % ST;
-                if (gs >= ST) mbar_wait(empty + 8 * slot_i, ((gs / ST) + 1) & 1);
-                const int mm0 = mi * BR;
-                const long long row_base = (long long)(b * H + hh) * Lq + mm0;
-                const unsigned fb = full + 8 * slot_i;
-                // Lane 0 announces the copies' bytes (before issuing them, so that none can land
-                // first) without arriving; then every lane stores its lse and dsum values and
-                // arrives, each arrival releasing that lane's stores.
-                if (lane == 0) {
-                    const unsigned st = s_st + slot_i * 2 * Cfg::Q_BYTES;
-                    const int qh = b * H + hh;
-                    mbar_expect_tx_only(fb, 2 * Cfg::Q_BYTES);
+            float* rv = reinterpret_cast<float*>(gbase + (s_rv - base) + slot * Cfg::RV_BYTES);
 #pragma unroll
-                    for (int pn = 0; pn < D / 64; ++pn) {
-                        tma_load_3d(st + pn * (BR * 128), &tp.q, fb, 64 * pn, mm0, qh);
-                        tma_load_3d(st + Cfg::Q_BYTES + pn * (BR * 128), &tp.dout, fb, 64 * pn, mm0, qh);
-                    }
-                }
-                float* rv = reinterpret_cast<float*>(gbase + (s_rv - base) + slot_i * Cfg::RV_BYTES);
-#pragma unroll
-                for (int r = lane; r < BR; r += 32) {
-                    const bool ok = mm0 + r < Lq;
-                    rv[r] = ok ? lse[row_base + r] : 0.f;  // rows past Lq: masked by the consumers
-                    rv[BR + r] = ok ? dsum[row_base + r] : 0.f;
-                }
-                mbar_arrive(fb);
-                if (++mi == n_m) {
-                    mi = m_begin;
-                    ++hh;
-                }
+            for (int r = lane; r < BR; r += 32) {
+                const bool ok = mm0 + r < Lq;
+                rv[r] = ok ? lse[row_base + r] : 0.f;  // rows past Lq: masked by the consumers
+                rv[BR + r] = ok ? dsum[row_base + r] : 0.f;
             }
-            unsigned nxt = 0;
-            if (lane == 0) nxt = sched ? gridDim.x + atomicAdd(sched, 1u) : cur + gridDim.x;
-            cur = __shfl_sync(0xffffffffu, nxt, 0);
-        }
-        // The last block to run out of tiles leaves the counters at 0 for the next launch (as
-        // the TMA forward's: the fences keep a late claim from landing after the reset).
-        if (lane == 0 && sched) {
-            __threadfence();
-            if (atomicAdd(sched + 1, 1u) == gridDim.x - 1) {
-                __threadfence();
-                atomicExch(sched, 0u);
-                atomicExch(sched + 1, 0u);
-            }
+            mbar_arrive(fb);
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ATTN_TBW_CREGS) : "memory");
 
-    // ---- consumers: warpgroup cw = wg - 1 owns keys n0 + 64 cw .. + 63 of each work tile ----
+    // ---- consumers: warpgroup cw = wg - 1 owns keys n0 + 64 cw .. + 63 ----
     const int cw = wg - 1;
     const int warp = (tid >> 5) & 3;
     const int lane = tid & 31;
     const int g = lane >> 2;
     const int t = lane & 3;
+    const int kw0 = n0 + 64 * cw;          // first key of this warpgroup
+    const int krow = kw0 + warp * 16 + g;  // this thread's keys: krow and krow + 8
 
     float dk[KR], dv[KR], s[SR], dp[SR], dq[QR];
     unsigned pf[PR], df[PR];
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+        dk[i] = 0.f;
+        dv[i] = 0.f;
+    }
 #pragma unroll
     for (int i = 0; i < SR; ++i) {
         s[i] = 0.f;
@@ -374,148 +325,118 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     const float* const rv_ptr = reinterpret_cast<const float*>(gbase + (s_rv - base));
     float* const sdq = reinterpret_cast<float*>(gbase + (s_dqw - base));
 
-    int gs = 0;  // as the producer's
-    for (int tc = 0;; ++tc) {
-        // also for a tile of no steps: no copy may be in flight when the block moves on or exits
-        mbar_wait(kv_full, tc & 1);
-        const unsigned tile = *slot;
-        if (tile >= n_work) break;
-        const int n_block = (int)(tile % (unsigned)n_kb);
-        const int bkh = (int)(tile / (unsigned)n_kb);
-        const int hk = bkh % p.Hkv, b = bkh / p.Hkv;
-        const int n0 = n_block * BC;
-        const int m_begin = p.causal ? n0 / BR : 0;
-        const int per_head = n_m > m_begin ? n_m - m_begin : 0;
-        const int total = G * per_head;
-        const int kw0 = n0 + 64 * cw;          // first key of this warpgroup
-        const int krow = kw0 + warp * 16 + g;  // this thread's keys: krow and krow + 8
-
-#pragma unroll
-        for (int i = 0; i < KR; ++i) {
-            dk[i] = 0.f;
-            dv[i] = 0.f;
+    mbar_wait(kv_full, 0);  // also when total == 0: no copy may be in flight when the block exits
+    for (int it = 0; it < total; ++it) {
+        const int slot = it % ST;
+        const int buf = Cfg::DS_BUFS == 2 ? (it & 1) : 0;
+        mbar_wait(full + 8 * slot, (it / ST) & 1);
+        const int hh = hk * G + it / per_head;
+        const int mm0 = (m_begin + it % per_head) * BR;
+        const unsigned st_off = slot * 2 * Cfg::Q_BYTES;
+        const float* s_lse = rv_ptr + slot * (Cfg::RV_BYTES / 4);
+        const float* s_dsum = s_lse + BR;
+        if (UNDEF) {  // S^T, dP^T and dQ are overwritten (scale-d 0): the last step's values are dead
+            reg_undef(s);
+            reg_undef(dp);
+            if (DQ_EVERY) reg_undef(dq);  // (alternate steps' dQ: ptxas would serialize, C7515)
         }
 
-        for (int it = 0; it < total; ++it, ++gs) {
-            const int slot_i = gs % ST;
-            const int buf = Cfg::DS_BUFS == 2 ? (gs & 1) : 0;
-            mbar_wait(full + 8 * slot_i, (gs / ST) & 1);
-            const int hh = hk * G + it / per_head;
-            const int mm0 = (m_begin + it % per_head) * BR;
-            const unsigned st_off = slot_i * 2 * Cfg::Q_BYTES;
-            const float* s_lse = rv_ptr + slot_i * (Cfg::RV_BYTES / 4);
-            const float* s_dsum = s_lse + BR;
-            if (UNDEF) {  // S^T, dP^T and dQ are overwritten (scale-d 0): the last step's values are dead
-                reg_undef(s);
-                reg_undef(dp);
-                if (DQ_EVERY) reg_undef(dq);  // (alternate steps' dQ: ptxas would serialize, C7515)
-            }
-
-            // ---- S^T = K_w Q^T and dP^T = V_w dO^T (two groups) ----
-            reg_fence(s);
-            reg_fence(dp);
-            wg_fence();
-            wgb_issue_sdp<Tr, D, BC, BR>(s, dp, k_a, v_a, st_kmaj, st_off, Cfg::Q_BYTES);
-            wg_wait<1>();  // S^T done (dP^T may run on); CARRY: also dK of step it-1
-            reg_fence(s);
-            if (CARRY) {
-                reg_fence(dk);
-                reg_fence(df);
-                if (it > 0) mbar_arrive(empty + 8 * ((gs - 1) % ST));  // step it-1's stage is free
-            }
-
-            // ---- P^T (rows = keys krow + 8r, columns = queries mm0 + 8nt + 2t + c) ----
-            const bool need_mask =
-                (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
-            const WgbMask<T> wm = {krow, mm0, t, Lq, Lk, p.causal, mask, has_mask,
-                                   (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h,
-                                   p.mask_stride_q};
-            wgb_probs<Tr, BR, true>(s, s_lse, sl2, need_mask, wm);
-            wgb_pack<Tr, PR>(pf, s);
-
-            // ---- dV += P^T dO (runs while dS^T is computed) ----
-            reg_fence(dv);
-            reg_fence(pf);
-            wg_fence();
-            wgb_issue_rs<Tr, D, BR>(dv, pf, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES));
-            wg_commit();
-            wg_wait<1>();  // dP^T done (dV may run on)
-            reg_fence(dp);
-
-            // One dS^T buffer: the other warpgroup's dQ GEMM of step it-1 (reading all 128 rows) is done.
-            if (Cfg::DS_BUFS == 1 && it > 0) {
-                if (cw == 0) {  // (constant barrier ids: ptxas reserves every id a register may name)
-                    named_bar_sync(3, 256);
-                } else {
-                    named_bar_sync(2, 256);
-                }
-            }
-            // ---- dS^T = P^T o (dP^T - dsum) -> smem buffer `buf` [key][query] ----
-            wgb_ds<Tr, BR, BC>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t);
-            fence_proxy_async_smem();
-            named_bar_sync(1, 256);  // dS^T of both warpgroups written
-
-            // ---- dQ[step rows, dq_col0 .. + 63] = dS K (D = 64: on alternate steps), then dK += dS^T Q ----
-            const bool do_dq = DQ_EVERY || (gs & 1) == cw;  // warpgroup-uniform
-            reg_fence(dq);
+        // ---- S^T = K_w Q^T and dP^T = V_w dO^T (two groups) ----
+        reg_fence(s);
+        reg_fence(dp);
+        wg_fence();
+        wgb_issue_sdp<Tr, D, BC, BR>(s, dp, k_a, v_a, st_kmaj, st_off, Cfg::Q_BYTES);
+        wg_wait<1>();  // S^T done (dP^T may run on); CARRY: also dK of step it-1
+        reg_fence(s);
+        if (CARRY) {
             reg_fence(dk);
             reg_fence(df);
-            if (DQ_EVERY) wg_fence();
-            if (do_dq) {
-                if (!DQ_EVERY) wg_fence();  // (inside the branch: ptxas would insert it there, C7519)
-                wgb_issue_dq<Tr, BC>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + ds_panel), k_b);
-                wg_commit();
-            }
-            if (!DQ_EVERY) wg_fence();  // (after the branch, likewise)
-            wgb_issue_rs<Tr, D, BR>(dk, df, wg_desc_add(st_mn, st_off));
-            wg_commit();
-            wg_wait<1>();  // dV and dQ (if any) done (dK runs on)
-            reg_fence(dq);
-            reg_fence(dv);
-            reg_fence(pf);
-            // One dS^T buffer: tell the other warpgroup this one's dQ GEMM no longer reads it. (Not
-            // after a tile's last step: the next tile's first waits for nothing, its kv_full having
-            // waited for every GEMM of this one.)
-            if (Cfg::DS_BUFS == 1 && it + 1 < total) {
-                if (cw == 0) {
-                    named_bar_arrive(2, 256);
-                } else {
-                    named_bar_arrive(3, 256);
-                }
-            }
+            if (it > 0) mbar_arrive(empty + 8 * ((it - 1) % ST));  // step it-1's stage is free
+        }
 
-            // ---- dQ: the warp's 16 rows x the GEMM's 64 columns -> staging tile, then lane l < 16
-            // reduces row 16 warp + l (256 contiguous bytes) into dq_accum with one bulk op ----
-            if (do_dq) {
-                if (lane < 16) bulk_wait_read();  // this tile's last rows left it
-                __syncwarp();
-                wgb_reduce_dq<D>(dq, sdq, s_dqw, Cfg::DQ_LD, dq_col0, dq_accum,
-                                 (long long)(b * H + hh) * Lq + mm0 + dq_row0, mm0 + dq_row0, Lq, warp, lane, g,
-                                 t);
-            }
+        // ---- P^T (rows = keys krow + 8r, columns = queries mm0 + 8nt + 2t + c) ----
+        const bool need_mask = (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
+        const WgbMask<T> wm = {krow, mm0, t, Lq, Lk, p.causal, mask, has_mask,
+                               (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h, p.mask_stride_q};
+        wgb_probs<Tr, BR, true>(s, s_lse, sl2, need_mask, wm);
+        wgb_pack<Tr, PR>(pf, s);
 
-            if (!CARRY) {
-                wg_wait<0>();  // dK done: the stage has no reader left in this warpgroup
-                reg_fence(dk);
-                reg_fence(df);
-                mbar_arrive(empty + 8 * slot_i);
+        // ---- dV += P^T dO (runs while dS^T is computed) ----
+        reg_fence(dv);
+        reg_fence(pf);
+        wg_fence();
+        wgb_issue_rs<Tr, D, BR>(dv, pf, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES));
+        wg_commit();
+        wg_wait<1>();  // dP^T done (dV may run on)
+        reg_fence(dp);
+
+        // One dS^T buffer: the other warpgroup's dQ GEMM of step it-1 (reading all 128 rows) is done.
+        if (Cfg::DS_BUFS == 1 && it > 0) {
+            if (cw == 0) {  // (constant barrier ids: ptxas reserves every id a register may name)
+                named_bar_sync(3, 256);
+            } else {
+                named_bar_sync(2, 256);
             }
         }
-        if (CARRY) {  // the last dK, then its stage is free (the block's next tile refills it)
-            wg_wait<0>();
+        // ---- dS^T = P^T o (dP^T - dsum) -> smem buffer `buf` [key][query] ----
+        wgb_ds<Tr, BR, BC>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t);
+        fence_proxy_async_smem();
+        named_bar_sync(1, 256);  // dS^T of both warpgroups written
+
+        // ---- dQ[step rows, dq_col0 .. + 63] = dS K (D = 64: on alternate steps), then dK += dS^T Q ----
+        const bool do_dq = DQ_EVERY || (it & 1) == cw;  // warpgroup-uniform
+        reg_fence(dq);
+        reg_fence(dk);
+        reg_fence(df);
+        if (DQ_EVERY) wg_fence();
+        if (do_dq) {
+            if (!DQ_EVERY) wg_fence();  // (inside the branch: ptxas would insert it there, C7519)
+            wgb_issue_dq<Tr, BC>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + ds_panel), k_b);
+            wg_commit();
+        }
+        if (!DQ_EVERY) wg_fence();  // (after the branch, likewise)
+        wgb_issue_rs<Tr, D, BR>(dk, df, wg_desc_add(st_mn, st_off));
+        wg_commit();
+        wg_wait<1>();  // dV and dQ (if any) done (dK runs on)
+        reg_fence(dq);
+        reg_fence(dv);
+        reg_fence(pf);
+        // One dS^T buffer: tell the other warpgroup this one's dQ GEMM no longer reads it.
+        if (Cfg::DS_BUFS == 1 && it + 1 < total) {
+            if (cw == 0) {
+                named_bar_arrive(2, 256);
+            } else {
+                named_bar_arrive(3, 256);
+            }
+        }
+
+        // ---- dQ: the warp's 16 rows x the GEMM's 64 columns -> staging tile, then lane l < 16
+        // reduces row 16 warp + l (256 contiguous bytes) into dq_accum with one bulk op ----
+        if (do_dq) {
+            if (lane < 16) bulk_wait_read();  // this tile's last rows left it
+            __syncwarp();
+            wgb_reduce_dq<D>(dq, sdq, s_dqw, Cfg::DQ_LD, dq_col0, dq_accum, (long long)(b * H + hh) * Lq + mm0 + dq_row0,
+                             mm0 + dq_row0, Lq, warp, lane, g, t);
+        }
+
+        if (!CARRY) {
+            wg_wait<0>();  // dK done: the stage has no reader left in this warpgroup
             reg_fence(dk);
             reg_fence(df);
-            if (total > 0) mbar_arrive(empty + 8 * ((gs - 1) % ST));
+            mbar_arrive(empty + 8 * slot);
         }
-        // Every GEMM of the tile has completed: K and V may take the next tile's keys.
-        mbar_arrive(kv_empty);
-        if (lane < 16) bulk_wait_all();
-
-        // ---- epilogue: dK = scale * acc, dV; rows past Lk are not stored ----
-        const long long kv_off = ((long long)bkh * Lk + n0) * D;
-        wgb_store_dkdv<Tr, D>(dk, dv, static_cast<T*>(p.dk) + kv_off, static_cast<T*>(p.dv) + kv_off, p.scale,
-                              krow - n0, n0, Lk, t);
     }
+    if (CARRY) {  // the last dK (its stage is never refilled: no arrival)
+        wg_wait<0>();
+        reg_fence(dk);
+        reg_fence(df);
+    }
+    if (lane < 16) bulk_wait_all();
+
+    // ---- epilogue: dK = scale * acc, dV; rows past Lk are not stored ----
+    const long long kv_off = ((long long)(b * p.Hkv + hk) * Lk + n0) * D;
+    wgb_store_dkdv<Tr, D>(dk, dv, static_cast<T*>(p.dk) + kv_off, static_cast<T*>(p.dv) + kv_off, p.scale, krow - n0,
+                          n0, Lk, t);
 }
 
 // -------------------------------------------------------------------------------------

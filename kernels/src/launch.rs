@@ -370,19 +370,14 @@ unsafe impl cudarc::driver::DeviceRepr for FlashTmaParams {}
 /// `FlashTmaBwdParams`): the [`FlashParams`] of the backward call and the tensor maps of
 /// q and dO (3-D (D, Lq, B·H), box (64, 128, 1) for D = 64 and (64, 64, 1) for D = 128:
 /// the kernel's query rows per step) and of k and v (3-D (D, Lk, B·Hkv), box
-/// (64, 128, 1)), all with the 128-byte swizzle, and the work-tile counters. 704 bytes,
-/// 64-aligned: `p` at 0, `sched` at 152, `q` at 192, `k` at 320, `v` at 448, `dout` at 576.
+/// (64, 128, 1)), all with the 128-byte swizzle. 704 bytes, 64-aligned: `p` at 0, `q` at
+/// 192, `k` at 320, `v` at 448, `dout` at 576.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FlashTmaBwdParams {
     /// Sizes, flags and pointers (the kernel reads lse, dsum, the mask, dq_accum, dk and
     /// dv through them).
     pub p: FlashParams,
-    /// Device address of two `u32` counters, 0 at launch (the kernel leaves them at 0),
-    /// by which the blocks of a grid smaller than the work tiles claim the tiles past
-    /// their first; or 0: block x takes tiles x, x + grid, ... (`attention_tma_bwd.cu`,
-    /// "Work tiles").
-    pub sched: u64,
     /// Queries, (D, Lq, B·H), boxes of the kernel's query rows per step (128 at D = 64, 64
     /// at D = 128).
     pub q: TensorMap,
@@ -396,7 +391,6 @@ pub struct FlashTmaBwdParams {
 
 const _: () = assert!(std::mem::size_of::<FlashTmaBwdParams>() == 704);
 const _: () = assert!(std::mem::align_of::<FlashTmaBwdParams>() == 64);
-const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, sched) == 152);
 const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, q) == 192);
 const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, k) == 320);
 const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, v) == 448);
@@ -404,8 +398,8 @@ const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, dout) == 576);
 
 // SAFETY: `FlashTmaBwdParams` is `repr(C, align(64))` with the layout of the C struct the
 // TMA backward takes by value (704 bytes, 64-aligned, the offsets checked above; the C
-// side asserts the same size and alignment): a `FlashParams`, a device address and four
-// 128-byte tensor maps, plain bytes. It is plain old data, valid for any bit pattern.
+// side asserts the same size and alignment): a `FlashParams` and four 128-byte tensor
+// maps, plain bytes. It is plain old data, valid for any bit pattern.
 unsafe impl cudarc::driver::DeviceRepr for FlashTmaBwdParams {}
 
 #[cfg(test)]

@@ -180,10 +180,9 @@ fn tma_forward_masked_and_maskless_cuda() {
 /// on from one tile to the next): shapes with more work tiles than the H100's and H200's
 /// 132 SMs (3 × 8 heads × 1000 rows: 192 tiles of 128 rows at D = 128, 144 of 192 at
 /// D = 64), so that some blocks take two, with and without a mask, GQA, against the f64
-/// reference, and a causal call of the same shape (the backward's persistent grid too: 192
-/// work tiles of 128 keys with 8 kv heads); then twelve forwards and backwards of one call
-/// in a row, o, dk and dv bit for bit the same (the counters by which blocks claim tiles
-/// start every launch at 0). CUDA only.
+/// reference, and a causal call of the same shape; then twelve launches of one call in a
+/// row, bit for bit the same (the counters by which blocks claim tiles start every launch
+/// at 0). CUDA only.
 #[test]
 fn tma_forward_persistent_grid_cuda() {
     for_each_cuda_with(
@@ -207,8 +206,7 @@ fn tma_forward_persistent_grid_cuda() {
                     dtype: dt[i % dt.len()],
                     b: 3,
                     h: 8,
-                    // 8 kv heads: 192 work tiles of the backward too (GQA in the others)
-                    h_kv: if i % 2 == 0 { 8 } else { 2 },
+                    h_kv: 2,
                     lq: 1000,
                     lk: 1000,
                     d,
@@ -220,39 +218,27 @@ fn tma_forward_persistent_grid_cuda() {
             run_all(rt, label, &cases);
             // Launch after launch: the work-tile counters come back to 0 each time (a claim
             // left over would make the next launch skip tiles, leaving their rows as the
-            // allocator found them), so twelve forwards and backwards of one call give the
-            // first's o, dk and dv bits (dq adds its f32 parts in whatever order they land).
+            // allocator found them), so twelve forwards of one call give the first's bits.
             for (d, causal) in [(128, false), (64, false), (128, true)] {
                 let (seed, mut r) = rng();
                 let dims = [3, 8, 1000, d];
                 let n: usize = dims.iter().product();
-                let [q, k, v, dout] =
-                    [(); 4].map(|_| upload(rt, &rand_vec::<bf16>(&mut r, n, -2.0, 2.0), &dims));
-                let mut first: Option<[Vec<f64>; 3]> = None;
+                let [q, k, v] =
+                    [(); 3].map(|_| upload(rt, &rand_vec::<bf16>(&mut r, n, -2.0, 2.0), &dims));
+                let mut first: Option<Vec<f64>> = None;
                 for i in 0..12 {
-                    let (o, lse) = rt
+                    let (o, _lse) = rt
                         .submit(rtx_ops::attention::attention(&q, &k, &v).causal(causal))
                         .expect("submit attention")
                         .wait()
                         .expect("attention");
-                    let bwd = rtx_ops::attention::attention_backward(&q, &k, &v, &o, &lse, &dout)
-                        .causal(causal);
-                    let (_dq, dk, dv) = rt
-                        .submit(bwd)
-                        .expect("submit attention_backward")
-                        .wait()
-                        .expect("attention_backward");
-                    let got = [&o, &dk, &dv].map(|t| download::<bf16>(rt, t));
+                    let got = download::<bf16>(rt, &o);
                     match &first {
                         None => first = Some(got),
-                        Some(want) => {
-                            for (j, name) in ["o", "dk", "dv"].into_iter().enumerate() {
-                                assert!(
-                                    got[j].iter().zip(&want[j]).all(|(a, b)| a.to_bits() == b.to_bits()),
-                                    "{label} D={d} causal={causal} (seed {seed}): launch {i}'s {name} differs from the first"
-                                );
-                            }
-                        }
+                        Some(want) => assert!(
+                            got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{label} D={d} causal={causal} (seed {seed}): launch {i} differs from the first"
+                        ),
                     }
                 }
             }

@@ -152,8 +152,8 @@ impl Kernel {
             (Kernel::ForwardTmaNoMask, 64) => 91_224,
             (Kernel::ForwardTma | Kernel::ForwardTmaNoMask, _) => 164_952,
             (Kernel::DqDkDvWgmma, _) => 217_600,
-            (Kernel::DqDkDvTma, 64) => 203_832,
-            (Kernel::DqDkDvTma, _) => 200_760,
+            (Kernel::DqDkDvTma, 64) => 203_816,
+            (Kernel::DqDkDvTma, _) => 200_744,
             _ => 0,
         }
     }
@@ -212,31 +212,6 @@ impl Kernel {
         Some((blocks, 1, 1))
     }
 
-    /// The TMA backward main kernel's grid (`attention_tma_bwd.cu`, "Work tiles"): its work
-    /// tiles are `ceil(Lk / 128) * Hkv * B` (128 keys of one batch and kv head, each
-    /// stepping over the group's queries). Up to [`PERSISTENT_MAX_QUERIES`] query rows a
-    /// persistent grid of at most one block per SM (`sms`) claiming the tiles through the
-    /// launch's counters, beyond a block per tile. `None` when the tiles do not fit the
-    /// kernel's count (below 2^31).
-    pub(super) fn tma_backward_grid(
-        self,
-        d: usize,
-        (lq, lk, h_kv, b): (usize, usize, usize, usize),
-        sms: u32,
-    ) -> Option<(u32, u32, u32)> {
-        let tiles = lk
-            .div_ceil(self.keys_per_block(d))
-            .checked_mul(h_kv)?
-            .checked_mul(b)?;
-        let tiles = u32::try_from(tiles).ok().filter(|&t| t < 1 << 31)?;
-        let blocks = if lq <= PERSISTENT_MAX_QUERIES {
-            tiles.min(sms.max(1))
-        } else {
-            tiles
-        };
-        Some((blocks, 1, 1))
-    }
-
     /// Rows of the TMA forward's q tensor map box: 64 at D = 64 (three copies per
     /// 192-row block), else 128.
     pub(super) fn tma_fwd_q_rows(d: usize) -> u32 {
@@ -264,15 +239,6 @@ impl Kernel {
 /// a fixed share of tiles per block was slower still), so longer sequences keep a block
 /// per tile.
 pub(super) const PERSISTENT_MAX_KEYS: usize = 4096;
-
-/// The longest query sequence for which the TMA backward main kernel runs on a persistent
-/// grid ([`Kernel::tma_backward_grid`]), each of its work tiles stepping over the queries.
-/// Measured on the H200 (`attention_wgmma_check.py --bwd`, variant `btmad` against
-/// `btma`): at L = 4096 the backward moved by −4 % to +4 % (D = 64 non-causal slower, the
-/// others faster), at 16384 by −2 % to +6 %, within what the check's timings move
-/// between calls; the gain a persistent grid brings is in short tiles (the forward's is
-/// largest at L = 1024), so only sequences of up to 2048 rows take it.
-pub(super) const PERSISTENT_MAX_QUERIES: usize = 2048;
 
 /// Per-stream state of the attention ops.
 #[derive(Default)]
@@ -688,36 +654,6 @@ mod tests {
         assert_eq!(PERSISTENT_MAX_KEYS, 4096);
         // the kernel documents the same: work tiles of BR rows, any grid up to their count
         let program = rtx_kernels::source(TMA_MODULE).expect("attention_tma.cu is built in");
-        assert!(program.source.contains("1 <= G <= n_work < 2^31"));
-    }
-
-    /// The TMA backward's grid: at most one block per SM up to `PERSISTENT_MAX_QUERIES`
-    /// query rows, a block per work tile (128 keys of one batch and kv head) beyond.
-    #[test]
-    fn tma_backward_grid_is_persistent_up_to_2048_queries() {
-        let k = Kernel::DqDkDvTma;
-        // 1000 keys: 8 tiles of 128; x 2 kv heads x 12 batches = 192 tiles
-        assert_eq!(
-            k.tma_backward_grid(128, (1000, 1000, 2, 12), 132),
-            Some((132, 1, 1))
-        );
-        assert_eq!(
-            k.tma_backward_grid(64, (2048, 1000, 2, 12), 132),
-            Some((132, 1, 1))
-        );
-        assert_eq!(
-            k.tma_backward_grid(64, (2049, 1000, 2, 12), 132),
-            Some((192, 1, 1))
-        );
-        assert_eq!(
-            k.tma_backward_grid(128, (1000, 1000, 1, 1), 132),
-            Some((8, 1, 1))
-        );
-        assert_eq!(k.tma_backward_grid(128, (17, 1, 1, 1), 0), Some((1, 1, 1)));
-        assert_eq!(k.tma_backward_grid(128, (1, 1 << 31, 1, 128), 132), None);
-        assert_eq!(PERSISTENT_MAX_QUERIES, 2048);
-        let program =
-            rtx_kernels::source(TMA_BWD_MODULE).expect("attention_tma_bwd.cu is built in");
         assert!(program.source.contains("1 <= G <= n_work < 2^31"));
     }
 

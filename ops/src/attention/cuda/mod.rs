@@ -208,11 +208,10 @@ fn forward_t<T: Element>(
     Ok((Buffer::from_cuda(o), Buffer::from_cuda(lse)))
 }
 
-/// This stream's work-tile counters of the TMA forward and backward (two `u32`,
-/// [`FlashTmaParams`]'s and [`FlashTmaBwdParams`]'s `sched`): zeroed once when first
-/// needed (so never first inside a graph capture: the capture's eager run of the op makes
-/// them), and left at 0 by every launch. Launches on one stream run in order, so two never
-/// use them at once.
+/// This stream's work-tile counters of the TMA forward (two `u32`, [`FlashTmaParams`]'s
+/// `sched`): zeroed once when first needed (so never first inside a graph capture: the
+/// capture's eager run of the op makes them), and left at 0 by every launch. Launches on
+/// one stream run in order, so two never use them at once.
 fn tile_counters(scx: &mut StreamCx) -> Result<u64> {
     struct TileCounters {
         addr: u64,
@@ -307,11 +306,6 @@ fn backward_t<T: Element>(
     let mut dk = kernels::alloc_out::<T>(scx, p.kv_len())?;
     let mut dv = kernels::alloc_out::<T>(scx, p.kv_len())?;
     let mut ws = take_workspace(scx, p.q_len() + p.lse_len())?;
-    // The TMA kernel's work-tile counters (the forward's: launches on one stream are ordered).
-    let sched = match stand_in {
-        Some(_) => tile_counters(scx)?,
-        None => 0,
-    };
     let (q, k, v) = (q.cuda::<T>()?, k.cuda::<T>()?, v.cuda::<T>()?);
     let (o, dout, lse) = (o.cuda::<T>()?, dout.cuda::<T>()?, lse.cuda::<f32>()?);
     let mask = mask.map(|m| m.cuda::<T>()).transpose()?;
@@ -350,16 +344,6 @@ fn backward_t<T: Element>(
         let keys = main.kernel.keys_per_block(d);
         let main_grid = (p.lk.div_ceil(keys) as u32, p.h_kv as u32, p.b as u32);
         let conv_grid = ((p.q_len() / 4).div_ceil(256).clamp(1, 65_535) as u32, 1, 1);
-        // The TMA kernel's grid of work tiles (before anything is enqueued).
-        let tma_grid = match main.kernel {
-            Kernel::DqDkDvTma => main
-                .kernel
-                .tma_backward_grid(d, (p.lq, p.lk, p.h_kv, p.b), scx.sm_count())
-                .ok_or_else(|| {
-                    Error::invalid(BWD, "more key tiles than the TMA backward counts (2^31)")
-                })?,
-            _ => main_grid,
-        };
         // SAFETY (all three): q, k, v, o, dO, lse and the mask are the op's inputs in
         // the shapes and dtypes validated at submit (o/dO/dq [B,H,Lq,D] and k/v/dk/dv
         // [B,Hkv,Lk,D] of T, lse [B,H,Lq] f32), kept alive by the op until completion;
@@ -388,7 +372,6 @@ fn backward_t<T: Element>(
                     Ok((q, k, v, dout)) => {
                         let tp = FlashTmaBwdParams {
                             p: params,
-                            sched,
                             q,
                             k,
                             v,
@@ -398,8 +381,8 @@ fn backward_t<T: Element>(
                         // made by `tensor_map` for these pointers and shapes (boxes of
                         // the kernel's query rows per step for q and dO, 128-row ones
                         // for k and v), for the TMA
-                        // kernel `main` is, over its grid of work tiles.
-                        unsafe { main.launch_tma_bwd(stream, tma_grid, &tp) }?;
+                        // kernel `main` is; its grid covers Lk in blocks of its 128 keys.
+                        unsafe { main.launch_tma_bwd(stream, main_grid, &tp) }?;
                         TMA_BWD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     Err(e) => {
