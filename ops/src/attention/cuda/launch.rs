@@ -237,7 +237,8 @@ impl Kernel {
 /// the persistent grid took L = 1024 9-17 % faster at D = 128 and 12-17 % at D = 64,
 /// L = 4096 1-8 % and 2-5 %, but L = 16384 10-18 % and 3-11 % slower (cause not found;
 /// a fixed share of tiles per block was slower still), so longer sequences keep a block
-/// per tile.
+/// per tile. (A persistent block holds its SM until the tiles run out; blocks that start
+/// late, their SMs busy with other streams' kernels, simply claim fewer tiles.)
 pub(super) const PERSISTENT_MAX_KEYS: usize = 4096;
 
 /// Per-stream state of the attention ops.
