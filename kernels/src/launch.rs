@@ -363,7 +363,8 @@ const _: () = assert!(std::mem::offset_of!(FlashTmaParams, v) == 448);
 // SAFETY: `FlashTmaParams` is `repr(C, align(64))` with the layout of the C struct the
 // TMA forward takes by value (576 bytes, 64-aligned, the offsets checked above; the C
 // side asserts the same size and alignment): a `FlashParams` (see its impl), a device
-// address and three 128-byte tensor maps, plain bytes. It is plain old data, valid for any bit pattern.
+// address and three 128-byte tensor maps, plain bytes. It is plain old data, valid for any
+// bit pattern.
 unsafe impl cudarc::driver::DeviceRepr for FlashTmaParams {}
 
 /// The argument of `flash_bwd_tma_d{64,128}_{f16,bf16}` (`attention_tma_bwd.cu`, struct

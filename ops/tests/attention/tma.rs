@@ -175,14 +175,13 @@ fn tma_forward_masked_and_maskless_cuda() {
     );
 }
 
-/// The TMA forward's persistent grid (calls without causal masking: at most one block per
-/// SM, each taking every grid-th work tile, the K / V ring and the consumers' turns running
-/// on from one tile to the next): shapes with more work tiles than the H100's and H200's
-/// 132 SMs (3 × 8 heads × 1000 rows: 192 tiles of 128 rows at D = 128, 144 of 192 at
-/// D = 64), so that some blocks take two, with and without a mask, GQA, against the f64
-/// reference, and a causal call of the same shape; then twelve launches of one call in a
-/// row, bit for bit the same (the counters by which blocks claim tiles start every launch
-/// at 0). CUDA only.
+/// The TMA forward's persistent grid (calls of up to 4096 keys: at most one block per SM,
+/// the blocks claiming work tiles from the launch's counters, the K / V ring and the
+/// consumers' turns running on from one tile to the next): shapes with more work tiles
+/// than the H100's and H200's 132 SMs (3 × 8 heads × 1000 rows: 192 tiles of 128 rows at
+/// D = 128, 144 of 192 at D = 64), so that some blocks take two, with and without a mask,
+/// GQA, causal and not, against the f64 reference; then twelve launches of one call in a
+/// row, bit for bit the same (the counters start every launch at 0). CUDA only.
 #[test]
 fn tma_forward_persistent_grid_cuda() {
     for_each_cuda_with(
