@@ -44,7 +44,7 @@
 //   - n_work blocks: one work tile each, the hardware scheduling them;
 //   - fewer (the launcher's for calls of at most 4096 keys: one block per SM, with `sched`, a
 //     persistent grid; at 16384 keys that was 3-18 % slower on an H100, so longer calls take
-//     a block per tile, ops/src/attention/cuda/launch.rs, PERSISTENT_MAX_KEYS): each
+//     a block per tile, ops/src/attention/cuda/grid.rs, PERSISTENT_MAX_KEYS): each
 //     block keeps its shared memory and barriers over its tiles, the K / V ring and the
 //     consumers' turns run on from one tile to the next, and the producer loads the next
 //     tile's Q (once the consumers' last S GEMM of this one has completed: q_empty) and its

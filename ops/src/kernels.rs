@@ -178,6 +178,36 @@ pub(crate) fn device_addr<T>(s: &CudaSlice<T>, scx: &StreamCx) -> u64 {
     ptr
 }
 
+/// The device address of this stream's `N` words of `u32` for the kernels of `Tag` (a
+/// marker type: one set per user), zeroed when first asked for and held for the stream's
+/// life: a grid barrier's count and generation, a grid's work-tile counters. The kernels
+/// that use them leave them at 0 after every launch; launches on one stream run in order,
+/// so two never use them at once. The first call allocates (never first inside a graph
+/// capture: the capture's eager run of the op makes them) and flushes the stream's
+/// deferred launches before its memset.
+pub(crate) fn stream_words<Tag: 'static, const N: usize>(scx: &mut StreamCx) -> Result<u64> {
+    struct Words<Tag, const N: usize> {
+        addr: u64,
+        _words: CudaSlice<u32>,
+        _tag: std::marker::PhantomData<Tag>,
+    }
+    Ok(scx
+        .ext::<Words<Tag, N>>(|s| {
+            // Memory work on the stream: what is deferred goes first.
+            s.flush_launches();
+            let mut words = s.alloc::<u32>(N)?;
+            s.stream()
+                .memset_zeros(&mut words)
+                .map_err(|e| Error::cuda("cuMemsetD8Async", e))?;
+            Ok(Words {
+                addr: device_addr(&words, s),
+                _words: words,
+                _tag: std::marker::PhantomData,
+            })
+        })?
+        .addr)
+}
+
 // ---- functions -------------------------------------------------------------------------
 
 /// Per-stream cache of loaded functions, keyed without strings.

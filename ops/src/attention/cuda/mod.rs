@@ -5,10 +5,11 @@
 //! Hopper backward main kernels, D 128).
 //!
 //! Every kernel takes one `FlashParams` (`rtx_kernels::launch`) by value (the TMA
-//! forward a `FlashTmaParams`: the same and three tensor maps; the TMA backward a
-//! `FlashTmaBwdParams`: the same and four); the kernel
+//! forward a `FlashTmaParams`: the same, its work-tile counters and three tensor maps;
+//! the TMA backward a `FlashTmaBwdParams`: the same and four tensor maps); the kernel
 //! table (grids, blocks, dynamic shared memory: the ABI documented at the top of each
-//! `.cu` file) and the per-stream state are in `launch.rs`. The backward's f32 workspace (dq_accum, then
+//! `.cu` file) and the per-stream state are in `launch.rs`, the TMA forward's grid of work
+//! tiles and its counters in `grid.rs`. The backward's f32 workspace (dq_accum, then
 //! dsum) is kept per stream for the next call: every use of it is ordered on that one
 //! stream, and the preprocess kernel rewrites all of it before the other two read it.
 //!
@@ -55,6 +56,7 @@
 //! `RTX_ATTN_WGMMA=0` turns both Hopper backwards off); otherwise the main kernel is
 //! `attention.cu`'s `flash_bwd_dq_dk_dv_*` (64 keys per block).
 
+mod grid;
 mod launch;
 mod tensor_map;
 
@@ -63,6 +65,7 @@ use half::{bf16, f16};
 use rtx_runtime::cuda::StreamCx;
 use rtx_runtime::{Buffer, DType, Element, Error, Result};
 
+use self::grid::{tile_counters, tma_forward_grid};
 use self::launch::{
     backward_function, flash_params, forward_function, function, state, wgmma_backward_function,
     wgmma_forward_function, FlashParams, FlashTmaBwdParams, FlashTmaParams, Kernel, BWD, FWD,
@@ -151,12 +154,11 @@ fn forward_t<T: Element>(
         };
         let rows = f.kernel.rows_per_block(p.d);
         let grid = match f.kernel {
-            Kernel::ForwardTma | Kernel::ForwardTmaNoMask => f
-                .kernel
-                .tma_forward_grid(p.d, (p.lq, p.lk, p.h, p.b), scx.sm_count())
-                .ok_or_else(|| {
-                    Error::invalid(FWD, "more query tiles than the TMA forward counts (2^31)")
-                })?,
+            Kernel::ForwardTma | Kernel::ForwardTmaNoMask => {
+                tma_forward_grid(f.kernel, p.d, (p.lq, p.lk, p.h, p.b), scx.sm_count()).ok_or_else(
+                    || Error::invalid(FWD, "more query tiles than the TMA forward counts (2^31)"),
+                )?
+            }
             _ => (p.lq.div_ceil(rows) as u32, p.h as u32, p.b as u32),
         };
         let maps = || {
@@ -206,32 +208,6 @@ fn forward_t<T: Element>(
         }
     }
     Ok((Buffer::from_cuda(o), Buffer::from_cuda(lse)))
-}
-
-/// This stream's work-tile counters of the TMA forward (two `u32`, [`FlashTmaParams`]'s
-/// `sched`): zeroed once when first needed (so never first inside a graph capture: the
-/// capture's eager run of the op makes them), and left at 0 by every launch. Launches on
-/// one stream run in order, so two never use them at once.
-fn tile_counters(scx: &mut StreamCx) -> Result<u64> {
-    struct TileCounters {
-        addr: u64,
-        _words: CudaSlice<u32>,
-    }
-    Ok(scx
-        .ext::<TileCounters>(|s| {
-            // Memory work on the stream: what is deferred goes first.
-            s.flush_launches();
-            let mut words = s.alloc::<u32>(2)?;
-            s.stream()
-                .memset_zeros(&mut words)
-                .map_err(|e| Error::cuda("cuMemsetD8Async", e))?;
-            let addr = kernels::device_addr(&words, s);
-            Ok(TileCounters {
-                addr,
-                _words: words,
-            })
-        })?
-        .addr)
 }
 
 /// Logs (once per process) that the driver refused a call's tensor maps (`e`) and that

@@ -176,13 +176,10 @@ pub(super) fn run<T: Element>(
 /// Blocks of a batched launch at most (each takes tiles of a step in turn).
 const BATCH_GRID: usize = 64;
 
-/// The grid barrier's two words (count, generation) of one stream, zeroed once; every
-/// `small_gemm_batch` launch on the stream leaves them zeroed.
-struct Barrier {
-    /// Held for the stream's life (its address is in every batch step).
-    _words: CudaSlice<u32>,
-    addr: u64,
-}
+/// The marker of the grid barrier's two words (count, generation) of one stream
+/// ([`kernels::stream_words`]); every `small_gemm_batch` launch on the stream leaves them
+/// zeroed.
+struct Barrier;
 
 /// Defers the one product `g` (batch 1) into the stream's launch batch as a step of
 /// `small_gemm_batch` (`small_gemm.cu`, "batched launches"); `false` when the batch
@@ -196,21 +193,7 @@ fn defer<T: Element>(scx: &mut StreamCx, g: &GemmArgs<'_, T>, ops: &Operands) ->
     let f = kernels::function(scx, MODULE, 0xff, DType::F32, || {
         "small_gemm_batch".to_string()
     })?;
-    let bar = scx
-        .ext::<Barrier>(|s| {
-            // Memory work on the stream: what is deferred goes first.
-            s.flush_launches();
-            let mut words = s.alloc::<u32>(2)?;
-            s.stream()
-                .memset_zeros(&mut words)
-                .map_err(|e| rtx_runtime::Error::cuda("cuMemsetD8Async", e))?;
-            let addr = device_addr(&words, s);
-            Ok(Barrier {
-                _words: words,
-                addr,
-            })
-        })?
-        .addr;
+    let bar = kernels::stream_words::<Barrier, 2>(scx)?;
     let act = match g.act {
         Activation::None => 0u32,
         Activation::Relu => 1,
