@@ -144,20 +144,23 @@ class TensorMaps:
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.cache = {}
 
-    def encode(self, ptr, D, L, heads, bf16, rows=128):
+    def encode(self, ptr, D, L, heads, bf16, rows=128, f32=False):
+        """16-bit elements (bf16 or f16), box (64, rows, 1); f32=True: f32 elements, box
+        (32, rows, 1) (the backward's dq_accum map, rows = 16)."""
         ct = self.ct
-        key = (int(ptr), D, L, heads, bf16, rows)
+        key = (int(ptr), D, L, heads, bf16, rows, f32)
         if key in self.cache:
             return self.cache[key]
         m = (ct.c_uint64 * 16)()
+        es_bytes = 4 if f32 else 2
         dims = (ct.c_uint64 * 3)(D, L, heads)
-        strides = (ct.c_uint64 * 2)(D * 2, L * D * 2)
-        box = (ct.c_uint32 * 3)(64, rows, 1)
+        strides = (ct.c_uint64 * 2)(D * es_bytes, L * D * es_bytes)
+        box = (ct.c_uint32 * 3)(32 if f32 else 64, rows, 1)
         es = (ct.c_uint32 * 3)(1, 1, 1)
-        # data type BFLOAT16 = 9 / FLOAT16 = 6, interleave none, swizzle 128B = 3,
+        # data type FLOAT32 = 7 / BFLOAT16 = 9 / FLOAT16 = 6, interleave none, swizzle 128B = 3,
         # L2 promotion 128B = 2, OOB fill none (zeros) = 0
-        r = self.lib.cuTensorMapEncodeTiled(ct.byref(m), 9 if bf16 else 6, 3, ct.c_void_p(int(ptr)), dims, strides,
-                                            box, es, 0, 3, 2, 0)
+        r = self.lib.cuTensorMapEncodeTiled(ct.byref(m), 7 if f32 else (9 if bf16 else 6), 3, ct.c_void_p(int(ptr)),
+                                            dims, strides, box, es, 0, 3, 2, 0)
         if r != 0:
             raise RuntimeError("cuTensorMapEncodeTiled failed: CUresult %d" % r)
         out = bytes(bytearray(m))
@@ -166,19 +169,21 @@ class TensorMaps:
 
 
 def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16, qrows=64):
-    """The `FlashTmaBwdParams` of flash_bwd_tma_* (attention_tma_bwd.cu: 704 bytes, q, k, v, dout
-    maps at 192, 320, 448, 576) for the FlashParams `p` (a 1-element array of `params_dtype`):
+    """The `FlashTmaBwdParams` of flash_bwd_tma_* (attention_tma_bwd.cu: 832 bytes, q, k, v, dout,
+    dq maps at 192, 320, 448, 576, 704) for the FlashParams `p` (a 1-element array of `params_dtype`):
     q and dO maps with boxes of `qrows` rows (the kernel's query rows per step: 64 for D = 128,
-    128 for D = 64 unless built with ATTN_TBW_D64_BR=64), k and v with 128-row ones."""
+    128 for D = 64 unless built with ATTN_TBW_D64_BR=64), k and v with 128-row ones, dq_accum's
+    (f32) with boxes of 32 columns by 16 rows."""
     import numpy as np
-    tdt = np.dtype({"names": ["p", "q", "k", "v", "dout"], "formats": [params_dtype] + ["V128"] * 4,
-                    "offsets": [0, 192, 320, 448, 576], "itemsize": 704})
+    tdt = np.dtype({"names": ["p", "q", "k", "v", "dout", "dq"], "formats": [params_dtype] + ["V128"] * 5,
+                    "offsets": [0, 192, 320, 448, 576, 704], "itemsize": 832})
     tp = np.zeros(1, dtype=tdt)
     tp["p"] = p
     pp = p[0] if getattr(p, "shape", ()) else p
     for f, L, heads, rows in (("q", Lq, B * H, qrows), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128),
                               ("dout", Lq, B * H, qrows)):
         tp[f] = np.frombuffer(maps.encode(pp[f], D, L, heads, bf16, rows), dtype="V128")[0]
+    tp["dq"] = np.frombuffer(maps.encode(pp["dq_accum"], D, Lq, B * H, bf16, 16, f32=True), dtype="V128")[0]
     return tp
 
 
@@ -615,6 +620,8 @@ BWD_VARIANTS = [
     # flash_bwd_tma_d{64,128}_* of attention_tma_bwd.cu (the setting attn_bwd_tma): the same GEMMs fed by a
     # producer warpgroup (bulk tensor copies of Q and dO, mbarrier-handed stages), dQ before dK.
     ("btma", {}, "attention_tma_bwd.cu: producer warpgroup + TMA, 2 consumer WG, mbarriers, dS^T x 2"),
+    ("btmaw", {"ATTN_TBW_DQ_TMA": 0}, "btma with dQ reduced row by row (16 bulk reductions per warp and step, "
+                                       "the default before the dq tensor map)"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
     ("btma64", {"ATTN_TBW_D64_BR": 64}, "btma, D64 with 64 query rows per step (the earlier default; D128 as btma)"),
     ("btmac", {"ATTN_TBW_CARRY_DK": 1, "ATTN_TBW_D64_BR": 64}, "btma64, D64 carrying dK's GEMM into the next step "
@@ -642,9 +649,10 @@ def bwg_cfg(defs, name="bwg", D=128):
         br = tbw_rows(defs, D)
         st = int(defs.get("ATTN_TBW_STAGES", 2))
         bufs = 2 if st == 2 else 1
-        tiles = 2 if d == 64 else 1  # dQ staging tiles (64 rows each)
+        tiles = 2 if d == 64 else 1  # dQ staging tiles (64 rows each), without ATTN_TBW_DQ_TMA
+        dqs = 32768 if int(defs.get("ATTN_TBW_DQ_TMA", 1)) else tiles * 64 * (d + 8) * 4
         return 384, 1024 + 2 * bc * d * 2 + bufs * bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + \
-            tiles * 64 * (d + 8) * 4 + 8 * (1 + 2 * st), bc
+            dqs + 8 * (1 + 2 * st), bc
     dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
     st = int(defs.get("ATTN_WGB_STAGES", 3))
     return 2 * bc, 1024 + 2 * bc * d * 2 + bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + dq, bc
@@ -652,11 +660,13 @@ def bwg_cfg(defs, name="bwg", D=128):
 
 assert bwg_cfg({}) == (256, 217600, 128) and bwg_cfg({"ATTN_WGB_DQ_BULK": 0})[1] == 182784
 assert bwg_cfg({"ATTN_WGB_STAGES": 2}) == (256, 184320, 128)
-assert bwg_cfg({}, "btma") == (384, 200744, 128)
-assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3") == (384, 217656, 128)
-assert bwg_cfg({}, "btma", 64) == (384, 203816, 128)
-assert bwg_cfg({"ATTN_TBW_D64_BR": 64}, "btma64", 64) == (384, 137256, 128)
-assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3", 64) == (384, 204856, 128)
+assert bwg_cfg({}, "btma") == (384, 198696, 128)
+assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3") == (384, 215608, 128)
+assert bwg_cfg({}, "btma", 64) == (384, 199720, 128)
+assert bwg_cfg({"ATTN_TBW_D64_BR": 64}, "btma64", 64) == (384, 133160, 128)
+assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3", 64) == (384, 200760, 128)
+assert bwg_cfg({"ATTN_TBW_DQ_TMA": 0}, "btmaw") == (384, 200744, 128)
+assert bwg_cfg({"ATTN_TBW_DQ_TMA": 0}, "btmaw", 64) == (384, 203816, 128)
 
 
 def bwd_main(args):

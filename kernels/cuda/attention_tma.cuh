@@ -53,6 +53,16 @@ __device__ __forceinline__ void bulk_red_add_f32(float* dst, unsigned src, unsig
                  "r"(src), "r"(bytes)
                  : "memory");
 }
+// Bulk asynchronous tensor reduction: the box at (c0, c1, c2) of the tensor map (f32) += the box
+// in shared memory at src (laid out as the map's swizzle says), completed through this thread's
+// bulk groups; box elements outside the tensor are not written.
+__device__ __forceinline__ void tma_red_add_3d(const TmaMap* map, unsigned src, int c0, int c1, int c2) {
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+            reinterpret_cast<unsigned long long>(map)),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // This thread's bulk groups have finished reading shared memory (the source may be rewritten).
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }

@@ -48,20 +48,26 @@
 // ======================================================================================
 // Launch (kernels flash_bwd_tma_d{64,128}_{T})
 // ======================================================================================
-//   grid (ceil(Lk / 128), Hkv, B), block (384, 1, 1), dynamic smem 200744 bytes for D = 128:
+//   grid (ceil(Lk / 128), Hkv, B), block (384, 1, 1), dynamic smem 198696 bytes for D = 128:
 //   1024 alignment slack + K and V (2 x 128*D*2) + two dS^T tiles (2 x 128*BR*2) + 2 stages of Q
-//   and dO (2 x 2 x BR*D*2) + 2 stages of lse and dsum (2 x 2 x BR*4) + the dQ staging tile
-//   (64*(D+8)*4) + 5 mbarriers, with BR = 64 query rows per step; D = 64: 203816, the same with
-//   BR = 128, 64 columns and one dQ staging tile per warpgroup. Needs
+//   and dO (2 x 2 x BR*D*2) + the dQ staging (8 consumer warps x two 16 x 32 f32 panels, 32768)
+//   + 2 stages of lse and dsum (2 x 2 x BR*4) + 5 mbarriers, with BR = 64 query rows per step;
+//   D = 64: 199720, the same with BR = 128 and 64 columns. Needs
 //   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
-//   (-DATTN_TBW_D64_BR=64: D = 64 takes 137256 bytes. -DATTN_TBW_STAGES=3: one dS^T tile,
-//   3 stages, 7 mbarriers: 217656 bytes for D = 128, 204856 for D = 64 (137784 with 64 rows).)
+//   (-DATTN_TBW_D64_BR=64: D = 64 takes 133160 bytes. -DATTN_TBW_STAGES=3: one dS^T tile,
+//   3 stages, 7 mbarriers: 215608 bytes for D = 128, 200760 for D = 64 (133688 with 64 rows).
+//   -DATTN_TBW_DQ_TMA=0: a padded staging tile (64*(D+8)*4, one per warpgroup at D = 64) instead:
+//   200744 and 203816 bytes; 137256, 217656, 204856 and 137784 for the variants above.)
 //   Argument: one `const FlashTmaBwdParams` by value (below): the FlashParams of
-//   flash_bwd_wgmma_d128_{T} (the same pointers, workspaces and semantics) and four tensor maps,
-//   each 3-D (D, L, B * heads), 16-bit elements, CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero
-//   fill out of bounds (rows past L read 0):
-//     q, dout: (D, Lq, B * H), box (64, BR, 1): (64, 64, 1) for D = 128, (64, 128, 1) for D = 64;
-//     k, v: (D, Lk, B * Hkv), box (64, 128, 1).
+//   flash_bwd_wgmma_d128_{T} (the same pointers, workspaces and semantics) and five tensor maps,
+//   each 3-D (D, L, B * heads), CU_TENSOR_MAP_SWIZZLE_128B, no interleave, zero fill out of
+//   bounds (rows past L read 0):
+//     q, dout: (D, Lq, B * H), 16-bit elements, box (64, BR, 1): (64, 64, 1) for D = 128,
+//       (64, 128, 1) for D = 64;
+//     k, v: (D, Lk, B * Hkv), 16-bit elements, box (64, 128, 1);
+//     dq: dq_accum, (D, Lq, B * H), f32 elements, box (32, 16, 1) (a consumer warp's panel; the
+//       kernel adds to it by bulk tensor reductions, which do not write rows past Lq; unused with
+//       -DATTN_TBW_DQ_TMA=0).
 //   (-DATTN_TBW_D64_BR=64: D = 64 takes q and dout boxes of (64, 64, 1).)
 //   Order on one stream as the wgmma kernel's: flash_bwd_preprocess_d{D}_{T} (attention.cu), this
 //   kernel, flash_bwd_convert_dq_d{D}_{T} (attention.cu).
@@ -79,9 +85,10 @@
 struct __align__(64) FlashTmaBwdParams {
     FlashParams p;
     TmaMap q, k, v, dout;
+    TmaMap dq;  // dq_accum (f32): see "dQ" in the launch comment
 };
-// (152 bytes of FlashParams, then q, k, v, dout at 192, 320, 448, 576.)
-static_assert(sizeof(FlashTmaBwdParams) == 704 && alignof(FlashTmaBwdParams) == 64, "FlashTmaBwdParams ABI");
+// (152 bytes of FlashParams, then q, k, v, dout, dq at 192, 320, 448, 576, 704.)
+static_assert(sizeof(FlashTmaBwdParams) == 832 && alignof(FlashTmaBwdParams) == 64, "FlashTmaBwdParams ABI");
 
 // setmaxnreg: the producer warpgroup's registers and the consumers'; they must fit the block's
 // allocation at launch, 384 threads x 168 registers (see attention_tma.cu).
@@ -104,6 +111,15 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #endif
 #ifndef ATTN_TBW_STAGES
 #define ATTN_TBW_STAGES 2
+#endif
+// How dQ reaches dq_accum: 1 (the default) each consumer warp stages its 16 rows x 64 columns as
+// two 16 x 32 f32 panels with the 128-byte swizzle and one lane adds both with bulk tensor
+// reductions through the dq tensor map; 0 (the earlier path, a candidate): a padded row-major
+// staging tile and one bulk reduction per row, 16 lanes of each warp issuing one each (ptxas
+// serializes them through a loop over the lanes: on the H100 that loop held about a quarter of
+// the consumer warps' stall samples).
+#ifndef ATTN_TBW_DQ_TMA
+#define ATTN_TBW_DQ_TMA 1
 #endif
 // Query rows per step for D = 64: 128 (the default: FlashAttention-3's D = 64 block, see the
 // design comment) or 64 (the earlier default, kept as a candidate). D = 128 always takes 64.
@@ -129,7 +145,8 @@ struct TmaBwdCfg {
     static constexpr int DQ_TILE_BYTES = 64 * DQ_LD * 4;
     // Every consumer warpgroup computes a dQ GEMM in every step (else they alternate).
     static constexpr bool DQ_EVERY = D == 128 || BR == 128;
-    static constexpr int DQ_BYTES = (D == 64 ? 2 : 1) * DQ_TILE_BYTES;
+    // ATTN_TBW_DQ_TMA: two 16 x 32 f32 panels (2048 bytes each) per consumer warp instead.
+    static constexpr int DQ_BYTES = ATTN_TBW_DQ_TMA ? 8 * 2 * 2048 : (D == 64 ? 2 : 1) * DQ_TILE_BYTES;
     static constexpr int NBARS = 1 + 2 * STAGES; // kv_full, full[STAGES], empty[STAGES]
     static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + DS_BUFS * DS_BYTES + STAGES * 2 * Q_BYTES +
                                       STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS;
@@ -141,21 +158,58 @@ struct TmaBwdCfg {
 typedef TmaBwdCfg<128> TmaBwdCfgD128;
 typedef TmaBwdCfg<64> TmaBwdCfgD64;
 // (the defaults' asserts come first: ops/src/attention/cuda/launch.rs reads the first of each)
-#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128 &&
+#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128 && ATTN_TBW_DQ_TMA
+static_assert(TmaBwdCfgD128::SMEM_BYTES == 198696 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128 &&
                   TmaBwdCfgD128::BR == 64,
               "documented (tma bwd d128)");
-static_assert(TmaBwdCfgD64::SMEM_BYTES == 203816 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128 &&
+static_assert(TmaBwdCfgD64::SMEM_BYTES == 199720 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128 &&
                   TmaBwdCfgD64::BR == 128,
               "documented (tma bwd d64)");
+#elif ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128
+static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD64::SMEM_BYTES == 203816, "tma bwd, dQ rows one by one");
 #elif ATTN_TBW_STAGES == 2
-static_assert(TmaBwdCfgD64::SMEM_BYTES == 137256 && TmaBwdCfgD64::BR == 64, "tma bwd d64 with 64-row steps");
+static_assert(TmaBwdCfgD64::SMEM_BYTES == (ATTN_TBW_DQ_TMA ? 133160 : 137256) && TmaBwdCfgD64::BR == 64,
+              "tma bwd d64 with 64-row steps");
 #elif ATTN_TBW_D64_BR == 64
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656 && TmaBwdCfgD64::SMEM_BYTES == 137784, "tma bwd with 3 stages");
+static_assert(TmaBwdCfgD128::SMEM_BYTES == (ATTN_TBW_DQ_TMA ? 215608 : 217656) &&
+                  TmaBwdCfgD64::SMEM_BYTES == (ATTN_TBW_DQ_TMA ? 133688 : 137784),
+              "tma bwd with 3 stages");
 #else
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 217656 && TmaBwdCfgD64::SMEM_BYTES == 204856,
+static_assert(TmaBwdCfgD128::SMEM_BYTES == (ATTN_TBW_DQ_TMA ? 215608 : 217656) &&
+                  TmaBwdCfgD64::SMEM_BYTES == (ATTN_TBW_DQ_TMA ? 200760 : 204856),
               "tma bwd with 3 stages, d64 with 128-row steps");
 #endif
+
+// ATTN_TBW_DQ_TMA: the dQ of a consumer warp's 16 rows x the GEMM's 64 columns (dq[4 nt + 2 r + c]:
+// row g + 8 r, column 8 nt + 2 t + c, the m64n64 accumulator layout) into its two 16 x 32 f32 panels
+// at s_w (gw: the same as a generic pointer; 128-byte rows, 1024-byte aligned, the 128-byte swizzle:
+// 16-byte chunk c of row r at chunk c ^ (r & 7), as the dq tensor map reads it), then lane 0 adds
+// both to dq_accum (columns col0 .. + 63 of rows row0 .. + 15 of head bh) with bulk tensor
+// reductions; rows at or past Lq are not written (nor, when row0 >= Lq, issued). Lane 0 must have
+// waited for its previous reductions' reads (bulk_wait_read) before the warp comes here again.
+// (Stores: each 8-byte store of the warp covers 32 bytes of each of 8 rows, two rows per 32-byte
+// bank group, so two wavefronts, the least for 256 bytes.)
+__device__ __forceinline__ void tbw_reduce_dq(const float (&dq)[32], unsigned char* gw, unsigned s_w, const TmaMap* map,
+                                              int col0, int row0, int bh, int Lq, int lane, int g, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const unsigned chunk = (unsigned)(2 * (nt & 3) + (t >> 1)) ^ (unsigned)g;
+            const unsigned off = (unsigned)(nt >> 2) * 2048u + (unsigned)(g + 8 * r) * 128u + chunk * 16u + (t & 1) * 8u;
+            *reinterpret_cast<float2*>(gw + off) = make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
+        }
+    }
+    fence_proxy_async_smem();
+    __syncwarp();
+    if (lane == 0) {
+        if (row0 < Lq) {
+            tma_red_add_3d(map, s_w, col0, row0, bh);
+            tma_red_add_3d(map, s_w + 2048, col0 + 32, row0, bh);
+        }
+        bulk_commit();
+    }
+}
 
 template <typename Tr, typename Cfg>
 __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, unsigned char* smem) {
@@ -202,15 +256,16 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     const int per_head = n_m > m_begin ? n_m - m_begin : 0;
     const int total = G * per_head;
 
-    // smem: [K][V][dS^T x DS_BUFS][Q, dO stage 0, 1 (, 2)][lse, dsum stage 0, 1 (, 2)][dQ staging][barriers]
+    // smem: [K][V][dS^T x DS_BUFS][Q, dO stage 0, 1 (, 2)][dQ staging][lse, dsum stage 0, 1 (, 2)][barriers]
+    // (every part up to the dQ staging a multiple of 1024 bytes: its swizzled panels need that alignment)
     const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned s_k = base;
     const unsigned s_v = s_k + Cfg::KV_BYTES;
     const unsigned s_ds = s_v + Cfg::KV_BYTES;
     const unsigned s_st = s_ds + Cfg::DS_BUFS * Cfg::DS_BYTES;
-    const unsigned s_rv = s_st + ST * 2 * Cfg::Q_BYTES;
-    const unsigned s_dq = s_rv + ST * Cfg::RV_BYTES;
-    const unsigned bar = s_dq + Cfg::DQ_BYTES;
+    const unsigned s_dq = s_st + ST * 2 * Cfg::Q_BYTES;
+    const unsigned s_rv = s_dq + Cfg::DQ_BYTES;
+    const unsigned bar = s_rv + ST * Cfg::RV_BYTES;
     const unsigned kv_full = bar;
     const unsigned full = bar + 8;
     const unsigned empty = full + 8 * ST;
@@ -316,7 +371,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     const int dq_row0 = BR == 128 ? 64 * cw : 0;  // its first query row in the step
     // A operand of its dQ GEMM: the dS^T panel of its query rows (BR = 128), else the tile
     const unsigned ds_panel = BR == 128 ? cw * (BC * 128) : 0;
-    const unsigned s_dqw = s_dq + (D == 64 ? cw * Cfg::DQ_TILE_BYTES : 0);  // its staging tile
+    // its staging: ATTN_TBW_DQ_TMA, the warp's two panels; else its warpgroup's tile (D = 128: one shared tile)
+    const unsigned s_dqw = ATTN_TBW_DQ_TMA ? s_dq + (cw * 4 + warp) * 4096 : s_dq + (D == 64 ? cw * Cfg::DQ_TILE_BYTES : 0);
 
     const float sl2 = p.scale * ATTN_LOG2E;
     const T* mask = static_cast<const T*>(p.mask);
@@ -410,13 +466,19 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             }
         }
 
-        // ---- dQ: the warp's 16 rows x the GEMM's 64 columns -> staging tile, then lane l < 16
-        // reduces row 16 warp + l (256 contiguous bytes) into dq_accum with one bulk op ----
+        // ---- dQ: the warp's 16 rows x the GEMM's 64 columns -> its staging, then into dq_accum:
+        // ATTN_TBW_DQ_TMA, two bulk tensor reductions by lane 0 (tbw_reduce_dq); else lane l < 16
+        // reduces row 16 warp + l (256 contiguous bytes) with one bulk op ----
         if (do_dq) {
-            if (lane < 16) bulk_wait_read();  // this tile's last rows left it
+            if (ATTN_TBW_DQ_TMA ? lane == 0 : lane < 16) bulk_wait_read();  // the staging's last reads are done
             __syncwarp();
-            wgb_reduce_dq<D>(dq, sdq, s_dqw, Cfg::DQ_LD, dq_col0, dq_accum, (long long)(b * H + hh) * Lq + mm0 + dq_row0,
-                             mm0 + dq_row0, Lq, warp, lane, g, t);
+            if (ATTN_TBW_DQ_TMA) {
+                tbw_reduce_dq(dq, gbase + (s_dqw - base), s_dqw, &tp.dq, dq_col0, mm0 + dq_row0 + 16 * warp, b * H + hh,
+                              Lq, lane, g, t);
+            } else {
+                wgb_reduce_dq<D>(dq, sdq, s_dqw, Cfg::DQ_LD, dq_col0, dq_accum,
+                                 (long long)(b * H + hh) * Lq + mm0 + dq_row0, mm0 + dq_row0, Lq, warp, lane, g, t);
+            }
         }
 
         if (!CARRY) {
@@ -431,7 +493,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         reg_fence(dk);
         reg_fence(df);
     }
-    if (lane < 16) bulk_wait_all();
+    if (ATTN_TBW_DQ_TMA ? lane == 0 : lane < 16) bulk_wait_all();
 
     // ---- epilogue: dK = scale * acc, dV; rows past Lk are not stored ----
     const long long kv_off = ((long long)(b * p.Hkv + hk) * Lk + n0) * D;

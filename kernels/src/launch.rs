@@ -371,8 +371,9 @@ unsafe impl cudarc::driver::DeviceRepr for FlashTmaParams {}
 /// `FlashTmaBwdParams`): the [`FlashParams`] of the backward call and the tensor maps of
 /// q and dO (3-D (D, Lq, B·H), box (64, 128, 1) for D = 64 and (64, 64, 1) for D = 128:
 /// the kernel's query rows per step) and of k and v (3-D (D, Lk, B·Hkv), box
-/// (64, 128, 1)), all with the 128-byte swizzle. 704 bytes, 64-aligned: `p` at 0, `q` at
-/// 192, `k` at 320, `v` at 448, `dout` at 576.
+/// (64, 128, 1)), all with the 128-byte swizzle, and of the f32 workspace `dq_accum` that the
+/// kernel adds dQ to (3-D (D, Lq, B·H), box (32, 16, 1), the 128-byte swizzle). 832 bytes,
+/// 64-aligned: `p` at 0, `q` at 192, `k` at 320, `v` at 448, `dout` at 576, `dq` at 704.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FlashTmaBwdParams {
@@ -388,18 +389,21 @@ pub struct FlashTmaBwdParams {
     pub v: TensorMap,
     /// The output's gradient dO, (D, Lq, B·H), boxes as `q`'s.
     pub dout: TensorMap,
+    /// `p.dq_accum` (f32), (D, Lq, B·H), boxes of 32 columns and 16 rows.
+    pub dq: TensorMap,
 }
 
-const _: () = assert!(std::mem::size_of::<FlashTmaBwdParams>() == 704);
+const _: () = assert!(std::mem::size_of::<FlashTmaBwdParams>() == 832);
 const _: () = assert!(std::mem::align_of::<FlashTmaBwdParams>() == 64);
 const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, q) == 192);
 const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, k) == 320);
 const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, v) == 448);
 const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, dout) == 576);
+const _: () = assert!(std::mem::offset_of!(FlashTmaBwdParams, dq) == 704);
 
 // SAFETY: `FlashTmaBwdParams` is `repr(C, align(64))` with the layout of the C struct the
-// TMA backward takes by value (704 bytes, 64-aligned, the offsets checked above; the C
-// side asserts the same size and alignment): a `FlashParams` and four 128-byte tensor
+// TMA backward takes by value (832 bytes, 64-aligned, the offsets checked above; the C
+// side asserts the same size and alignment): a `FlashParams` and five 128-byte tensor
 // maps, plain bytes. It is plain old data, valid for any bit pattern.
 unsafe impl cudarc::driver::DeviceRepr for FlashTmaBwdParams {}
 

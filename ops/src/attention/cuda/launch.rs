@@ -152,8 +152,8 @@ impl Kernel {
             (Kernel::ForwardTmaNoMask, 64) => 91_224,
             (Kernel::ForwardTma | Kernel::ForwardTmaNoMask, _) => 164_952,
             (Kernel::DqDkDvWgmma, _) => 217_600,
-            (Kernel::DqDkDvTma, 64) => 203_816,
-            (Kernel::DqDkDvTma, _) => 200_744,
+            (Kernel::DqDkDvTma, 64) => 199_720,
+            (Kernel::DqDkDvTma, _) => 198_696,
             _ => 0,
         }
     }

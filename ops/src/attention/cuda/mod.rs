@@ -6,10 +6,10 @@
 //!
 //! Every kernel takes one `FlashParams` (`rtx_kernels::launch`) by value (the TMA
 //! forward a `FlashTmaParams`: the same, its work-tile counters and three tensor maps;
-//! the TMA backward a `FlashTmaBwdParams`: the same and four tensor maps); the kernel
-//! table (grids, blocks, dynamic shared memory: the ABI documented at the top of each
-//! `.cu` file) and the per-stream state are in `launch.rs`, the TMA forward's grid of work
-//! tiles and its counters in `grid.rs`. The backward's f32 workspace (dq_accum, then
+//! the TMA backward a `FlashTmaBwdParams`: the same and five tensor maps, the f32
+//! workspace's among them); the kernel table (grids, blocks, dynamic shared memory: the
+//! ABI documented at the top of each `.cu` file) and the per-stream state are in
+//! `launch.rs`, the TMA forward's grid of work tiles and its counters in `grid.rs`. The backward's f32 workspace (dq_accum, then
 //! dsum) is kept per stream for the next call: every use of it is ordered on that one
 //! stream, and the preprocess kernel rewrites all of it before the other two read it.
 //!
@@ -70,7 +70,7 @@ use self::launch::{
     backward_function, flash_params, forward_function, function, state, wgmma_backward_function,
     wgmma_forward_function, FlashParams, FlashTmaBwdParams, FlashTmaParams, Kernel, BWD, FWD,
 };
-use self::tensor_map::tensor_map;
+use self::tensor_map::{dq_accum_map, tensor_map};
 use super::geometry::Geometry;
 use crate::gemm::device::{dptr, dptr_mut};
 use crate::kernels;
@@ -342,21 +342,24 @@ fn backward_t<T: Element>(
                         tensor_map(kp, dt, d, p.lk, p.b * p.h_kv, 128)?,
                         tensor_map(vp, dt, d, p.lk, p.b * p.h_kv, 128)?,
                         tensor_map(dop, dt, d, p.lq, p.b * p.h, qrows)?,
+                        dq_accum_map(wp, d, p.lq, p.b * p.h)?,
                     ))
                 })();
                 match maps {
-                    Ok((q, k, v, dout)) => {
+                    Ok((q, k, v, dout, dq)) => {
                         let tp = FlashTmaBwdParams {
                             p: params,
                             q,
                             k,
                             v,
                             dout,
+                            dq,
                         };
                         // SAFETY: as above, and the maps are those of q, k, v and dO
                         // made by `tensor_map` for these pointers and shapes (boxes of
                         // the kernel's query rows per step for q and dO, 128-row ones
-                        // for k and v), for the TMA
+                        // for k and v) and that of dq_accum (the workspace's first
+                        // B*H*Lq*D floats) made by `dq_accum_map`, for the TMA
                         // kernel `main` is; its grid covers Lk in blocks of its 128 keys.
                         unsafe { main.launch_tma_bwd(stream, main_grid, &tp) }?;
                         TMA_BWD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -17,20 +17,50 @@ pub(super) fn tensor_map(
     heads: usize,
     rows: u32,
 ) -> std::result::Result<TensorMap, String> {
-    use sys::{
-        CUtensorMapDataType as Dt, CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il,
-        CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
-    };
+    use sys::CUtensorMapDataType as Dt;
     let dt = match dtype {
         DType::F16 => Dt::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::BF16 => Dt::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         other => return Err(format!("no tensor map for {other:?}")),
     };
-    let row = d.checked_mul(2).ok_or("row bytes overflow")?;
+    encode(ptr, dt, 2, d, l, heads, [64, rows])
+}
+
+/// The tensor map of the TMA backward's f32 workspace `dq_accum` (`[heads, l, d]` at
+/// `ptr`), as `attention_tma_bwd.cu` adds dQ to it by bulk tensor reductions: 3-D
+/// (d, l, heads), box (32, 16, 1) (a consumer warp's 16 rows by 128 bytes), 128-byte
+/// swizzle. Errors when the driver refuses it.
+pub(super) fn dq_accum_map(
+    ptr: u64,
+    d: usize,
+    l: usize,
+    heads: usize,
+) -> std::result::Result<TensorMap, String> {
+    let dt = sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    encode(ptr, dt, 4, d, l, heads, [32, 16])
+}
+
+/// `cuTensorMapEncodeTiled` of a contiguous `[heads, l, d]` tensor of `elem`-byte elements:
+/// 3-D (d, l, heads), box (`bx[0]`, `bx[1]`, 1), 128-byte swizzle, 128-byte L2 promotion,
+/// out-of-bounds elements read as zeros (and not written).
+fn encode(
+    ptr: u64,
+    dt: sys::CUtensorMapDataType,
+    elem: usize,
+    d: usize,
+    l: usize,
+    heads: usize,
+    bx: [u32; 2],
+) -> std::result::Result<TensorMap, String> {
+    use sys::{
+        CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il, CUtensorMapL2promotion as L2,
+        CUtensorMapSwizzle as Sw,
+    };
+    let row = d.checked_mul(elem).ok_or("row bytes overflow")?;
     let plane = row.checked_mul(l).ok_or("plane bytes overflow")?;
     let dims: [u64; 3] = [d as u64, l as u64, heads as u64];
     let strides: [u64; 2] = [row as u64, plane as u64];
-    let boxes: [u32; 3] = [64, rows, 1];
+    let boxes: [u32; 3] = [bx[0], bx[1], 1];
     let steps: [u32; 3] = [1, 1, 1];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
     // SAFETY: every pointer argument points at a live array of the length the call reads
