@@ -622,6 +622,8 @@ BWD_VARIANTS = [
     ("btma", {}, "attention_tma_bwd.cu: producer warpgroup + TMA, 2 consumer WG, mbarriers, dS^T x 2"),
     ("btmaw", {"ATTN_TBW_DQ_TMA": 0}, "btma with dQ reduced row by row (16 bulk reductions per warp and step, "
                                        "the default before the dq tensor map)"),
+    ("btmal", {"ATTN_TBW_EARLY": 0}, "btma, D128 reading lse and dsum after the waits for S^T and dP^T "
+                                     "(the default before ATTN_TBW_EARLY)"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
     ("btma64", {"ATTN_TBW_D64_BR": 64}, "btma, D64 with 64 query rows per step (the earlier default; D128 as btma)"),
     ("btmac", {"ATTN_TBW_CARRY_DK": 1, "ATTN_TBW_D64_BR": 64}, "btma64, D64 carrying dK's GEMM into the next step "

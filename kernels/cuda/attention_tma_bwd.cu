@@ -121,6 +121,15 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TBW_DQ_TMA
 #define ATTN_TBW_DQ_TMA 1
 #endif
+// 1 (the default; D = 128 only): the step's lse values are read from shared memory (and scaled)
+// before the wait for S^T, and its dsum values before the wait for dP^T, so that those loads'
+// latency is not waited for after the GEMMs (on the H100 the first uses of lse held about 5 % of
+// the stall samples). 32 more live registers at those points (no spill). 0: after the waits.
+// On the H200 (2026-12-05, check script, same call) the backward with 1 took 0.98-1.02x the time
+// with 0 (the main kernel alone 0.90-1.02x): within what these timings move between calls.
+#ifndef ATTN_TBW_EARLY
+#define ATTN_TBW_EARLY 1
+#endif
 // Query rows per step for D = 64: 128 (the default: FlashAttention-3's D = 64 block, see the
 // design comment) or 64 (the earlier default, kept as a candidate). D = 128 always takes 64.
 #ifndef ATTN_TBW_D64_BR
@@ -236,6 +245,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     // serialize the wgmmas); an untimed candidate elsewhere (ATTN_TBW_UNDEF=1).
     constexpr bool UNDEF = BR == 128 || ATTN_TBW_UNDEF;
     constexpr bool DQ_EVERY = Cfg::DQ_EVERY;
+    constexpr bool EARLY = ATTN_TBW_EARLY && D == 128;  // (see the macro)
 
     const int tid = threadIdx.x;
     // warp-uniform warpgroup index (broadcast, so ptxas sees it uniform): 0 producer, 1 and 2 consumers
@@ -402,6 +412,11 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         reg_fence(dp);
         wg_fence();
         wgb_issue_sdp<Tr, D, BC, BR>(s, dp, k_a, v_a, st_kmaj, st_off, Cfg::Q_BYTES);
+        float2 lpre[EARLY ? BR / 8 : 1], dpre[EARLY ? BR / 8 : 1];
+        if (EARLY) {
+#pragma unroll
+            for (int nt = 0; nt < BR / 8; ++nt) lpre[nt] = wgb_lse_pair(s_lse, nt, t);
+        }
         wg_wait<1>();  // S^T done (dP^T may run on); CARRY: also dK of step it-1
         reg_fence(s);
         if (CARRY) {
@@ -414,7 +429,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         const bool need_mask = (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
         const WgbMask<T> wm = {krow, mm0, t, Lq, Lk, p.causal, mask, has_mask,
                                (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h, p.mask_stride_q};
-        wgb_probs<Tr, BR, true>(s, s_lse, sl2, need_mask, wm);
+        wgb_probs<Tr, BR, true>(s, s_lse, sl2, need_mask, wm, EARLY ? lpre : nullptr);
         wgb_pack<Tr, PR>(pf, s);
 
         // ---- dV += P^T dO (runs while dS^T is computed) ----
@@ -423,6 +438,10 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         wg_fence();
         wgb_issue_rs<Tr, D, BR>(dv, pf, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES));
         wg_commit();
+        if (EARLY) {
+#pragma unroll
+            for (int nt = 0; nt < BR / 8; ++nt) dpre[nt] = *reinterpret_cast<const float2*>(s_dsum + nt * 8 + 2 * t);
+        }
         wg_wait<1>();  // dP^T done (dV may run on)
         reg_fence(dp);
 
@@ -435,7 +454,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             }
         }
         // ---- dS^T = P^T o (dP^T - dsum) -> smem buffer `buf` [key][query] ----
-        wgb_ds<Tr, BR, BC>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t);
+        wgb_ds<Tr, BR, BC>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t,
+                           EARLY ? dpre : nullptr);
         fence_proxy_async_smem();
         named_bar_sync(1, 256);  // dS^T of both warpgroups written
 

@@ -45,20 +45,28 @@ struct WgbMask {
     long long base, stride_q;
 };
 
+// The lse pair of the thread's query columns nt * 8 + 2 t, + 1 of a step (s_lse: the step's lse in
+// shared memory), scaled by log2(e); a fully masked row (lse = -inf) gives +inf, so every P of
+// it is 0. wgb_probs reads these, or takes them loaded earlier (lpre).
+__device__ __forceinline__ float2 wgb_lse_pair(const float* s_lse, int nt, int t) {
+    const float2 lv = *reinterpret_cast<const float2*>(s_lse + nt * 8 + 2 * t);
+    return make_float2((lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E,
+                       (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E);
+}
+
 // P^T = 2^(S^T scale log2e + mask log2e - lse log2e) in place (rows = keys krow + 8r, columns =
 // queries mm0 + 8nt + 2t + c; masked entries 0; rows with lse = -inf all 0). need_mask: the step
 // has a query past Lq, a key past Lk, the causal diagonal or an additive mask; SPLIT: a step
 // without takes a copy of the loop without the per-element tests (the same values).
 template <typename Tr, int BR, bool SPLIT>
 __device__ __forceinline__ void wgb_probs(float (&s)[BR / 2], const float* s_lse, float sl2, bool need_mask,
-                                          const WgbMask<typename Tr::T>& m) {
+                                          const WgbMask<typename Tr::T>& m, const float2* lpre = nullptr) {
     const int t = m.t;
     if (SPLIT && !need_mask) {
 #pragma unroll
         for (int nt = 0; nt < BR / 8; ++nt) {
-            const float2 lv = *reinterpret_cast<const float2*>(s_lse + nt * 8 + 2 * t);
-            const float l0 = (lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E;
-            const float l1 = (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E;
+            const float2 lp = lpre ? lpre[nt] : wgb_lse_pair(s_lse, nt, t);
+            const float l0 = lp.x, l1 = lp.y;
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], sl2, -((e & 1) ? l1 : l0)));
         }
@@ -67,10 +75,8 @@ __device__ __forceinline__ void wgb_probs(float (&s)[BR / 2], const float* s_lse
 #pragma unroll
     for (int nt = 0; nt < BR / 8; ++nt) {
         const int qc = nt * 8 + 2 * t;
-        const float2 lv = *reinterpret_cast<const float2*>(s_lse + qc);
-        // fully masked row (lse = -inf): every P of the row 0
-        const float l0 = (lv.x == attn_neg_inf()) ? attn_pos_inf() : lv.x * ATTN_LOG2E;
-        const float l1 = (lv.y == attn_neg_inf()) ? attn_pos_inf() : lv.y * ATTN_LOG2E;
+        const float2 lp = lpre ? lpre[nt] : wgb_lse_pair(s_lse, nt, t);
+        const float l0 = lp.x, l1 = lp.y;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float x = fmaf(s[4 * nt + e], sl2, -((e & 1) ? l1 : l0));
@@ -126,10 +132,11 @@ __device__ __forceinline__ void wgb_store_ds(const unsigned (&df)[BR / 4], unsig
 // panels of BC rows, queries 0-63 and 64-127); row0: the thread's first key relative to the tile.
 template <typename Tr, int BR, int BC = 128>
 __device__ __forceinline__ void wgb_ds(float (&dp)[BR / 2], const float (&s)[BR / 2], unsigned (&df)[BR / 4],
-                                       const float* s_dsum, unsigned char* ds_ptr, int row0, int g, int t) {
+                                       const float* s_dsum, unsigned char* ds_ptr, int row0, int g, int t,
+                                       const float2* dpre = nullptr) {
 #pragma unroll
     for (int nt = 0; nt < BR / 8; ++nt) {
-        const float2 dsv = *reinterpret_cast<const float2*>(s_dsum + nt * 8 + 2 * t);
+        const float2 dsv = dpre ? dpre[nt] : *reinterpret_cast<const float2*>(s_dsum + nt * 8 + 2 * t);
 #pragma unroll
         for (int e = 0; e < 4; ++e) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - ((e & 1) ? dsv.y : dsv.x));
     }
