@@ -17,7 +17,8 @@ Usage (from the repository root):
                                        [--cubin FILE] [--expect before|after]
 --expect before fails (exit 1) unless every forward kernel's step has all its exponentials
 before the wait; --expect after, unless none. cuobjdump: $RTX_CUOBJDUMP, else `cuobjdump` on
-PATH, else installed from PyPI (nvidia-cuda-cuobjdump) into .nvrtc-tools/ (git ignores it).
+PATH, else installed from PyPI (nvidia-cuda-cuobjdump, with nvidia-cuda-nvdisasm, which it runs)
+into .nvrtc-tools/ (git ignores it).
 """
 import argparse
 import glob
@@ -38,13 +39,16 @@ def cuobjdump():
     tools = os.path.join(ROOT, ".nvrtc-tools")
     found = glob.glob(os.path.join(tools, "nvidia", "*", "bin", "cuobjdump"))
     if not found:
-        print("sass_order: installing nvidia-cuda-cuobjdump into %s" % tools, file=sys.stderr)
+        print("sass_order: installing nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm into %s" % tools,
+              file=sys.stderr)
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "--target", tools, "nvidia-cuda-cuobjdump"], check=True)
+                        "--target", tools, "nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm"], check=True,
+                       env=dict(os.environ, PIP_ROOT_USER_ACTION="ignore"))
         found = glob.glob(os.path.join(tools, "nvidia", "*", "bin", "cuobjdump"))
     if not found:
         raise SystemExit("sass_order: no cuobjdump after the install")
-    os.chmod(found[0], 0o755)
+    for tool in glob.glob(os.path.join(os.path.dirname(found[0]), "*")):
+        os.chmod(tool, 0o755)
     return found[0]
 
 
@@ -116,12 +120,18 @@ def main():
     else:
         tmp = tempfile.mkdtemp(prefix="sass_order_")
         path = build(args.program, args.defines, tmp)
-    sass = subprocess.run([cuobjdump(), "-sass", path], capture_output=True, text=True, check=True).stdout
+    exe = cuobjdump()
+    env = dict(os.environ)  # cuobjdump -sass runs nvdisasm: look beside it first
+    env["PATH"] = os.path.dirname(exe) + os.pathsep + env.get("PATH", "")
+    dis = subprocess.run([exe, "-sass", path], capture_output=True, text=True, env=env)
+    if dis.returncode != 0:
+        raise SystemExit("sass_order: cuobjdump failed:\n%s" % dis.stderr[-2000:])
+    sass = dis.stdout
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
     bad = []
-    print("%-34s %s" % ("kernel (%s %s)" % (args.program, " ".join("-D" + d for d in args.defines)),
-                        "MUFU.EX2 of its loop's step: before / after the wait for P V"))
+    print("%s %s: MUFU.EX2 of each forward kernel's loop step, before / after the wait for P V" % (
+        args.cubin or args.program, " ".join("-D" + d for d in args.defines)))
     for name, instrs in sorted(functions(sass).items()):
         if not name.startswith("flash_fwd"):
             continue
