@@ -92,18 +92,18 @@ static_assert(sizeof(FlashTmaParams) == 576 && alignof(FlashTmaParams) == 64 && 
 #define ATTN_TMA_CREGS 240
 #endif
 static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxnreg budget");
-// ATTN_TMA_LATE_RESCALE=1 (a candidate, untimed): FlashAttention-3's order of the O rescale. The
-// factor a tile's softmax finds for the old O is applied just before the next P V is issued,
-// between that iteration's S and P V wgmmas (the S GEMM running meanwhile), instead of after
-// the wait for the previous P V (0: the default, between that wait and the next iteration's
-// turn).
-// ATTN_TMA_SOFTMAX_FIRST=1 (a candidate, untimed): the softmax of S_j runs before the wait for
-// P_{j-1} V_{j-1} in the SASS too, as the program orders it (FlashAttention-3's overlap of a
-// warpgroup's softmax with its own P V GEMM). Without it ptxas schedules that wait
+// ATTN_TMA_LATE_RESCALE=1 (a candidate; measured slower, off): FlashAttention-3's order of the
+// O rescale. The factor a tile's softmax finds for the old O is applied just before the next
+// P V is issued, between that iteration's S and P V wgmmas (the S GEMM running meanwhile),
+// instead of after the wait for the previous P V (0: between that wait and the next turn).
+// ATTN_TMA_SOFTMAX_FIRST=1 (a candidate; measured slower, off): the softmax of S_j runs before
+// the wait for P_{j-1} V_{j-1} in the SASS too, as the program orders it (FlashAttention-3's
+// overlap of a warpgroup's softmax with its own P V GEMM). Without it ptxas schedules that wait
 // (WARPGROUP.DEPBAR) at the top of the softmax's basic block, so the whole softmax waits for the
-// P V GEMM (cuobjdump -sass of flash_fwd_tma_*_d128_*: the wait's DEPBAR before the first
-// MUFU.EX2 of the loop's step; with it, after the last). wg_keep_before_wait (wgmma.cuh) ends
-// the block on the row sums.
+// P V GEMM (kernels/checks/sass_order.py shows where). wg_keep_before_wait (wgmma.cuh) ends the
+// block on the row sums. On an H100 the default order was 2-12 % faster at L >= 4096 (the
+// softmax beside its own RS wgmma competes with its register reads; docs/performance-notes.md,
+// "The consumers' order in the SASS").
 #ifndef ATTN_TMA_SOFTMAX_FIRST
 #define ATTN_TMA_SOFTMAX_FIRST 0
 #endif
@@ -498,7 +498,8 @@ ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_bf16, AttnBF16, AttnTmaCfgD128, true)
 ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d128_f16, AttnF16, AttnTmaCfgD128, false)
 ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d128_bf16, AttnBF16, AttnTmaCfgD128, false)
 #endif
-// ATTN_TMA_BC176=1 (a candidate, not launched by rtx): also flash_fwd_tma_nm176_d128_{T}, the
+// ATTN_TMA_BC176=1 (a candidate, not launched by rtx; on an H100 without causal masking +3 % at
+// 1024 keys, -4..-7 % at 4096, level at 16384): also flash_fwd_tma_nm176_d128_{T}, the
 // mask-less D = 128 kernels on FlashAttention-3's tile for calls without causal masking, 176
 // keys (11 k-steps of P V, 22 column groups of the softmax); the k and v tensor maps then have
 // 176-row boxes. Dynamic smem 214104 bytes (the formula above with 176-key K and V tiles).
