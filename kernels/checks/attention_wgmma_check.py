@@ -73,7 +73,7 @@ VARIANTS = [
     # mbarriers (tma_cfg below). 2026-12-04: tma 0.83-0.94x SDPA at L >= 4096 (wg 0.66-0.77);
     # 3 K stages, or 3 K and 3 V, 3-9 % slower; D64 slower than wg at L = 1024 (the kernel's
     # comment); 176-key tiles (FlashAttention-3's non-causal tile) spilled 788 B in the masked
-    # build; the mask-less one (tma176) has none, and was not faster (runs 24a-24b).
+    # build; the mask-less one had none and was not faster (runs 24a-24b), removed.
     ("tma", {}, (128,), "TMA: producer WG + 2 consumer WG x 64 rows, 128 keys, 2 K + 2 V stages"),
     ("tma64", {"ATTN_TMA_D64_WG": 2}, (64, 128), "TMA, D64 with 2 consumer WG x 64 rows (not adopted)"),
     ("tmanm", {"ATTN_TMA_NOMASK": 1}, (128,), "D128 TMA, calls without a mask on kernels without the mask's "
@@ -101,30 +101,17 @@ VARIANTS = [
                 "ATTN_TMA_NOMASK": 1}, (64,), "tma64w3 on the launcher's grid (one block per SM, the counter)"),
     ("tma64d5", {"launch_cubin": "tma64w3", "launch_persist": 2, "launch_sched": 1, "launch_blocks": 5,
                  "ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1}, (64,), "tma64d on at most 5 blocks"),
-    ("tma176", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_BC176": 1}, (128,),
-     "tmanm with 176-key K / V tiles (FA-3's non-causal D128 tile) for mask-less calls, causal ones too"),
-    ("tma176d", {"launch_cubin": "tma176", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_BC176": 1, "launch_persist": 2,
-                 "launch_sched": 1}, (128,), "tma176 on the launcher's grid (one block per SM, the counter)"),
-    ("tma176d5", {"launch_cubin": "tma176", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_BC176": 1, "launch_persist": 2,
-                  "launch_sched": 1, "launch_blocks": 5}, (128,), "tma176d on at most 5 blocks"),
-    # The order of the consumer's steps in the SASS (attention_tma.cu, ATTN_TMA_SOFTMAX_FIRST and
-    # ATTN_TMA_LATE_RESCALE): the softmax before the wait for the previous P V, and the O rescale
-    # between the S and P V wgmmas. Runs 24a-24b (H100): the full checks passed; both slower than
-    # the default order (2-13 % at L >= 4096); 176-key tiles not faster (level at 16384).
+    # The softmax kept before the wait for the previous P V in the SASS (attention_tma.cu,
+    # ATTN_TMA_SOFTMAX_FIRST). Runs 24a-24b (H100): the full checks passed; 2-13 % slower than the
+    # default order at L >= 4096.
     ("tmasf", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_SOFTMAX_FIRST": 1}, (128,),
      "tmanm with the softmax kept before the wait for the previous P V (masked kernel too)"),
-    ("tmasfl", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_SOFTMAX_FIRST": 1, "ATTN_TMA_LATE_RESCALE": 1}, (128,),
-     "tmasf with the O rescale between the S and P V wgmmas (FA-3's order)"),
-    ("tmalr", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_LATE_RESCALE": 1}, (128,), "tmanm with the late O rescale alone"),
-    ("tma176sf", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_BC176": 1, "ATTN_TMA_SOFTMAX_FIRST": 1}, (128,),
-     "tma176 with the softmax kept before the wait"),
     ("tmasfd", {"launch_cubin": "tmasf", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_SOFTMAX_FIRST": 1, "launch_persist": 2,
                 "launch_sched": 1}, (128,), "tmasf on the launcher's grid (one block per SM, the counter)"),
     ("tmasfd5", {"launch_cubin": "tmasf", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_SOFTMAX_FIRST": 1, "launch_persist": 2,
                  "launch_sched": 1, "launch_blocks": 5}, (128,), "tmasfd on at most 5 blocks"),
-    ("tma64sf", {"ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_SOFTMAX_FIRST": 1},
-     (64,),
-     "tma64w3 with the softmax kept before the wait"),
+    ("tma64sf", {"ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1,
+                 "ATTN_TMA_SOFTMAX_FIRST": 1}, (64,), "tma64w3 with the softmax kept before the wait"),
     ("tma64sfd", {"launch_cubin": "tma64sf", "ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1, "ATTN_TMA_SOFTMAX_FIRST": 1,
                   "launch_persist": 2, "launch_sched": 1}, (64,), "tma64sf on the launcher's grid"),
     ("tma64sfd5", {"launch_cubin": "tma64sf", "ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1,
@@ -150,18 +137,18 @@ def wg_cfg(defs, D):
 assert wg_cfg({}, 128) == (256, 197632, 128) and wg_cfg({}, 64) == (256, 50176, 128)
 
 
-def tma_cfg(defs, D=128, bc=128):
+def tma_cfg(defs, D=128):
     """(threads, dynamic smem bytes, query rows per block) of flash_fwd_tma_d{D}_* (the launch
     documented above the kernel in attention_tma.cu): 2 consumer warpgroups, and 3 for D = 64
-    unless built with ATTN_TMA_D64_WG=2; bc keys per K / V tile (176: flash_fwd_tma_nm176_d128_*)."""
+    unless built with ATTN_TMA_D64_WG=2."""
     ks, vs = int(defs.get("ATTN_TMA_KS", 2)), int(defs.get("ATTN_TMA_VS", 2))
     nwg = int(defs.get("ATTN_TMA_D64_WG", 3)) if D == 64 else 2
     br = 64 * nwg
-    return 128 * (nwg + 1), 1024 + br * D * 2 + (ks + vs) * bc * D * 2 + 8 * (3 + 2 * ks + 2 * vs), br
+    return 128 * (nwg + 1), 1024 + br * D * 2 + (ks + vs) * 128 * D * 2 + 8 * (3 + 2 * ks + 2 * vs), br
 
 
 assert tma_cfg({})[1] == 164952 and tma_cfg({"ATTN_TMA_D64_WG": 2}, 64)[1] == 83032
-assert tma_cfg({}, 64) == (512, 91224, 192) and tma_cfg({}, 128, 176)[1] == 214104
+assert tma_cfg({}, 64) == (512, 91224, 192)
 
 
 class TensorMaps:
@@ -316,16 +303,12 @@ def gpu_main(args):
             tp["p"] = p
             pp = p[0] if getattr(p, "shape", ()) else p
             Hkv, Lk, bf = int(pp["Hkv"]), int(pp["Lk"]), dt == "bf16"
-            # ATTN_TMA_NOMASK: calls without a mask take the flash_fwd_tma_nm_* kernels; ATTN_TMA_BC176:
-            # D = 128 ones the 176-key flash_fwd_tma_nm176_* (causal calls too, for the check)
-            nm = "nm_" if int(self.defs.get("ATTN_TMA_NOMASK", 0)) and int(pp["mask"]) == 0 else ""
-            bc = 176 if nm and D == 128 and int(self.defs.get("ATTN_TMA_BC176", 0)) else 128
-            if bc == 176:
-                nm = "nm176_"
-            threads, smem, br = tma_cfg(self.defs, D, bc)
+            threads, smem, br = tma_cfg(self.defs, D)
             qbox = 128 if br == 128 else 64
-            for f, L, heads, rows in (("q", Lq, B * H, qbox), ("k", Lk, B * Hkv, bc), ("v", Lk, B * Hkv, bc)):
+            for f, L, heads, rows in (("q", Lq, B * H, qbox), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128)):
                 tp[f] = np.frombuffer(Tma.maps.encode(pp[f], D, L, heads, bf, rows), dtype="V128")[0]
+            # ATTN_TMA_NOMASK: calls without a mask take the flash_fwd_tma_nm_* kernels
+            nm = "nm_" if int(self.defs.get("ATTN_TMA_NOMASK", 0)) and int(pp["mask"]) == 0 else ""
             # the work tiles, one block each, or fewer blocks taking several (see VARIANTS)
             blocks = (Lq + br - 1) // br * H * B
             persist = int(self.defs.get("launch_persist", 0))
@@ -492,8 +475,8 @@ def gpu_main(args):
     elif args.child:
         fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
         for K in [K for K in builds if K.name == args.child]:
-            full = K.name in ("wg", "tma", "tmanm", "tma64w3", "tmad5", "tma64d5", "tma176", "tma176d5",
-                              "tmasf", "tmasfl", "tmasfd5", "tma176sf", "tma64sf", "tma64sfd5") and not args.quick
+            full = K.name in ("wg", "tma", "tmanm", "tma64w3", "tmad5", "tma64d5", "tmasf", "tmasfd5", "tma64sf",
+                              "tma64sfd5") and not args.quick
             gen = torch.Generator(device="cuda")
             gen.manual_seed(1234)
             res, worst, t1 = [], {"o": 0.0, "lse": 0.0}, time.time()
@@ -541,8 +524,7 @@ def gpu_main(args):
             if lost:
                 break
         # determinism: the same inputs three times give bitwise the same output
-        if args.child in ("wg", "tma", "tmad5", "tma64d5", "tma176d5", "tmasfd5",
-                          "tma64sfd5") and args.child in ok_names:
+        if args.child in ("wg", "tma", "tmad5", "tma64d5", "tmasfd5", "tma64sfd5") and args.child in ok_names:
             K = builds[0]
             gen = torch.Generator(device="cuda")
             gen.manual_seed(99)

@@ -92,23 +92,15 @@ static_assert(sizeof(FlashTmaParams) == 576 && alignof(FlashTmaParams) == 64 && 
 #define ATTN_TMA_CREGS 240
 #endif
 static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxnreg budget");
-// ATTN_TMA_LATE_RESCALE=1 (a candidate; measured slower, off): FlashAttention-3's order of the
-// O rescale. The factor a tile's softmax finds for the old O is applied just before the next
-// P V is issued, between that iteration's S and P V wgmmas (the S GEMM running meanwhile),
-// instead of after the wait for the previous P V (0: between that wait and the next turn).
 // ATTN_TMA_SOFTMAX_FIRST=1 (a candidate; measured slower, off): the softmax of S_j runs before
 // the wait for P_{j-1} V_{j-1} in the SASS too, as the program orders it (FlashAttention-3's
 // overlap of a warpgroup's softmax with its own P V GEMM). Without it ptxas schedules that wait
 // (WARPGROUP.DEPBAR) at the top of the softmax's basic block, so the whole softmax waits for the
 // P V GEMM (kernels/checks/sass_order.py shows where). wg_keep_before_wait (wgmma.cuh) ends the
-// block on the row sums. On an H100 the default order was 2-12 % faster at L >= 4096 (the
-// softmax beside its own RS wgmma competes with its register reads; docs/performance-notes.md,
-// "The consumers' order in the SASS").
+// block on the row sums. On an H100 the default order was 2-12 % faster at L >= 4096 (not
+// profiled; docs/performance-notes.md, "The consumers' order in the SASS").
 #ifndef ATTN_TMA_SOFTMAX_FIRST
 #define ATTN_TMA_SOFTMAX_FIRST 0
-#endif
-#ifndef ATTN_TMA_LATE_RESCALE
-#define ATTN_TMA_LATE_RESCALE 0
 #endif
 // With 3 consumer warpgroups (512 threads, 128 registers each at launch): the consumers'.
 #ifndef ATTN_TMA_CREGS3
@@ -149,10 +141,9 @@ __device__ __forceinline__ void tma_turn_pass(int cw, int j, int n) {
 
 template <typename Tr, typename Cfg, int KS, int VS, bool HAS_MASK = true>
 __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, unsigned char* smem) {
-    static_assert(Cfg::PIPE && (Cfg::NWG == 2 || Cfg::NWG == 3) &&
-                      (Cfg::BC == 128 || (Cfg::BC == 176 && Cfg::D == 128 && Cfg::NWG == 2)) &&
-                      Cfg::BR == 64 * Cfg::NWG && (Cfg::D == 64 || Cfg::D == 128),
-                  "TMA forward: PIPE, 2 or 3 x 64 rows, 128 keys (176 at D = 128), D 64 or 128");
+    static_assert(Cfg::PIPE && (Cfg::NWG == 2 || Cfg::NWG == 3) && Cfg::BC == 128 && Cfg::BR == 64 * Cfg::NWG &&
+                      (Cfg::D == 64 || Cfg::D == 128),
+                  "TMA forward: PIPE, 2 or 3 x 64 rows, 128 keys, D 64 or 128");
     typedef typename Tr::T T;
     const FlashParams& p = tp.p;
     constexpr int D = Cfg::D;
@@ -165,7 +156,6 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
     constexpr int NWG = Cfg::NWG;
     constexpr int NCONS = 128 * NWG;            // consumer threads
     constexpr int QBOX = BR == 128 ? 128 : 64;  // rows of the q tensor map's box
-    constexpr bool LATE = ATTN_TMA_LATE_RESCALE;            // (see the macro)
     constexpr bool SOFTMAX_FIRST = ATTN_TMA_SOFTMAX_FIRST;  // (see the macro)
 
     const int tid = threadIdx.x;
@@ -351,11 +341,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     reg_fence(s);
                     mbar_arrive(k_empty + 8 * ks);
                     wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
-                    if (LATE) {
-                        wg_pack_p<Tr, BC>(pf, l_r, s, alpha, rsum);
-                    } else {
-                        wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
-                    }
+                    wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
                 } else {
                     tma_turn_wait<NWG>(cw, kj);
                     tma_turn_pass<NWG>(cw, j, turns);
@@ -369,11 +355,6 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 wg_fence();
                 wg_issue_s<Tr, Cfg>(s, q_desc, kd);
                 wg_commit();
-                if (LATE) {  // the previous softmax's factor, while S_j runs
-                    wg_rescale_o<D>(o, alpha);
-                    reg_fence(o);
-                    wg_fence();
-                }
                 wg_issue_pv<Tr, Cfg>(o, pf, vd);
                 wg_commit();
                 tma_turn_pass<NWG>(cw, j, turns);
@@ -386,15 +367,10 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 reg_fence(o);
                 reg_fence(pf);
                 mbar_arrive(v_empty + 8 * vs);
-                if (LATE) {
-                    wg_pack_p<Tr, BC>(pf, l_r, s, alpha, rsum);
-                } else {
-                    wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
-                }
+                wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
             } else if (j == wg_tiles) {
                 mbar_arrive(k_empty + 8 * ks);
                 tma_turn_wait<NWG>(cw, kj);
-                if (LATE) wg_rescale_o<D>(o, alpha);
                 reg_fence(o);
                 reg_fence(pf);
                 wg_fence();
@@ -421,7 +397,6 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
             const int vs = kl % VS;
             mbar_wait(v_full + 8 * vs, (kl / VS) & 1);
             if (wg_tiles == n_tiles) {
-                if (LATE) wg_rescale_o<D>(o, alpha);
                 reg_fence(o);
                 reg_fence(pf);
                 wg_fence();
@@ -497,22 +472,6 @@ ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_bf16, AttnBF16, AttnTmaCfgD128, true)
 #if ATTN_TMA_NOMASK
 ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d128_f16, AttnF16, AttnTmaCfgD128, false)
 ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d128_bf16, AttnBF16, AttnTmaCfgD128, false)
-#endif
-// ATTN_TMA_BC176=1 (a candidate, not launched by rtx; on an H100 without causal masking +3 % at
-// 1024 keys, -4..-7 % at 4096, level at 16384): also flash_fwd_tma_nm176_d128_{T}, the
-// mask-less D = 128 kernels on FlashAttention-3's tile for calls without causal masking, 176
-// keys (11 k-steps of P V, 22 column groups of the softmax); the k and v tensor maps then have
-// 176-row boxes. Dynamic smem 214104 bytes (the formula above with 176-key K and V tiles).
-#ifndef ATTN_TMA_BC176
-#define ATTN_TMA_BC176 0
-#endif
-#if ATTN_TMA_BC176
-typedef WgFwdCfg<128, 176, 2, true, true, 1> AttnTmaCfgD128K176;
-#if ATTN_TMA_KS == 2 && ATTN_TMA_VS == 2
-static_assert(AttnTmaLaunch<AttnTmaCfgD128K176>::SMEM_BYTES == 214104, "documented (tma fwd d128, 176 keys)");
-#endif
-ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm176_d128_f16, AttnF16, AttnTmaCfgD128K176, false)
-ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm176_d128_bf16, AttnBF16, AttnTmaCfgD128K176, false)
 #endif
 #if ATTN_TMA_D64
 // D = 64: with 3 consumer warpgroups (the default) the mask-less build alone, since the

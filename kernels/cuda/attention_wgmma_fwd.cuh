@@ -27,11 +27,9 @@ struct WgFwdCfg {
     static constexpr int KV_BYTES = BC * D * 2;        // one K or V tile
     static constexpr int SMEM_BYTES = 1024 + Q_BYTES + (KSTAGES + VSTAGES) * KV_BYTES;
     static_assert(D == 64 || D == 128, "head dim");
-    // 176 (FlashAttention-3's tile for D = 128 without causal masking): the TMA forward alone
-    // (ATTN_TMA_BC176), whose own layout (AttnTmaLaunch) fits; SMEM_BYTES is the wgmma kernel's.
-    static_assert(BC == 64 || BC == 128 || (BC == 176 && D == 128 && PIPE), "key tile");
+    static_assert(BC == 64 || BC == 128, "key tile");
     static_assert(NWG >= 1 && NWG <= 3, "warpgroups");
-    static_assert(BC == 176 || SMEM_BYTES <= 232448, "shared memory per block");
+    static_assert(SMEM_BYTES <= 232448, "shared memory per block");
 };
 
 // -------------------------------------------------------------------------------------
@@ -132,30 +130,8 @@ __device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], 
     }
 }
 
-// O *= alpha (the factor of the tile's softmax for the old O).
-template <int D>
-__device__ __forceinline__ void wg_rescale_o(float (&o)[D / 2], const float (&alpha)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int dn = 0; dn < D / 8; ++dn) {
-            o[4 * dn + 2 * r] *= alpha[r];
-            o[4 * dn + 2 * r + 1] *= alpha[r];
-        }
-}
-
-// l = l * alpha + rsum, and P (in s) packed to T pairs: accumulator pairs (2i, 2i+1) are exactly
-// the registers of the m64k16 A fragment layout (k-step kk = pf[4 kk .. 4 kk + 3]).
-template <typename Tr, int BC>
-__device__ __forceinline__ void wg_pack_p(unsigned (&pf)[BC / 4], float (&l_r)[2], const float (&s)[BC / 2],
-                                          const float (&alpha)[2], const float (&rsum)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l_r[r] = l_r[r] * alpha[r] + rsum[r];
-#pragma unroll
-    for (int i = 0; i < BC / 4; ++i) pf[i] = Tr::pack(s[2 * i], s[2 * i + 1]);
-}
-
-// Both at once (the order of the kernels' timed builds: each row's l, then its O).
+// O *= alpha, l = l * alpha + rsum, and P (in s) packed to T pairs: accumulator pairs (2i, 2i+1)
+// are exactly the registers of the m64k16 A fragment layout (k-step kk = pf[4 kk .. 4 kk + 3]).
 template <typename Tr, int D, int BC>
 __device__ __forceinline__ void wg_rescale_pack(float (&o)[D / 2], unsigned (&pf)[BC / 4],
                                                 float (&l_r)[2], const float (&s)[BC / 2],
