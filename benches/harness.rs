@@ -11,8 +11,8 @@
 //! samples follow each other on the device (`bench_util::time_with`: device time when
 //! the host keeps up, enqueue throughput when it does not), and the reported time is the
 //! median over samples of the per-op mean. Inputs are random, uniform in [-1, 1) drawn
-//! in f32 and rounded to the case's dtype (the PyTorch baseline draws its gemm and conv
-//! inputs the same way; its element-wise, reduction and attention inputs are `randn`).
+//! in f32 and rounded to the case's dtype (the PyTorch baseline draws its inputs the
+//! same way, `uniform` in `torch_baseline.py`).
 //! `RTX_LOG=rtx_ops=debug` prints the library's tracing events (e.g. why a cuDNN engine
 //! was skipped) on stderr; `RTX_PROFILE=1` adds the actors' phase timers to some cases.
 

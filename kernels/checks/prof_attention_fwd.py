@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Launches the D = 128 TMA attention forward for calls without a mask
+(flash_fwd_tma_nm_d128_bf16 of attention_tma.cu, from the CUBIN `tmanm` of
+`attention_wgmma_check.py --build`) at a benchmark size, for a profiler (ncu) to read next to
+PyTorch's SDPA forward on its cuDNN backend. bf16, B = 4, H = 16, L = 4096, D = 128, not causal
+(--causal: causal; --L: another length, B = 16384 / L). The grid is the launcher's: one block
+per SM taking work tiles from the counter up to 4096 keys, a block per tile beyond
+(--tiles: a block per tile at any length). Each kernel runs `--reps` times (default 2); the
+first is a warm-up for the timing printed at the end (CUDA events, no profiler: run it without
+ncu for the times).
+
+    ncu --clock-control none -k regex:'flash_fwd_tma|cudnn|sdpa|fmha|fprop' -c 2 \\
+        --section SpeedOfLight --section WarpStateStats --section SourceCounters \\
+        -o fwd python3 kernels/checks/prof_attention_fwd.py --reps 1
+    ncu --import fwd.ncu-rep --page source --csv --print-source sass > sass.csv
+    python3 kernels/checks/ncu_source_summary.py sass.csv --top 40
+
+(benches/gpu/run prof-attn-fwd runs these.)
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import attention_check as ac  # noqa: E402  (sets TMPDIR under $OUT, imports torch, cupy)
+import attention_wgmma_check as wc  # noqa: E402
+import cupy  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--L", type=int, default=4096)
+    ap.add_argument("--tiles", action="store_true")
+    ap.add_argument("--cubins", default=wc.DEFAULT_CUBINS)
+    a = ap.parse_args()
+    L, D, dt = a.L, 128, "bf16"
+    B, H = 16384 // L, 2048 // D
+    causal = int(a.causal)
+    path = os.path.join(a.cubins, "tmanm.cubin")
+    if not os.path.exists(path):
+        print("no %s (python3 kernels/checks/attention_wgmma_check.py --build)" % path)
+        return 1
+    kern = cupy.RawModule(path=path).get_function("flash_fwd_tma_nm_d128_bf16")
+    threads, smem, br = wc.tma_cfg({"ATTN_TMA_NOMASK": 1}, D)
+    kern.max_dynamic_shared_size_bytes = smem
+
+    torch.manual_seed(0)
+    q, k, v = ((torch.rand(B, H, L, D, device="cuda") * 2 - 1).to(torch.bfloat16) for _ in range(3))
+    o = torch.empty_like(q)
+    lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+    p = ac.make_params(q, k, v, o, lse, None, (0, 0, 0), causal)
+    # FlashTmaParams: the attention params, the work-tile counters, the q, k, v tensor maps
+    # (the layout attention_wgmma_check.py's Tma.fwd builds)
+    tdt = np.dtype({"names": ["p", "sched", "q", "k", "v"],
+                    "formats": [ac.PARAMS_DTYPE, "u8", "V128", "V128", "V128"],
+                    "offsets": [0, 152, 192, 320, 448], "itemsize": 576})
+    tp = np.zeros(1, dtype=tdt)
+    tp["p"] = p
+    maps = wc.TensorMaps()
+    for f, t in (("q", q), ("k", k), ("v", v)):
+        tp[f] = np.frombuffer(maps.encode(t.data_ptr(), D, L, B * H, True, 128), dtype="V128")[0]
+    blocks = (L + br - 1) // br * H * B
+    persist = L <= 4096 and not a.tiles
+    sched = torch.zeros(2, dtype=torch.int32, device="cuda")
+    if persist:
+        blocks = min(blocks, torch.cuda.get_device_properties(0).multi_processor_count)
+        tp["sched"] = sched.data_ptr()
+
+    def rtx():
+        kern((blocks, 1, 1), (threads, 1, 1), (tp,), shared_mem=smem)
+
+    def sdpa():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+
+    fl = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+    for name, fn in (("flash_fwd_tma_nm_d128 (%s)" % ("persistent" if persist else "block per tile"), rtx),
+                     ("sdpa cudnn fwd", sdpa)):
+        times = []
+        for _ in range(a.reps):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            fn()
+            e1.record()
+            torch.cuda.synchronize()
+            times.append(e0.elapsed_time(e1))
+        ms = times[-1]
+        print("%-40s %8.3f ms  %6.1f TFLOP/s  (L=%d causal=%d)" % (name, ms, fl / (ms * 1e-3) / 1e12, L, causal),
+              flush=True)
+    err = ac.relerr(o, sdpa())
+    left = sched.tolist()
+    print("rel err against SDPA %.2e, counters %s" % (err, left))
+    return 0 if err < 2e-2 and left == [0, 0] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
