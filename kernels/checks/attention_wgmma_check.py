@@ -642,6 +642,8 @@ BWD_VARIANTS = [
                                        "the default before the dq tensor map)"),
     ("btmal", {"ATTN_TBW_EARLY": 0}, "btma, D128 reading lse and dsum after the waits for S^T and dP^T "
                                      "(the default before ATTN_TBW_EARLY)"),
+    ("btmadw", {"ATTN_TBW_DQ_WRITER": 1}, "btma with FlashAttention-3's dQ writer: warp 1 of the producer warpgroup "
+                                          "issues every dQ reduction (named barriers 4-7)"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
     ("btma64", {"ATTN_TBW_D64_BR": 64}, "btma, D64 with 64 query rows per step (the earlier default; D128 as btma)"),
     ("btmac", {"ATTN_TBW_CARRY_DK": 1, "ATTN_TBW_D64_BR": 64}, "btma64, D64 carrying dK's GEMM into the next step "
