@@ -117,6 +117,16 @@ VARIANTS = [
     ("tma64sfd5", {"launch_cubin": "tma64sf", "ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1,
                    "ATTN_TMA_SOFTMAX_FIRST": 1, "launch_persist": 2, "launch_sched": 1, "launch_blocks": 5}, (64,),
      "tma64sfd on at most 5 blocks"),
+    # Part of the softmax's exponentials on the FMA pipe (attention_tma.cu, ATTN_TMA_EXP_POLY): N of
+    # each row's 16 eight-column groups through poly_exp2 instead of MUFU.EX2; both head dims.
+    ("tmaep3", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_EXP_POLY": 3}, (128, 64),
+     "tmanm / tma64w3 with 3 of 16 column groups' exponentials on the FMA pipe"),
+    ("tmaep4", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_EXP_POLY": 4}, (128, 64),
+     "tmanm / tma64w3 with 4 of 16 column groups' exponentials on the FMA pipe"),
+    ("tmaep3d", {"launch_cubin": "tmaep3", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_POLY": 3, "launch_persist": 2,
+                 "launch_sched": 1}, (128, 64), "tmaep3 on the launcher's grid (one block per SM, the counter)"),
+    ("tmaep4d", {"launch_cubin": "tmaep4", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_POLY": 4, "launch_persist": 2,
+                 "launch_sched": 1}, (128, 64), "tmaep4 on the launcher's grid"),
     ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
     ("tmak3v3", {"ATTN_TMA_KS": 3, "ATTN_TMA_VS": 3}, (128,), "D128 TMA with 3 K and 3 V stages"),
 ]

@@ -102,6 +102,13 @@ static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TMA_SOFTMAX_FIRST
 #define ATTN_TMA_SOFTMAX_FIRST 0
 #endif
+// ATTN_TMA_EXP_POLY=N (a candidate, 0 = off): N of every 16 eight-column groups of a row take
+// their exponentials on the FMA pipe (poly_exp2, attention_common.cuh) instead of the MUFU unit,
+// whose 16 results per SM and clock make a 128 x 128 tile's exponentials take half the time of
+// its two GEMMs at D = 128 (FlashAttention-4's offload). Both forwards' kernels take it.
+#ifndef ATTN_TMA_EXP_POLY
+#define ATTN_TMA_EXP_POLY 0
+#endif
 // With 3 consumer warpgroups (512 threads, 128 registers each at launch): the consumers'.
 #ifndef ATTN_TMA_CREGS3
 #define ATTN_TMA_CREGS3 160
@@ -340,7 +347,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     wg_wait<0>();
                     reg_fence(s);
                     mbar_arrive(k_empty + 8 * ks);
-                    wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
+                    wg_softmax<Tr, BC, HAS_MASK, ATTN_TMA_EXP_POLY>(s, m_r, alpha, rsum, w, n0);
                     wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
                 } else {
                     tma_turn_wait<NWG>(cw, kj);
@@ -361,7 +368,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 wg_wait<1>();  // S_j done
                 reg_fence(s);
                 mbar_arrive(k_empty + 8 * ks);
-                wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
+                wg_softmax<Tr, BC, HAS_MASK, ATTN_TMA_EXP_POLY>(s, m_r, alpha, rsum, w, n0);
                 if (SOFTMAX_FIRST) wg_keep_before_wait(rsum[0], rsum[1]);
                 wg_wait<0>();  // P_{j-1} V_{j-1} done
                 reg_fence(o);
