@@ -109,6 +109,13 @@ static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TMA_EXP_POLY
 #define ATTN_TMA_EXP_POLY 0
 #endif
+// ATTN_TMA_EXP_TURN=1 (a candidate, 0 = off): cuDNN's order of the consumers (as Nsight Compute's
+// source view of its sm90 flash forward shows it): no S / P V overlap within a warpgroup (S_j, its
+// softmax, then P_j V_j, each GEMM waited for at once), and the turns taken around the softmax
+// instead of the GEMMs' issue: one warpgroup's exponentials at a time, the others' GEMMs under them.
+#ifndef ATTN_TMA_EXP_TURN
+#define ATTN_TMA_EXP_TURN 0
+#endif
 // With 3 consumer warpgroups (512 threads, 128 registers each at launch): the consumers'.
 #ifndef ATTN_TMA_CREGS3
 #define ATTN_TMA_CREGS3 160
@@ -321,6 +328,52 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
         unsigned nxt = n_work;
 
         mbar_wait(q_full, tc & 1);
+        if (ATTN_TMA_EXP_TURN) {
+            // Iteration j (ATTN_TMA_EXP_TURN): S_j, the softmax in turn, then O = O alpha + P_j V_j.
+            // Every consumer thread waits for K_j and V_j and arrives on their empty barriers once
+            // per iteration, computing or not.
+            for (int j = 0; j < n_tiles; ++j) {
+                const int kj = kv + j;
+                const int ks = kj % KS;
+                const int vs = kj % VS;
+                mbar_wait(k_full + 8 * ks, (kj / KS) & 1);
+                if (j == n_tiles - 1) nxt = slot[tc & 1];
+                const int turns = nxt < n_work ? n_tiles + 1 : n_tiles;
+                if (j < wg_tiles) {
+                    reg_fence(s);
+                    wg_fence();
+                    wg_issue_s<Tr, Cfg>(s, q_desc, wg_desc_add(k_desc, ks * KV_BYTES));
+                    wg_commit();
+                    wg_wait<0>();
+                    reg_fence(s);
+                    mbar_arrive(k_empty + 8 * ks);
+                    mbar_wait(v_full + 8 * vs, (kj / VS) & 1);
+                    tma_turn_wait<NWG>(cw, kj);
+                    wg_softmax<Tr, BC, HAS_MASK, ATTN_TMA_EXP_POLY>(s, m_r, alpha, rsum, w, j * BC);
+                    tma_turn_pass<NWG>(cw, j, turns);
+                    wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
+                    reg_fence(o);
+                    reg_fence(pf);
+                    wg_fence();
+                    wg_issue_pv<Tr, Cfg>(o, pf, wg_desc_add(v_desc, vs * KV_BYTES));
+                    wg_commit();
+                    wg_wait<0>();
+                    reg_fence(o);
+                } else {
+                    mbar_arrive(k_empty + 8 * ks);
+                    mbar_wait(v_full + 8 * vs, (kj / VS) & 1);
+                    tma_turn_wait<NWG>(cw, kj);
+                    tma_turn_pass<NWG>(cw, j, turns);
+                }
+                mbar_arrive(v_empty + 8 * vs);
+            }
+            // Every S GEMM of this work tile has completed: Q may take the next tile's rows.
+            mbar_arrive(q_empty);
+            kv += n_tiles;
+            if (row0 < Lq) wg_store_o<Tr, D>(p, b, h, w, o, l_r, m_r);
+            tile = nxt;
+            continue;
+        }
         // Iteration j: S_j = Q K_j^T and O += P_{j-1} V_{j-1} (the PIPE steps of attention_wgmma.cu).
         // Every consumer thread waits for K_j and V_{j-1} and arrives on their empty barriers once
         // per iteration, computing or not (an arrival before the wait could complete a later
