@@ -117,16 +117,6 @@ VARIANTS = [
     ("tma64sfd5", {"launch_cubin": "tma64sf", "ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1,
                    "ATTN_TMA_SOFTMAX_FIRST": 1, "launch_persist": 2, "launch_sched": 1, "launch_blocks": 5}, (64,),
      "tma64sfd on at most 5 blocks"),
-    # Part of the softmax's exponentials on the FMA pipe (attention_tma.cu, ATTN_TMA_EXP_POLY): N of
-    # each row's 16 eight-column groups through poly_exp2 instead of MUFU.EX2; both head dims.
-    ("tmaep3", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_EXP_POLY": 3}, (128, 64),
-     "tmanm / tma64w3 with 3 of 16 column groups' exponentials on the FMA pipe"),
-    ("tmaep4", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_EXP_POLY": 4}, (128, 64),
-     "tmanm / tma64w3 with 4 of 16 column groups' exponentials on the FMA pipe"),
-    ("tmaep3d", {"launch_cubin": "tmaep3", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_POLY": 3, "launch_persist": 2,
-                 "launch_sched": 1}, (128, 64), "tmaep3 on the launcher's grid (one block per SM, the counter)"),
-    ("tmaep4d", {"launch_cubin": "tmaep4", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_POLY": 4, "launch_persist": 2,
-                 "launch_sched": 1}, (128, 64), "tmaep4 on the launcher's grid"),
     # cuDNN's consumer order (attention_tma.cu, ATTN_TMA_EXP_TURN): S, softmax, P V each waited for,
     # the turns around the softmax instead of the GEMMs' issue.
     ("tmaet", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_EXP_TURN": 1}, (128, 64),
@@ -660,8 +650,6 @@ BWD_VARIANTS = [
                                        "the default before the dq tensor map)"),
     ("btmal", {"ATTN_TBW_EARLY": 0}, "btma, D128 reading lse and dsum after the waits for S^T and dP^T "
                                      "(the default before ATTN_TBW_EARLY)"),
-    ("btmadw", {"ATTN_TBW_DQ_WRITER": 1}, "btma with FlashAttention-3's dQ writer: warp 1 of the producer warpgroup "
-                                          "issues every dQ reduction (named barriers 4-7)"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
     ("btma64", {"ATTN_TBW_D64_BR": 64}, "btma, D64 with 64 query rows per step (the earlier default; D128 as btma)"),
     ("btmac", {"ATTN_TBW_CARRY_DK": 1, "ATTN_TBW_D64_BR": 64}, "btma64, D64 carrying dK's GEMM into the next step "

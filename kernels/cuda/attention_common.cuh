@@ -139,21 +139,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-// 2^x on the FMA pipe instead of the MUFU unit (FlashAttention-4's offload of part of the
-// softmax's exponentials): 2^round(x) * q(x - round(x)), q a degree-3 fit of 2^f on [-0.5, 0.5]
-// (relative error 7.5e-5 over it, 13.7 bits: finer than the bf16 / f16 rounding of P), round(x)
-// by the 1.5 * 2^23 addition, 2^round(x) built in the exponent field. x below -126.5 (-inf
-// included) gives exactly 0 (the factor's bits are 0), as ex2.approx.ftz's results flush there.
-// For x <= 0 (the softmax's arguments); nine instructions, none on the MUFU unit.
-__device__ __forceinline__ float poly_exp2(float x) {
-    x = fmaxf(x, -127.f);
-    const float t = x + 12582912.f;  // round(x) in the low mantissa bits of t
-    const float f = x - (t - 12582912.f);
-    const float q = fmaf(fmaf(fmaf(5.517166480e-02f, f, 2.426111251e-01f), f, 6.932609677e-01f), f, 9.999280572e-01f);
-    // (bits(t) + 127) << 23 = (round(x) + 127) << 23: 1.5 * 2^23's own bits shift out
-    return q * __int_as_float((__float_as_int(t) + 127) << 23);
-}
-
 // dst[0] += a, dst[1] += b (one 8-byte vector reduction; dst 8-byte aligned, sm_90).
 __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b)

@@ -102,13 +102,6 @@ static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TMA_SOFTMAX_FIRST
 #define ATTN_TMA_SOFTMAX_FIRST 0
 #endif
-// ATTN_TMA_EXP_POLY=N (a candidate, 0 = off): N of every 16 eight-column groups of a row take
-// their exponentials on the FMA pipe (poly_exp2, attention_common.cuh) instead of the MUFU unit,
-// whose 16 results per SM and clock make a 128 x 128 tile's exponentials take half the time of
-// its two GEMMs at D = 128 (FlashAttention-4's offload). Both forwards' kernels take it.
-#ifndef ATTN_TMA_EXP_POLY
-#define ATTN_TMA_EXP_POLY 0
-#endif
 // ATTN_TMA_EXP_TURN=1 (a candidate, 0 = off): cuDNN's order of the consumers (as Nsight Compute's
 // source view of its sm90 flash forward shows it): no S / P V overlap within a warpgroup (S_j, its
 // softmax, then P_j V_j, each GEMM waited for at once), and the turns taken around the softmax
@@ -349,7 +342,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     mbar_arrive(k_empty + 8 * ks);
                     mbar_wait(v_full + 8 * vs, (kj / VS) & 1);
                     tma_turn_wait<NWG>(cw, kj);
-                    wg_softmax<Tr, BC, HAS_MASK, ATTN_TMA_EXP_POLY>(s, m_r, alpha, rsum, w, j * BC);
+                    wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, j * BC);
                     tma_turn_pass<NWG>(cw, j, turns);
                     wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
                     reg_fence(o);
@@ -400,7 +393,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     wg_wait<0>();
                     reg_fence(s);
                     mbar_arrive(k_empty + 8 * ks);
-                    wg_softmax<Tr, BC, HAS_MASK, ATTN_TMA_EXP_POLY>(s, m_r, alpha, rsum, w, n0);
+                    wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
                     wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
                 } else {
                     tma_turn_wait<NWG>(cw, kj);
@@ -421,7 +414,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 wg_wait<1>();  // S_j done
                 reg_fence(s);
                 mbar_arrive(k_empty + 8 * ks);
-                wg_softmax<Tr, BC, HAS_MASK, ATTN_TMA_EXP_POLY>(s, m_r, alpha, rsum, w, n0);
+                wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
                 if (SOFTMAX_FIRST) wg_keep_before_wait(rsum[0], rsum[1]);
                 wg_wait<0>();  // P_{j-1} V_{j-1} done
                 reg_fence(o);

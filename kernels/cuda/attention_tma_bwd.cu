@@ -121,16 +121,6 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TBW_DQ_TMA
 #define ATTN_TBW_DQ_TMA 1
 #endif
-// ATTN_TBW_DQ_WRITER=1 (a candidate, with ATTN_TBW_DQ_TMA): FlashAttention-3's dQ writer. Warp 1 of
-// the producer warpgroup issues every dQ reduction: each consumer warp stores its panels, fences
-// them (proxy) and arrives on named barrier 4 + cw; the writer waits there for the warpgroup's
-// four warps, issues their eight bulk tensor reductions, and once their reads of the staging are
-// done arrives on named barrier 6 + cw, which the warpgroup waits on before it stores the next
-// step's dQ. The consumers then no longer run the reductions' issue (ptxas wraps each in a loop
-// over the lanes) nor wait for the last step's reads.
-#ifndef ATTN_TBW_DQ_WRITER
-#define ATTN_TBW_DQ_WRITER 0
-#endif
 // 1 (the default; D = 128 only): the step's lse values are read from shared memory (and scaled)
 // before the wait for S^T, and its dsum values before the wait for dP^T, so that those loads'
 // latency is not waited for after the GEMMs (on the H100 the first uses of lse held about 5 % of
@@ -208,8 +198,8 @@ static_assert(TmaBwdCfgD128::SMEM_BYTES == (ATTN_TBW_DQ_TMA ? 215608 : 217656) &
 // waited for its previous reductions' reads (bulk_wait_read) before the warp comes here again.
 // (Stores: each 8-byte store of the warp covers 32 bytes of each of 8 rows, two rows per 32-byte
 // bank group, so two wavefronts, the least for 256 bytes.)
-// tbw_stage_dq: the stores and the proxy fence alone (ATTN_TBW_DQ_WRITER: the writer warp adds them).
-__device__ __forceinline__ void tbw_stage_dq(const float (&dq)[32], unsigned char* gw, int g, int t) {
+__device__ __forceinline__ void tbw_reduce_dq(const float (&dq)[32], unsigned char* gw, unsigned s_w, const TmaMap* map,
+                                              int col0, int row0, int bh, int Lq, int lane, int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
 #pragma unroll
@@ -220,10 +210,6 @@ __device__ __forceinline__ void tbw_stage_dq(const float (&dq)[32], unsigned cha
         }
     }
     fence_proxy_async_smem();
-}
-__device__ __forceinline__ void tbw_reduce_dq(const float (&dq)[32], unsigned char* gw, unsigned s_w, const TmaMap* map,
-                                              int col0, int row0, int bh, int Lq, int lane, int g, int t) {
-    tbw_stage_dq(dq, gw, g, t);
     __syncwarp();
     if (lane == 0) {
         if (row0 < Lq) {
@@ -260,8 +246,6 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     constexpr bool UNDEF = BR == 128 || ATTN_TBW_UNDEF;
     constexpr bool DQ_EVERY = Cfg::DQ_EVERY;
     constexpr bool EARLY = ATTN_TBW_EARLY && D == 128;  // (see the macro)
-    constexpr bool WRITER = ATTN_TBW_DQ_WRITER;          // (see the macro)
-    static_assert(!WRITER || (ATTN_TBW_DQ_TMA && DQ_EVERY && !CARRY), "ATTN_TBW_DQ_WRITER: the tensor reductions, a dQ per warpgroup and step");
 
     const int tid = threadIdx.x;
     // warp-uniform warpgroup index (broadcast, so ptxas sees it uniform): 0 producer, 1 and 2 consumers
@@ -310,45 +294,6 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     if (wg == 0) {
         // ---- producer: warp 0 ----
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ATTN_TBW_PREGS) : "memory");
-        if (WRITER && tid >= 32 && tid < 64) {
-            // ---- dQ writer: warp 1 (ATTN_TBW_DQ_WRITER) ----
-            const bool leader = tid == 32;
-            for (int it = 0; it < total; ++it) {
-                const int bh = b * H + hk * G + it / per_head;
-                const int mm0 = (m_begin + it % per_head) * BR;
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    // warpgroup c's four warps have staged and fenced their panels
-                    if (c == 0) {  // (constant barrier ids: ptxas reserves every id a register may name)
-                        named_bar_sync(4, 160);
-                    } else {
-                        named_bar_sync(5, 160);
-                    }
-                    if (leader) {
-                        const int col0 = D == 128 ? 64 * c : 0;
-                        const int row0 = mm0 + (BR == 128 ? 64 * c : 0);
-#pragma unroll
-                        for (int w = 0; w < 4; ++w) {
-                            if (row0 + 16 * w < Lq) {
-                                const unsigned src = s_dq + (c * 4 + w) * 4096;
-                                tma_red_add_3d(&tp.dq, src, col0, row0 + 16 * w, bh);
-                                tma_red_add_3d(&tp.dq, src + 2048, col0 + 32, row0 + 16 * w, bh);
-                            }
-                        }
-                        bulk_commit();
-                    }
-                }
-                // warpgroup 0's staging read (its group is the older one), then warpgroup 1's
-                if (leader) bulk_wait_read1();
-                __syncwarp();
-                if (it + 1 < total) named_bar_arrive(6, 160);
-                if (leader) bulk_wait_read();
-                __syncwarp();
-                if (it + 1 < total) named_bar_arrive(7, 160);
-            }
-            if (leader) bulk_wait_all();
-            return;
-        }
         if (tid >= 32) return;
         const int lane = tid;
         if (lane == 0) {
@@ -544,22 +489,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         // ---- dQ: the warp's 16 rows x the GEMM's 64 columns -> its staging, then into dq_accum:
         // ATTN_TBW_DQ_TMA, two bulk tensor reductions by lane 0 (tbw_reduce_dq); else lane l < 16
         // reduces row 16 warp + l (256 contiguous bytes) with one bulk op ----
-        if (WRITER) {
-            // the writer has read the last step's panels; stage this step's, then hand them over
-            if (it > 0) {
-                if (cw == 0) {
-                    named_bar_sync(6, 160);
-                } else {
-                    named_bar_sync(7, 160);
-                }
-            }
-            tbw_stage_dq(dq, gbase + (s_dqw - base), g, t);
-            if (cw == 0) {
-                named_bar_arrive(4, 160);
-            } else {
-                named_bar_arrive(5, 160);
-            }
-        } else if (do_dq) {
+        if (do_dq) {
             if (ATTN_TBW_DQ_TMA ? lane == 0 : lane < 16) bulk_wait_read();  // the staging's last reads are done
             __syncwarp();
             if (ATTN_TBW_DQ_TMA) {
@@ -583,7 +513,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         reg_fence(dk);
         reg_fence(df);
     }
-    if (!WRITER && (ATTN_TBW_DQ_TMA ? lane == 0 : lane < 16)) bulk_wait_all();
+    if (ATTN_TBW_DQ_TMA ? lane == 0 : lane < 16) bulk_wait_all();
 
     // ---- epilogue: dK = scale * acc, dV; rows past Lk are not stored ----
     const long long kv_off = ((long long)(b * p.Hkv + hk) * Lk + n0) * D;

@@ -81,9 +81,7 @@ struct WgRows {
 // HAS_MASK = false: a kernel for calls without an additive mask (w.mask is ignored): without the
 // mask's loads, which the front end gathers at the top of a tile, its consumers need fewer
 // registers.
-// POLY (0 .. 16; the TMA forward's ATTN_TMA_EXP_POLY): of each row's 16 eight-column groups, POLY
-// (spread: nt * POLY % 16 < POLY) take their exponentials from poly_exp2 instead of the MUFU unit.
-template <typename Tr, int BC, bool HAS_MASK = true, int POLY = 0>
+template <typename Tr, int BC, bool HAS_MASK = true>
 __device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], float (&alpha)[2],
                                            float (&rsum)[2], const WgRows<typename Tr::T>& w, int n0) {
     const bool need_mask =
@@ -122,11 +120,8 @@ __device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], 
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < BC / 8; ++nt) {
-            const bool poly = (nt * POLY) % 16 < POLY;  // (compile-time after unrolling)
-            const float x0 = fmaf(s[4 * nt + 2 * r], w.sl2, -msc);
-            const float x1 = fmaf(s[4 * nt + 2 * r + 1], w.sl2, -msc);
-            const float p0 = poly ? poly_exp2(x0) : fast_exp2(x0);
-            const float p1 = poly ? poly_exp2(x1) : fast_exp2(x1);
+            const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * r], w.sl2, -msc));
+            const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * r + 1], w.sl2, -msc));
             s[4 * nt + 2 * r] = p0;
             s[4 * nt + 2 * r + 1] = p1;
             sum += p0 + p1;
