@@ -102,6 +102,16 @@ static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TMA_SOFTMAX_FIRST
 #define ATTN_TMA_SOFTMAX_FIRST 0
 #endif
+// ATTN_TMA_WAIT_SLEEP (a candidate, 0 = off): mbarrier waits through mbar_wait_sleep, whose tries
+// ask to be suspended until the phase completes (cuDNN's sm90 flash forward waits so: a try_wait,
+// then NANOSLEEP.SYNCS with the same 10 ms hint, in its SASS): 1 the producer's waits for free
+// stages (k_empty, v_empty, q_empty), 2 every wait of the kernel. Nsight Compute (run 25b, H100,
+// D = 128, L = 4096) counted 8.8 M turns of the producer's spin on v_empty (a YIELD, a try_wait
+// and a branch each: 9 % of the kernel's warp instructions) on the scheduler that also issues one
+// warp of each consumer warpgroup.
+#ifndef ATTN_TMA_WAIT_SLEEP
+#define ATTN_TMA_WAIT_SLEEP 0
+#endif
 // ATTN_TMA_EXP_TURN=1 (a candidate, 0 = off): cuDNN's order of the consumers (as Nsight Compute's
 // source view of its sm90 flash forward shows it): no S / P V overlap within a warpgroup (S_j, its
 // softmax, then P_j V_j, each GEMM waited for at once), and the turns taken around the softmax
@@ -143,6 +153,16 @@ __device__ __forceinline__ void tma_turn_pass(int cw, int j, int n) {
         named_bar_arrive(3, 256);
     } else if (j + 1 < n) {
         named_bar_arrive(1, 256);
+    }
+}
+
+// An mbarrier wait of the producer (PRODUCER) or of a consumer (see ATTN_TMA_WAIT_SLEEP).
+template <bool PRODUCER>
+__device__ __forceinline__ void tma_bar_wait(unsigned bar, unsigned parity) {
+    if (ATTN_TMA_WAIT_SLEEP >= (PRODUCER ? 1 : 2)) {
+        mbar_wait_sleep(bar, parity);
+    } else {
+        mbar_wait(bar, parity);
     }
 }
 
@@ -221,7 +241,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 const int kv_end = p.causal ? min(Lk, min(Lq, m0 + BR)) : Lk;
                 const int n_tiles = (kv_end + BC - 1) / BC;
                 // Q: the consumers' last S GEMM of the previous work tile has completed.
-                if (tc > 0) mbar_wait(q_empty, (tc - 1) & 1);
+                if (tc > 0) tma_bar_wait<true>(q_empty, (tc - 1) & 1);
                 mbar_expect_tx(q_full, Cfg::Q_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < D / 64; ++pn)
@@ -232,7 +252,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
 #pragma unroll 1
                 for (int j = 0; j < n_tiles; ++j, ++kv) {  // (not unrolled: 24 registers)
                     const int ks = kv % KS;
-                    if (kv >= KS) mbar_wait(k_empty + 8 * ks, ((kv / KS) + 1) & 1);
+                    if (kv >= KS) tma_bar_wait<true>(k_empty + 8 * ks, ((kv / KS) + 1) & 1);
                     if (j == n_tiles - 1) {
                         // The block's next tile, claimed about KS key tiles before this one ends
                         // and announced with its last K (the expect_tx arrival releases the store;
@@ -248,7 +268,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                         tma_load_3d(s_k + ks * KV_BYTES + pn * (BC * 128), &tp.k, k_full + 8 * ks, 64 * pn, j * BC,
                                     kh);
                     const int vs = kv % VS;
-                    if (kv >= VS) mbar_wait(v_empty + 8 * vs, ((kv / VS) + 1) & 1);
+                    if (kv >= VS) tma_bar_wait<true>(v_empty + 8 * vs, ((kv / VS) + 1) & 1);
                     mbar_expect_tx(v_full + 8 * vs, KV_BYTES);
 #pragma unroll
                     for (int pn = 0; pn < D / 64; ++pn)
@@ -320,7 +340,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
         // block's last work tile, which the last iteration learns from the slot).
         unsigned nxt = n_work;
 
-        mbar_wait(q_full, tc & 1);
+        tma_bar_wait<false>(q_full, tc & 1);
         if (ATTN_TMA_EXP_TURN) {
             // Iteration j (ATTN_TMA_EXP_TURN): S_j, the softmax in turn, then O = O alpha + P_j V_j.
             // Every consumer thread waits for K_j and V_j and arrives on their empty barriers once
@@ -329,7 +349,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 const int kj = kv + j;
                 const int ks = kj % KS;
                 const int vs = kj % VS;
-                mbar_wait(k_full + 8 * ks, (kj / KS) & 1);
+                tma_bar_wait<false>(k_full + 8 * ks, (kj / KS) & 1);
                 if (j == n_tiles - 1) nxt = slot[tc & 1];
                 const int turns = nxt < n_work ? n_tiles + 1 : n_tiles;
                 if (j < wg_tiles) {
@@ -340,7 +360,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     wg_wait<0>();
                     reg_fence(s);
                     mbar_arrive(k_empty + 8 * ks);
-                    mbar_wait(v_full + 8 * vs, (kj / VS) & 1);
+                    tma_bar_wait<false>(v_full + 8 * vs, (kj / VS) & 1);
                     tma_turn_wait<NWG>(cw, kj);
                     wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, j * BC);
                     tma_turn_pass<NWG>(cw, j, turns);
@@ -354,7 +374,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     reg_fence(o);
                 } else {
                     mbar_arrive(k_empty + 8 * ks);
-                    mbar_wait(v_full + 8 * vs, (kj / VS) & 1);
+                    tma_bar_wait<false>(v_full + 8 * vs, (kj / VS) & 1);
                     tma_turn_wait<NWG>(cw, kj);
                     tma_turn_pass<NWG>(cw, j, turns);
                 }
@@ -375,10 +395,10 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
             const int kj = kv + j;
             const int ks = kj % KS;
             const int vs = (kj + VS - 1) % VS;  // V_{j-1}
-            mbar_wait(k_full + 8 * ks, (kj / KS) & 1);
+            tma_bar_wait<false>(k_full + 8 * ks, (kj / KS) & 1);
             if (j == n_tiles - 1) nxt = slot[tc & 1];
             const int turns = nxt < n_work ? n_tiles + 1 : n_tiles;
-            if (j > 0) mbar_wait(v_full + 8 * vs, ((kj - 1) / VS) & 1);
+            if (j > 0) tma_bar_wait<false>(v_full + 8 * vs, ((kj - 1) / VS) & 1);
             const int n0 = j * BC;
             const unsigned long long kd = wg_desc_add(k_desc, ks * KV_BYTES);
             const unsigned long long vd = wg_desc_add(v_desc, vs * KV_BYTES);
@@ -448,7 +468,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
         {
             const int kl = kv + n_tiles - 1;
             const int vs = kl % VS;
-            mbar_wait(v_full + 8 * vs, (kl / VS) & 1);
+            tma_bar_wait<false>(v_full + 8 * vs, (kl / VS) & 1);
             if (wg_tiles == n_tiles) {
                 reg_fence(o);
                 reg_fence(pf);

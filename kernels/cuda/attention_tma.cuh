@@ -34,6 +34,17 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         "r"(parity)
         : "memory");
 }
+// The same for a thread that expects to wait long (a producer waiting for its consumers): each
+// try asks to be suspended until the phase completes, up to 10 ms (the suspend-time hint), where
+// mbar_wait's tries return after a system-dependent short limit and spin.
+__device__ __forceinline__ void mbar_wait_sleep(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred P1;\nTMA_WAITS:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1, %2;\n"
+        "@P1 bra TMA_DONES;\nbra TMA_WAITS;\nTMA_DONES:\n}\n" ::"r"(bar),
+        "r"(parity), "n"(10000000)
+        : "memory");
+}
 // Box (c0, c1, c2) of the tensor map into shared memory at dst; completes on bar.
 __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1, int c2) {
     asm volatile(
