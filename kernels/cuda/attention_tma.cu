@@ -360,6 +360,8 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     wg_wait<0>();
                     reg_fence(s);
                     mbar_arrive(k_empty + 8 * ks);
+                    // every S GEMM of this work tile has completed: Q may take the next tile's rows
+                    if (j == n_tiles - 1) mbar_arrive(q_empty);
                     tma_bar_wait<false>(v_full + 8 * vs, (kj / VS) & 1);
                     tma_turn_wait<NWG>(cw, kj);
                     wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, j * BC);
@@ -374,14 +376,13 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     reg_fence(o);
                 } else {
                     mbar_arrive(k_empty + 8 * ks);
+                    if (j == n_tiles - 1) mbar_arrive(q_empty);
                     tma_bar_wait<false>(v_full + 8 * vs, (kj / VS) & 1);
                     tma_turn_wait<NWG>(cw, kj);
                     tma_turn_pass<NWG>(cw, j, turns);
                 }
                 mbar_arrive(v_empty + 8 * vs);
             }
-            // Every S GEMM of this work tile has completed: Q may take the next tile's rows.
-            mbar_arrive(q_empty);
             kv += n_tiles;
             if (row0 < Lq) wg_store_o<Tr, D>(p, b, h, w, o, l_r, m_r);
             tile = nxt;
