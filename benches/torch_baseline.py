@@ -185,8 +185,9 @@ def suite_ew():
     for dt, name in ((torch.float32, "f32"), (torch.float16, "f16")):
         for p in (24, 26, 28):
             n = 1 << p
-            # drawn as the rtx harness draws them (its `random_f32`, rounded): the data a
-            # memory-bound kernel moves changes what it costs (ew_outputs_check.py --inputs)
+            # drawn as the rtx harness draws them (its `random_f32`, rounded), so that both
+            # sides move the same data (on an H100, PyTorch's exp and add took the same time on
+            # randn: kernels/checks/ew_outputs_check.py --inputs)
             a = uniform(n, dtype=dt)
             b = uniform(n, dtype=dt)
             es = a.element_size()
