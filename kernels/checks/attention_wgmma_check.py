@@ -123,6 +123,10 @@ VARIANTS = [
      "tmanm / tma64w3 in cuDNN's order: no S / P V overlap, one warpgroup's softmax at a time"),
     ("tmaetd", {"launch_cubin": "tmaet", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_TURN": 1, "launch_persist": 2,
                 "launch_sched": 1}, (128, 64), "tmaet on the launcher's grid (one block per SM, the counter)"),
+    ("tmaet2", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_EXP_TURN": 2}, (128, 64),
+     "tmaet with the row maxima before the turn (cuDNN's place for them)"),
+    ("tmaet2d", {"launch_cubin": "tmaet2", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_TURN": 2, "launch_persist": 2,
+                 "launch_sched": 1}, (128, 64), "tmaet2 on the launcher's grid"),
     ("tmaetd5", {"launch_cubin": "tmaet", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_TURN": 1, "launch_persist": 2,
                  "launch_sched": 1, "launch_blocks": 5}, (128, 64), "tmaetd on at most 5 blocks (for the check)"),
     # mbarrier waits that suspend instead of spinning (attention_tma.cu, ATTN_TMA_WAIT_SLEEP): 1 the
@@ -500,7 +504,8 @@ def gpu_main(args):
         fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
         for K in [K for K in builds if K.name == args.child]:
             full = K.name in ("wg", "tma", "tmanm", "tma64w3", "tmad5", "tma64d5", "tmasf", "tmasfd5", "tma64sf",
-                              "tma64sfd5", "tmaet", "tmaetd5", "tmaws2", "tmaws2d5", "tmaetws") and not args.quick
+                              "tma64sfd5", "tmaet", "tmaet2", "tmaetd5", "tmaws2", "tmaws2d5",
+                              "tmaetws") and not args.quick
             gen = torch.Generator(device="cuda")
             gen.manual_seed(1234)
             res, worst, t1 = [], {"o": 0.0, "lse": 0.0}, time.time()

@@ -116,6 +116,8 @@ static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxn
 // source view of its sm90 flash forward shows it): no S / P V overlap within a warpgroup (S_j, its
 // softmax, then P_j V_j, each GEMM waited for at once), and the turns taken around the softmax
 // instead of the GEMMs' issue: one warpgroup's exponentials at a time, the others' GEMMs under them.
+// 2: the same with the row maxima computed before the turn (wg_softmax_max / wg_softmax_exp), as
+// cuDNN's does.
 #ifndef ATTN_TMA_EXP_TURN
 #define ATTN_TMA_EXP_TURN 0
 #endif
@@ -363,8 +365,15 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     // every S GEMM of this work tile has completed: Q may take the next tile's rows
                     if (j == n_tiles - 1) mbar_arrive(q_empty);
                     tma_bar_wait<false>(v_full + 8 * vs, (kj / VS) & 1);
-                    tma_turn_wait<NWG>(cw, kj);
-                    wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, j * BC);
+                    if (ATTN_TMA_EXP_TURN == 2) {  // the maxima before the turn, as cuDNN's
+                        float msc[2];
+                        wg_softmax_max<Tr, BC, HAS_MASK>(s, m_r, alpha, msc, w, j * BC);
+                        tma_turn_wait<NWG>(cw, kj);
+                        wg_softmax_exp<BC>(s, msc, rsum, w.sl2);
+                    } else {
+                        tma_turn_wait<NWG>(cw, kj);
+                        wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, j * BC);
+                    }
                     tma_turn_pass<NWG>(cw, j, turns);
                     wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
                     reg_fence(o);

@@ -130,6 +130,62 @@ __device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], 
     }
 }
 
+// wg_softmax in two parts, for a caller that runs the exponentials apart from the rest (the TMA
+// forward's ATTN_TMA_EXP_TURN=2): wg_softmax_max masks the scores and updates the running max
+// (alpha, and msc = the max times sl2, 0 for a row masked so far), wg_softmax_exp turns s into P.
+// Together they compute what wg_softmax does, both rows' maxima before either row's exponentials.
+template <typename Tr, int BC, bool HAS_MASK = true>
+__device__ __forceinline__ void wg_softmax_max(float (&s)[BC / 2], float (&m_r)[2], float (&alpha)[2],
+                                               float (&msc)[2], const WgRows<typename Tr::T>& w, int n0) {
+    const bool need_mask =
+        (n0 + BC > w.Lk) || (w.causal && n0 + BC - 1 > w.row0) || (HAS_MASK && w.mask != nullptr);
+    if (need_mask) {
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = w.qrow + ((e >> 1) << 3);
+                const int col = n0 + nt * 8 + 2 * w.t + (e & 1);
+                float x = s[4 * nt + e];
+                if (col >= w.Lk || (w.causal && col > row)) {
+                    x = attn_neg_inf();
+                } else if (HAS_MASK && w.mask != nullptr && row < w.Lq) {
+                    x += Tr::to_float(w.mask[w.mask_base + (long long)row * w.mask_stride_q + col]) *
+                         w.inv_scale;
+                }
+                s[4 * nt + e] = x;
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = m_r[r];
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        alpha[r] = (m_r[r] == attn_neg_inf()) ? 0.f : fast_exp2((m_r[r] - mx) * w.sl2);
+        m_r[r] = mx;
+        msc[r] = (mx == attn_neg_inf()) ? 0.f : mx * w.sl2;
+    }
+}
+template <int BC>
+__device__ __forceinline__ void wg_softmax_exp(float (&s)[BC / 2], const float (&msc)[2], float (&rsum)[2],
+                                               float sl2) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) {
+            const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * r], sl2, -msc[r]));
+            const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * r + 1], sl2, -msc[r]));
+            s[4 * nt + 2 * r] = p0;
+            s[4 * nt + 2 * r + 1] = p1;
+            sum += p0 + p1;
+        }
+        rsum[r] = sum;
+    }
+}
+
 // O *= alpha, l = l * alpha + rsum, and P (in s) packed to T pairs: accumulator pairs (2i, 2i+1)
 // are exactly the registers of the m64k16 A fragment layout (k-step kk = pf[4 kk .. 4 kk + 3]).
 template <typename Tr, int D, int BC>
