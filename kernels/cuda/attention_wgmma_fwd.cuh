@@ -75,15 +75,13 @@ struct WgRows {
     long long mask_stride_q;
 };
 
-// Masks the scores of the tile of keys n0 .. n0+BC-1 (Lk tail, causal, additive mask), updates
-// the running max m_r and turns s into P = 2^(s*sl2 - m*sl2) in place; alpha = the factor for
-// the old O and l, rsum = this thread's part of the row sums of P. As attention_fwd.cuh.
-// HAS_MASK = false: a kernel for calls without an additive mask (w.mask is ignored): without the
-// mask's loads, which the front end gathers at the top of a tile, its consumers need fewer
-// registers.
-template <typename Tr, int BC, bool HAS_MASK = true>
-__device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], float (&alpha)[2],
-                                           float (&rsum)[2], const WgRows<typename Tr::T>& w, int n0) {
+// The softmax's three steps (wg_softmax runs them row by row; wg_softmax_max / wg_softmax_exp below
+// split them for a caller that runs the exponentials apart). wg_mask_scores: the Lk tail, causal
+// and additive masks of the tile of keys n0 ..; wg_row_max: row r's running max m (returns the new
+// one; alpha = the factor for the old O and l; msc = max * sl2, 0 for a row masked so far);
+// wg_row_exp: row r of s into P = 2^(s * sl2 - msc), returns this thread's part of its sum.
+template <typename Tr, int BC, bool HAS_MASK>
+__device__ __forceinline__ void wg_mask_scores(float (&s)[BC / 2], const WgRows<typename Tr::T>& w, int n0) {
     const bool need_mask =
         (n0 + BC > w.Lk) || (w.causal && n0 + BC - 1 > w.row0) || (HAS_MASK && w.mask != nullptr);
     if (need_mask) {
@@ -104,86 +102,69 @@ __device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], 
                 s[4 * nt + e] = x;
             }
     }
+}
+template <int BC>
+__device__ __forceinline__ void wg_row_max(const float (&s)[BC / 2], int r, float& m, float& alpha, float& msc,
+                                           float sl2) {
+    float mx = m;
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+    // the 4 threads t = 0..3 of a row group hold the row's columns
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // old max -inf: nothing accumulated yet (l = 0, O = 0), any finite alpha works
+    alpha = (m == attn_neg_inf()) ? 0.f : fast_exp2((m - mx) * sl2);
+    m = mx;
+    // whole row masked so far: use 0 as the reference so 2^(-inf - 0) = 0, not NaN
+    msc = (mx == attn_neg_inf()) ? 0.f : mx * sl2;
+}
+template <int BC>
+__device__ __forceinline__ float wg_row_exp(float (&s)[BC / 2], int r, float msc, float sl2) {
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt) {
+        const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * r], sl2, -msc));
+        const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * r + 1], sl2, -msc));
+        s[4 * nt + 2 * r] = p0;
+        s[4 * nt + 2 * r + 1] = p1;
+        sum += p0 + p1;
+    }
+    return sum;
+}
+
+// Masks the scores of the tile of keys n0 .. n0+BC-1 (Lk tail, causal, additive mask), updates
+// the running max m_r and turns s into P = 2^(s*sl2 - m*sl2) in place; alpha = the factor for
+// the old O and l, rsum = this thread's part of the row sums of P. As attention_fwd.cuh.
+// HAS_MASK = false: a kernel for calls without an additive mask (w.mask is ignored): without the
+// mask's loads, which the front end gathers at the top of a tile, its consumers need fewer
+// registers.
+template <typename Tr, int BC, bool HAS_MASK = true>
+__device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], float (&alpha)[2],
+                                           float (&rsum)[2], const WgRows<typename Tr::T>& w, int n0) {
+    wg_mask_scores<Tr, BC, HAS_MASK>(s, w, n0);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float mx = m_r[r];
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
-        // the 4 threads t = 0..3 of a row group hold the row's columns
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // old max -inf: nothing accumulated yet (l = 0, O = 0), any finite alpha works
-        alpha[r] = (m_r[r] == attn_neg_inf()) ? 0.f : fast_exp2((m_r[r] - mx) * w.sl2);
-        m_r[r] = mx;
-        // whole row masked so far: use 0 as the reference so 2^(-inf - 0) = 0, not NaN
-        const float msc = (mx == attn_neg_inf()) ? 0.f : mx * w.sl2;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) {
-            const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * r], w.sl2, -msc));
-            const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * r + 1], w.sl2, -msc));
-            s[4 * nt + 2 * r] = p0;
-            s[4 * nt + 2 * r + 1] = p1;
-            sum += p0 + p1;
-        }
-        rsum[r] = sum;
+        float msc;
+        wg_row_max<BC>(s, r, m_r[r], alpha[r], msc, w.sl2);
+        rsum[r] = wg_row_exp<BC>(s, r, msc, w.sl2);
     }
 }
 
 // wg_softmax in two parts, for a caller that runs the exponentials apart from the rest (the TMA
-// forward's ATTN_TMA_EXP_TURN=2): wg_softmax_max masks the scores and updates the running max
-// (alpha, and msc = the max times sl2, 0 for a row masked so far), wg_softmax_exp turns s into P.
-// Together they compute what wg_softmax does, both rows' maxima before either row's exponentials.
+// forward's ATTN_TMA_EXP_TURN=2): both rows' maxima (wg_softmax_max), then both rows'
+// exponentials (wg_softmax_exp), where wg_softmax takes one row at a time.
 template <typename Tr, int BC, bool HAS_MASK = true>
 __device__ __forceinline__ void wg_softmax_max(float (&s)[BC / 2], float (&m_r)[2], float (&alpha)[2],
                                                float (&msc)[2], const WgRows<typename Tr::T>& w, int n0) {
-    const bool need_mask =
-        (n0 + BC > w.Lk) || (w.causal && n0 + BC - 1 > w.row0) || (HAS_MASK && w.mask != nullptr);
-    if (need_mask) {
+    wg_mask_scores<Tr, BC, HAS_MASK>(s, w, n0);
 #pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = w.qrow + ((e >> 1) << 3);
-                const int col = n0 + nt * 8 + 2 * w.t + (e & 1);
-                float x = s[4 * nt + e];
-                if (col >= w.Lk || (w.causal && col > row)) {
-                    x = attn_neg_inf();
-                } else if (HAS_MASK && w.mask != nullptr && row < w.Lq) {
-                    x += Tr::to_float(w.mask[w.mask_base + (long long)row * w.mask_stride_q + col]) *
-                         w.inv_scale;
-                }
-                s[4 * nt + e] = x;
-            }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float mx = m_r[r];
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        alpha[r] = (m_r[r] == attn_neg_inf()) ? 0.f : fast_exp2((m_r[r] - mx) * w.sl2);
-        m_r[r] = mx;
-        msc[r] = (mx == attn_neg_inf()) ? 0.f : mx * w.sl2;
-    }
+    for (int r = 0; r < 2; ++r) wg_row_max<BC>(s, r, m_r[r], alpha[r], msc[r], w.sl2);
 }
 template <int BC>
 __device__ __forceinline__ void wg_softmax_exp(float (&s)[BC / 2], const float (&msc)[2], float (&rsum)[2],
                                                float sl2) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) {
-            const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * r], sl2, -msc[r]));
-            const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * r + 1], sl2, -msc[r]));
-            s[4 * nt + 2 * r] = p0;
-            s[4 * nt + 2 * r + 1] = p1;
-            sum += p0 + p1;
-        }
-        rsum[r] = sum;
-    }
+    for (int r = 0; r < 2; ++r) rsum[r] = wg_row_exp<BC>(s, r, msc[r], sl2);
 }
 
 // O *= alpha, l = l * alpha + rsum, and P (in s) packed to T pairs: accumulator pairs (2i, 2i+1)
