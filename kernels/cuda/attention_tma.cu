@@ -158,14 +158,17 @@ __device__ __forceinline__ void tma_turn_pass(int cw, int j, int n) {
     }
 }
 
-// An mbarrier wait of the producer (PRODUCER) or of a consumer (see ATTN_TMA_WAIT_SLEEP).
-template <bool PRODUCER>
-__device__ __forceinline__ void tma_bar_wait(unsigned bar, unsigned parity) {
-    if (ATTN_TMA_WAIT_SLEEP >= (PRODUCER ? 1 : 2)) {
-        mbar_wait_sleep(bar, parity);
-    } else {
-        mbar_wait(bar, parity);
-    }
+// O += P V_j (V_j's tile at descriptor vd), issued and waited for at once.
+template <typename Tr, typename Cfg>
+__device__ __forceinline__ void tma_pv_now(float (&o)[Cfg::D / 2], unsigned (&pf)[Cfg::BC / 4],
+                                           unsigned long long vd) {
+    reg_fence(o);
+    reg_fence(pf);
+    wg_fence();
+    wg_issue_pv<Tr, Cfg>(o, pf, vd);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(o);
 }
 
 template <typename Tr, typename Cfg, int KS, int VS, bool HAS_MASK = true>
@@ -243,7 +246,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 const int kv_end = p.causal ? min(Lk, min(Lq, m0 + BR)) : Lk;
                 const int n_tiles = (kv_end + BC - 1) / BC;
                 // Q: the consumers' last S GEMM of the previous work tile has completed.
-                if (tc > 0) tma_bar_wait<true>(q_empty, (tc - 1) & 1);
+                if (tc > 0) mbar_wait_as<ATTN_TMA_WAIT_SLEEP, true>(q_empty, (tc - 1) & 1);
                 mbar_expect_tx(q_full, Cfg::Q_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < D / 64; ++pn)
@@ -254,7 +257,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
 #pragma unroll 1
                 for (int j = 0; j < n_tiles; ++j, ++kv) {  // (not unrolled: 24 registers)
                     const int ks = kv % KS;
-                    if (kv >= KS) tma_bar_wait<true>(k_empty + 8 * ks, ((kv / KS) + 1) & 1);
+                    if (kv >= KS) mbar_wait_as<ATTN_TMA_WAIT_SLEEP, true>(k_empty + 8 * ks, ((kv / KS) + 1) & 1);
                     if (j == n_tiles - 1) {
                         // The block's next tile, claimed about KS key tiles before this one ends
                         // and announced with its last K (the expect_tx arrival releases the store;
@@ -270,7 +273,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                         tma_load_3d(s_k + ks * KV_BYTES + pn * (BC * 128), &tp.k, k_full + 8 * ks, 64 * pn, j * BC,
                                     kh);
                     const int vs = kv % VS;
-                    if (kv >= VS) tma_bar_wait<true>(v_empty + 8 * vs, ((kv / VS) + 1) & 1);
+                    if (kv >= VS) mbar_wait_as<ATTN_TMA_WAIT_SLEEP, true>(v_empty + 8 * vs, ((kv / VS) + 1) & 1);
                     mbar_expect_tx(v_full + 8 * vs, KV_BYTES);
 #pragma unroll
                     for (int pn = 0; pn < D / 64; ++pn)
@@ -342,7 +345,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
         // block's last work tile, which the last iteration learns from the slot).
         unsigned nxt = n_work;
 
-        tma_bar_wait<false>(q_full, tc & 1);
+        mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(q_full, tc & 1);
         if (ATTN_TMA_EXP_TURN) {
             // Iteration j (ATTN_TMA_EXP_TURN): S_j, the softmax in turn, then O = O alpha + P_j V_j.
             // Every consumer thread waits for K_j and V_j and arrives on their empty barriers once
@@ -351,7 +354,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 const int kj = kv + j;
                 const int ks = kj % KS;
                 const int vs = kj % VS;
-                tma_bar_wait<false>(k_full + 8 * ks, (kj / KS) & 1);
+                mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(k_full + 8 * ks, (kj / KS) & 1);
                 if (j == n_tiles - 1) nxt = slot[tc & 1];
                 const int turns = nxt < n_work ? n_tiles + 1 : n_tiles;
                 if (j < wg_tiles) {
@@ -364,7 +367,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     mbar_arrive(k_empty + 8 * ks);
                     // every S GEMM of this work tile has completed: Q may take the next tile's rows
                     if (j == n_tiles - 1) mbar_arrive(q_empty);
-                    tma_bar_wait<false>(v_full + 8 * vs, (kj / VS) & 1);
+                    mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(v_full + 8 * vs, (kj / VS) & 1);
                     if (ATTN_TMA_EXP_TURN == 2) {  // the maxima before the turn, as cuDNN's
                         float msc[2];
                         wg_softmax_max<Tr, BC, HAS_MASK>(s, m_r, alpha, msc, w, j * BC);
@@ -376,17 +379,11 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     }
                     tma_turn_pass<NWG>(cw, j, turns);
                     wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
-                    reg_fence(o);
-                    reg_fence(pf);
-                    wg_fence();
-                    wg_issue_pv<Tr, Cfg>(o, pf, wg_desc_add(v_desc, vs * KV_BYTES));
-                    wg_commit();
-                    wg_wait<0>();
-                    reg_fence(o);
+                    tma_pv_now<Tr, Cfg>(o, pf, wg_desc_add(v_desc, vs * KV_BYTES));
                 } else {
                     mbar_arrive(k_empty + 8 * ks);
                     if (j == n_tiles - 1) mbar_arrive(q_empty);
-                    tma_bar_wait<false>(v_full + 8 * vs, (kj / VS) & 1);
+                    mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(v_full + 8 * vs, (kj / VS) & 1);
                     tma_turn_wait<NWG>(cw, kj);
                     tma_turn_pass<NWG>(cw, j, turns);
                 }
@@ -405,10 +402,10 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
             const int kj = kv + j;
             const int ks = kj % KS;
             const int vs = (kj + VS - 1) % VS;  // V_{j-1}
-            tma_bar_wait<false>(k_full + 8 * ks, (kj / KS) & 1);
+            mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(k_full + 8 * ks, (kj / KS) & 1);
             if (j == n_tiles - 1) nxt = slot[tc & 1];
             const int turns = nxt < n_work ? n_tiles + 1 : n_tiles;
-            if (j > 0) tma_bar_wait<false>(v_full + 8 * vs, ((kj - 1) / VS) & 1);
+            if (j > 0) mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(v_full + 8 * vs, ((kj - 1) / VS) & 1);
             const int n0 = j * BC;
             const unsigned long long kd = wg_desc_add(k_desc, ks * KV_BYTES);
             const unsigned long long vd = wg_desc_add(v_desc, vs * KV_BYTES);
@@ -478,15 +475,9 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
         {
             const int kl = kv + n_tiles - 1;
             const int vs = kl % VS;
-            tma_bar_wait<false>(v_full + 8 * vs, (kl / VS) & 1);
+            mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(v_full + 8 * vs, (kl / VS) & 1);
             if (wg_tiles == n_tiles) {
-                reg_fence(o);
-                reg_fence(pf);
-                wg_fence();
-                wg_issue_pv<Tr, Cfg>(o, pf, wg_desc_add(v_desc, vs * KV_BYTES));
-                wg_commit();
-                wg_wait<0>();
-                reg_fence(o);
+                tma_pv_now<Tr, Cfg>(o, pf, wg_desc_add(v_desc, vs * KV_BYTES));
             }
             mbar_arrive(v_empty + 8 * vs);
         }

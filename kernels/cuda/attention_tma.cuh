@@ -45,6 +45,17 @@ __device__ __forceinline__ void mbar_wait_sleep(unsigned bar, unsigned parity) {
         "r"(parity), "n"(10000000)
         : "memory");
 }
+// A kernel's wait of the producer (PRODUCER) or of a consumer under the kernel's setting SLEEP
+// (attention_tma.cu's ATTN_TMA_WAIT_SLEEP, attention_tma_bwd.cu's ATTN_TBW_WAIT_SLEEP): 0 every wait
+// spins (mbar_wait), 1 the producer's suspend (mbar_wait_sleep), 2 every wait suspends.
+template <int SLEEP, bool PRODUCER>
+__device__ __forceinline__ void mbar_wait_as(unsigned bar, unsigned parity) {
+    if (SLEEP >= (PRODUCER ? 1 : 2)) {
+        mbar_wait_sleep(bar, parity);
+    } else {
+        mbar_wait(bar, parity);
+    }
+}
 // Box (c0, c1, c2) of the tensor map into shared memory at dst; completes on bar.
 __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1, int c2) {
     asm volatile(

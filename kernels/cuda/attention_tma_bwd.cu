@@ -225,16 +225,6 @@ __device__ __forceinline__ void tbw_reduce_dq(const float (&dq)[32], unsigned ch
     }
 }
 
-// An mbarrier wait of the producer (PRODUCER) or of a consumer (see ATTN_TBW_WAIT_SLEEP).
-template <bool PRODUCER>
-__device__ __forceinline__ void tbw_bar_wait(unsigned bar, unsigned parity) {
-    if (ATTN_TBW_WAIT_SLEEP >= (PRODUCER ? 1 : 2)) {
-        mbar_wait_sleep(bar, parity);
-    } else {
-        mbar_wait(bar, parity);
-    }
-}
-
 template <typename Tr, typename Cfg>
 __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, unsigned char* smem) {
     typedef typename Tr::T T;
@@ -324,7 +314,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         const float* dsum = static_cast<const float*>(p.dsum);
         for (int it = 0; it < total; ++it) {
             const int slot = it % ST;
-            if (it >= ST) tbw_bar_wait<true>(empty + 8 * slot, ((it / ST) + 1) & 1);
+            if (it >= ST) mbar_wait_as<ATTN_TBW_WAIT_SLEEP, true>(empty + 8 * slot, ((it / ST) + 1) & 1);
             const int hh = hk * G + it / per_head;
             const int mm0 = (m_begin + it % per_head) * BR;
             const long long row_base = (long long)(b * H + hh) * Lq + mm0;
@@ -406,11 +396,11 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     const float* const rv_ptr = reinterpret_cast<const float*>(gbase + (s_rv - base));
     float* const sdq = reinterpret_cast<float*>(gbase + (s_dqw - base));
 
-    tbw_bar_wait<false>(kv_full, 0);  // also when total == 0: no copy may be in flight when the block exits
+    mbar_wait_as<ATTN_TBW_WAIT_SLEEP, false>(kv_full, 0);  // also when total == 0: no copy may be in flight when the block exits
     for (int it = 0; it < total; ++it) {
         const int slot = it % ST;
         const int buf = Cfg::DS_BUFS == 2 ? (it & 1) : 0;
-        tbw_bar_wait<false>(full + 8 * slot, (it / ST) & 1);
+        mbar_wait_as<ATTN_TBW_WAIT_SLEEP, false>(full + 8 * slot, (it / ST) & 1);
         const int hh = hk * G + it / per_head;
         const int mm0 = (m_begin + it % per_head) * BR;
         const unsigned st_off = slot * 2 * Cfg::Q_BYTES;
