@@ -213,6 +213,24 @@ class TensorMaps:
         return out
 
 
+def tma_fwd_params(params_dtype, maps, p, B, H, Lq, D, bf16, br):
+    """The FlashTmaParams of flash_fwd_tma_* (attention_tma.cu: the FlashParams `p`, `sched` left
+    null, the q, k, v tensor maps) as a one-element numpy structured array; br = the kernel's query
+    rows per block (q's box has 128 rows for 128, else 64)."""
+    import numpy as np
+    tdt = np.dtype({"names": ["p", "sched", "q", "k", "v"],
+                    "formats": [params_dtype, "u8", "V128", "V128", "V128"],
+                    "offsets": [0, 152, 192, 320, 448], "itemsize": 576})
+    tp = np.zeros(1, dtype=tdt)
+    tp["p"] = p
+    pp = p[0] if getattr(p, "shape", ()) else p
+    Hkv, Lk = int(pp["Hkv"]), int(pp["Lk"])
+    qbox = 128 if br == 128 else 64
+    for f, L, heads, rows in (("q", Lq, B * H, qbox), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128)):
+        tp[f] = np.frombuffer(maps.encode(pp[f], D, L, heads, bf16, rows), dtype="V128")[0]
+    return tp
+
+
 def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16, qrows=64):
     """The `FlashTmaBwdParams` of flash_bwd_tma_* (attention_tma_bwd.cu: 832 bytes, q, k, v, dout,
     dq maps at 192, 320, 448, 576, 704) for the FlashParams `p` (a 1-element array of `params_dtype`):
@@ -321,20 +339,11 @@ def gpu_main(args):
         sched = None
 
         def fwd(self, p, B, H, Lq, D, dt):
-            import numpy as np
             if Tma.maps is None:
                 Tma.maps = TensorMaps()
-            tdt = np.dtype({"names": ["p", "sched", "q", "k", "v"],
-                            "formats": [ac.PARAMS_DTYPE, "u8", "V128", "V128", "V128"],
-                            "offsets": [0, 152, 192, 320, 448], "itemsize": 576})
-            tp = np.zeros(1, dtype=tdt)
-            tp["p"] = p
             pp = p[0] if getattr(p, "shape", ()) else p
-            Hkv, Lk, bf = int(pp["Hkv"]), int(pp["Lk"]), dt == "bf16"
             threads, smem, br = tma_cfg(self.defs, D)
-            qbox = 128 if br == 128 else 64
-            for f, L, heads, rows in (("q", Lq, B * H, qbox), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128)):
-                tp[f] = np.frombuffer(Tma.maps.encode(pp[f], D, L, heads, bf, rows), dtype="V128")[0]
+            tp = tma_fwd_params(ac.PARAMS_DTYPE, Tma.maps, p, B, H, Lq, D, dt == "bf16", br)
             # ATTN_TMA_NOMASK: calls without a mask take the flash_fwd_tma_nm_* kernels
             nm = "nm_" if int(self.defs.get("ATTN_TMA_NOMASK", 0)) and int(pp["mask"]) == 0 else ""
             # the work tiles, one block each, or fewer blocks taking several (see VARIANTS)

@@ -22,3 +22,17 @@ def time_ms(fn, reps=40, warm=5):
     torch.cuda.synchronize()
     ts = sorted(a.elapsed_time(b) for a, b in evs)
     return ts[len(ts) // 2]
+
+
+def event_times(fn, reps):
+    """The CUDA-event time (ms) of each of `reps` calls of fn, one at a time (synchronized after
+    each): for the profiling scripts, whose first call is a warm-up and whose last is reported."""
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1))
+    return times

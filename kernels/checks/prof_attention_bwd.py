@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import attention_check as ac  # noqa: E402  (sets TMPDIR under $OUT, imports torch, cupy)
 import attention_wgmma_check as wc  # noqa: E402
+from check_util import event_times  # noqa: E402
 import cupy  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -83,15 +84,7 @@ def main():
 
     fl = 2.5 * 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
     for name, fn in mains + [("sdpa cudnn fwd+bwd", sdpa_bwd)]:
-        times = []
-        for _ in range(a.reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            fn()
-            e1.record()
-            torch.cuda.synchronize()
-            times.append(e0.elapsed_time(e1))
-        ms = times[-1]
+        ms = event_times(fn, a.reps)[-1]
         print("%-28s %8.3f ms  %6.1f TFLOP/s (backward FLOPs; the SDPA row includes its forward)" % (
             name, ms, fl / (ms * 1e-3) / 1e12), flush=True)
     return 0

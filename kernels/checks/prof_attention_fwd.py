@@ -26,7 +26,7 @@ sys.path.insert(0, HERE)
 import attention_check as ac  # noqa: E402  (sets TMPDIR under $OUT, imports torch, cupy)
 import attention_wgmma_check as wc  # noqa: E402
 import cupy  # noqa: E402
-import numpy as np  # noqa: E402
+from check_util import event_times  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -55,16 +55,7 @@ def main():
     o = torch.empty_like(q)
     lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
     p = ac.make_params(q, k, v, o, lse, None, (0, 0, 0), causal)
-    # FlashTmaParams: the attention params, the work-tile counters, the q, k, v tensor maps
-    # (the layout attention_wgmma_check.py's Tma.fwd builds)
-    tdt = np.dtype({"names": ["p", "sched", "q", "k", "v"],
-                    "formats": [ac.PARAMS_DTYPE, "u8", "V128", "V128", "V128"],
-                    "offsets": [0, 152, 192, 320, 448], "itemsize": 576})
-    tp = np.zeros(1, dtype=tdt)
-    tp["p"] = p
-    maps = wc.TensorMaps()
-    for f, t in (("q", q), ("k", k), ("v", v)):
-        tp[f] = np.frombuffer(maps.encode(t.data_ptr(), D, L, B * H, True, 128), dtype="V128")[0]
+    tp = wc.tma_fwd_params(ac.PARAMS_DTYPE, wc.TensorMaps(), p, B, H, L, D, True, br)
     blocks = (L + br - 1) // br * H * B
     persist = L <= 4096 and not a.tiles
     sched = torch.zeros(2, dtype=torch.int32, device="cuda")
@@ -83,15 +74,7 @@ def main():
     fl = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
     for name, fn in (("flash_fwd_tma_nm_d128 (%s)" % ("persistent" if persist else "block per tile"), rtx),
                      ("sdpa cudnn fwd", sdpa)):
-        times = []
-        for _ in range(a.reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            fn()
-            e1.record()
-            torch.cuda.synchronize()
-            times.append(e0.elapsed_time(e1))
-        ms = times[-1]
+        ms = event_times(fn, a.reps)[-1]
         print("%-40s %8.3f ms  %6.1f TFLOP/s  (L=%d causal=%d)" % (name, ms, fl / (ms * 1e-3) / 1e12, L, causal),
               flush=True)
     err = ac.relerr(o, sdpa())
