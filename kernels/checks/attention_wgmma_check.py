@@ -117,20 +117,8 @@ VARIANTS = [
     ("tma64sfd5", {"launch_cubin": "tma64sf", "ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1,
                    "ATTN_TMA_SOFTMAX_FIRST": 1, "launch_persist": 2, "launch_sched": 1, "launch_blocks": 5}, (64,),
      "tma64sfd on at most 5 blocks"),
-    # cuDNN's consumer order (attention_tma.cu, ATTN_TMA_EXP_TURN): S, softmax, P V each waited for,
-    # the turns around the softmax instead of the GEMMs' issue.
-    ("tmaet", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_EXP_TURN": 1}, (128, 64),
-     "tmanm / tma64w3 in cuDNN's order: no S / P V overlap, one warpgroup's softmax at a time"),
-    ("tmaetd", {"launch_cubin": "tmaet", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_TURN": 1, "launch_persist": 2,
-                "launch_sched": 1}, (128, 64), "tmaet on the launcher's grid (one block per SM, the counter)"),
-    ("tmaet2", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_EXP_TURN": 2}, (128, 64),
-     "tmaet with the row maxima before the turn (cuDNN's place for them)"),
-    ("tmaet2d", {"launch_cubin": "tmaet2", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_TURN": 2, "launch_persist": 2,
-                 "launch_sched": 1}, (128, 64), "tmaet2 on the launcher's grid"),
-    ("tmaetd5", {"launch_cubin": "tmaet", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_TURN": 1, "launch_persist": 2,
-                 "launch_sched": 1, "launch_blocks": 5}, (128, 64), "tmaetd on at most 5 blocks (for the check)"),
     # mbarrier waits that suspend instead of spinning (attention_tma.cu, ATTN_TMA_WAIT_SLEEP): 1 the
-    # producer's, 2 every wait; with cuDNN's consumer order too (tmaetws).
+    # producer's, 2 every wait.
     ("tmaws1", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_WAIT_SLEEP": 1}, (128, 64),
      "tmanm / tma64w3 with the producer's waits suspending"),
     ("tmaws2", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_WAIT_SLEEP": 2}, (128, 64),
@@ -141,10 +129,6 @@ VARIANTS = [
                  "launch_sched": 1}, (128, 64), "tmaws2 on the launcher's grid"),
     ("tmaws2d5", {"launch_cubin": "tmaws2", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_WAIT_SLEEP": 2, "launch_persist": 2,
                   "launch_sched": 1, "launch_blocks": 5}, (128, 64), "tmaws2d on at most 5 blocks (for the check)"),
-    ("tmaetws", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_EXP_TURN": 1, "ATTN_TMA_WAIT_SLEEP": 2},
-     (128, 64), "tmaet with every mbarrier wait suspending (cuDNN's order and waits)"),
-    ("tmaetwsd", {"launch_cubin": "tmaetws", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_EXP_TURN": 1, "ATTN_TMA_WAIT_SLEEP": 2,
-                  "launch_persist": 2, "launch_sched": 1}, (128, 64), "tmaetws on the launcher's grid"),
     ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
     ("tmak3v3", {"ATTN_TMA_KS": 3, "ATTN_TMA_VS": 3}, (128,), "D128 TMA with 3 K and 3 V stages"),
 ]
@@ -513,8 +497,7 @@ def gpu_main(args):
         fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
         for K in [K for K in builds if K.name == args.child]:
             full = K.name in ("wg", "tma", "tmanm", "tma64w3", "tmad5", "tma64d5", "tmasf", "tmasfd5", "tma64sf",
-                              "tma64sfd5", "tmaet", "tmaet2", "tmaetd5", "tmaws2", "tmaws2d5",
-                              "tmaetws") and not args.quick
+                              "tma64sfd5", "tmaws2", "tmaws2d5") and not args.quick
             gen = torch.Generator(device="cuda")
             gen.manual_seed(1234)
             res, worst, t1 = [], {"o": 0.0, "lse": 0.0}, time.time()
@@ -562,7 +545,7 @@ def gpu_main(args):
             if lost:
                 break
         # determinism: the same inputs three times give bitwise the same output
-        if args.child in ("wg", "tma", "tmad5", "tma64d5", "tmasfd5", "tma64sfd5", "tmaetd5", "tmaws2d5") and args.child in ok_names:
+        if args.child in ("wg", "tma", "tmad5", "tma64d5", "tmasfd5", "tma64sfd5", "tmaws2d5") and args.child in ok_names:
             K = builds[0]
             gen = torch.Generator(device="cuda")
             gen.manual_seed(99)

@@ -102,24 +102,17 @@ static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TMA_SOFTMAX_FIRST
 #define ATTN_TMA_SOFTMAX_FIRST 0
 #endif
-// ATTN_TMA_WAIT_SLEEP (a candidate, 0 = off): mbarrier waits through mbar_wait_sleep, whose tries
+// ATTN_TMA_WAIT_SLEEP (0 = off): mbarrier waits through mbar_wait_sleep, whose tries
 // ask to be suspended until the phase completes (cuDNN's sm90 flash forward waits so: a try_wait,
 // then NANOSLEEP.SYNCS with the same 10 ms hint, in its SASS): 1 the producer's waits for free
 // stages (k_empty, v_empty, q_empty), 2 every wait of the kernel. Nsight Compute (run 25b, H100,
 // D = 128, L = 4096) counted 8.8 M turns of the producer's spin on v_empty (a YIELD, a try_wait
 // and a branch each: 9 % of the kernel's warp instructions) on the scheduler that also issues one
-// warp of each consumer warpgroup.
+// warp of each consumer warpgroup. Measured on an H100 (2026-12-06, docs/performance-notes.md):
+// level to 10 % slower at D = 128, L >= 4096; 6-11 % faster for D = 64 on the persistent grid
+// at L = 1024, level at 4096.
 #ifndef ATTN_TMA_WAIT_SLEEP
 #define ATTN_TMA_WAIT_SLEEP 0
-#endif
-// ATTN_TMA_EXP_TURN=1 (a candidate, 0 = off): cuDNN's order of the consumers (as Nsight Compute's
-// source view of its sm90 flash forward shows it): no S / P V overlap within a warpgroup (S_j, its
-// softmax, then P_j V_j, each GEMM waited for at once), and the turns taken around the softmax
-// instead of the GEMMs' issue: one warpgroup's exponentials at a time, the others' GEMMs under them.
-// 2: the same with the row maxima computed before the turn (wg_softmax_max / wg_softmax_exp), as
-// cuDNN's does.
-#ifndef ATTN_TMA_EXP_TURN
-#define ATTN_TMA_EXP_TURN 0
 #endif
 // With 3 consumer warpgroups (512 threads, 128 registers each at launch): the consumers'.
 #ifndef ATTN_TMA_CREGS3
@@ -346,54 +339,6 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
         unsigned nxt = n_work;
 
         mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(q_full, tc & 1);
-        if (ATTN_TMA_EXP_TURN) {
-            // Iteration j (ATTN_TMA_EXP_TURN): S_j, the softmax in turn, then O = O alpha + P_j V_j.
-            // Every consumer thread waits for K_j and V_j and arrives on their empty barriers once
-            // per iteration, computing or not.
-            for (int j = 0; j < n_tiles; ++j) {
-                const int kj = kv + j;
-                const int ks = kj % KS;
-                const int vs = kj % VS;
-                mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(k_full + 8 * ks, (kj / KS) & 1);
-                if (j == n_tiles - 1) nxt = slot[tc & 1];
-                const int turns = nxt < n_work ? n_tiles + 1 : n_tiles;
-                if (j < wg_tiles) {
-                    reg_fence(s);
-                    wg_fence();
-                    wg_issue_s<Tr, Cfg>(s, q_desc, wg_desc_add(k_desc, ks * KV_BYTES));
-                    wg_commit();
-                    wg_wait<0>();
-                    reg_fence(s);
-                    mbar_arrive(k_empty + 8 * ks);
-                    // every S GEMM of this work tile has completed: Q may take the next tile's rows
-                    if (j == n_tiles - 1) mbar_arrive(q_empty);
-                    mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(v_full + 8 * vs, (kj / VS) & 1);
-                    if (ATTN_TMA_EXP_TURN == 2) {  // the maxima before the turn, as cuDNN's
-                        float msc[2];
-                        wg_softmax_max<Tr, BC, HAS_MASK>(s, m_r, alpha, msc, w, j * BC);
-                        tma_turn_wait<NWG>(cw, kj);
-                        wg_softmax_exp<BC>(s, msc, rsum, w.sl2);
-                    } else {
-                        tma_turn_wait<NWG>(cw, kj);
-                        wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, j * BC);
-                    }
-                    tma_turn_pass<NWG>(cw, j, turns);
-                    wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
-                    tma_pv_now<Tr, Cfg>(o, pf, wg_desc_add(v_desc, vs * KV_BYTES));
-                } else {
-                    mbar_arrive(k_empty + 8 * ks);
-                    if (j == n_tiles - 1) mbar_arrive(q_empty);
-                    mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(v_full + 8 * vs, (kj / VS) & 1);
-                    tma_turn_wait<NWG>(cw, kj);
-                    tma_turn_pass<NWG>(cw, j, turns);
-                }
-                mbar_arrive(v_empty + 8 * vs);
-            }
-            kv += n_tiles;
-            if (row0 < Lq) wg_store_o<Tr, D>(p, b, h, w, o, l_r, m_r);
-            tile = nxt;
-            continue;
-        }
         // Iteration j: S_j = Q K_j^T and O += P_{j-1} V_{j-1} (the PIPE steps of attention_wgmma.cu).
         // Every consumer thread waits for K_j and V_{j-1} and arrives on their empty barriers once
         // per iteration, computing or not (an arrival before the wait could complete a later

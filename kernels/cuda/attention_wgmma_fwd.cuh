@@ -75,11 +75,11 @@ struct WgRows {
     long long mask_stride_q;
 };
 
-// The softmax's three steps (wg_softmax runs them row by row; wg_softmax_max / wg_softmax_exp below
-// split them for a caller that runs the exponentials apart). wg_mask_scores: the Lk tail, causal
-// and additive masks of the tile of keys n0 ..; wg_row_max: row r's running max m (returns the new
-// one; alpha = the factor for the old O and l; msc = max * sl2, 0 for a row masked so far);
-// wg_row_exp: row r of s into P = 2^(s * sl2 - msc), returns this thread's part of its sum.
+// The softmax's three steps (wg_softmax below runs them, the last two row by row). wg_mask_scores:
+// the Lk tail, causal and additive masks of the tile of keys n0 ..; wg_row_max: row r's running
+// max m (returns the new one; alpha = the factor for the old O and l; msc = max * sl2, 0 for a row
+// masked so far); wg_row_exp: row r of s into P = 2^(s * sl2 - msc), returns this thread's part
+// of its sum.
 template <typename Tr, int BC, bool HAS_MASK>
 __device__ __forceinline__ void wg_mask_scores(float (&s)[BC / 2], const WgRows<typename Tr::T>& w, int n0) {
     const bool need_mask =
@@ -148,23 +148,6 @@ __device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], 
         wg_row_max<BC>(s, r, m_r[r], alpha[r], msc, w.sl2);
         rsum[r] = wg_row_exp<BC>(s, r, msc, w.sl2);
     }
-}
-
-// wg_softmax in two parts, for a caller that runs the exponentials apart from the rest (the TMA
-// forward's ATTN_TMA_EXP_TURN=2): both rows' maxima (wg_softmax_max), then both rows'
-// exponentials (wg_softmax_exp), where wg_softmax takes one row at a time.
-template <typename Tr, int BC, bool HAS_MASK = true>
-__device__ __forceinline__ void wg_softmax_max(float (&s)[BC / 2], float (&m_r)[2], float (&alpha)[2],
-                                               float (&msc)[2], const WgRows<typename Tr::T>& w, int n0) {
-    wg_mask_scores<Tr, BC, HAS_MASK>(s, w, n0);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) wg_row_max<BC>(s, r, m_r[r], alpha[r], msc[r], w.sl2);
-}
-template <int BC>
-__device__ __forceinline__ void wg_softmax_exp(float (&s)[BC / 2], const float (&msc)[2], float (&rsum)[2],
-                                               float sl2) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) rsum[r] = wg_row_exp<BC>(s, r, msc[r], sl2);
 }
 
 // O *= alpha, l = l * alpha + rsum, and P (in s) packed to T pairs: accumulator pairs (2i, 2i+1)
