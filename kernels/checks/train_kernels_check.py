@@ -919,12 +919,10 @@ def main():
         # 2026-12-03's runs (all slower at bf16 8192 x 4096: 1 block per SM with 4 or 5
         # stages, 2 vectors per thread with 2 blocks per SM, 8 vectors per thread).
         # LN_STREAM: the forward's streaming loads and stores (norm.cu; 2, the default:
-        # for rows of at least 8 KiB; 0: never, 1: always). LN_SHIFT_STATS: the forward's
-        # mean and variance from one group reduction (shifted sums; candidate, default 0).
+        # for rows of at least 8 KiB; 0: never, 1: always).
         for dfn, kw in (({}, {"launcher": True}),
                         ({"LN_STREAM": 0}, {"launcher": True}),
-                        ({"LN_STREAM": 1}, {"launcher": True}),
-                        ({"LN_SHIFT_STATS": 1}, {"launcher": True})):
+                        ({"LN_STREAM": 1}, {"launcher": True})):
             try:
                 mod = Module("norm", defines=dfn)
                 print("  pipe variant %s ln_bwd_pipe_bf16: %s, %d B dynamic" % (

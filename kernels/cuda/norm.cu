@@ -110,10 +110,6 @@
 //     (kernels/checks/train_kernels_check.py, 2026-12-02) the bf16 backward at 8192 x
 //     4096 took 0.0909 ms with it against 0.0942 without, at 8192 x 768 0.0348 against
 //     0.0355; the other variants listed there were no faster.
-//   LN_SHIFT_STATS (0, candidate): the forward's mean and variance from one group
-//     reduction (ln_fwd_row_shift: sums of x - c and (x - c)^2, c the row's first
-//     element) instead of two (the mean, then the squared deviations from it); mean and
-//     rstd may differ in the last bits. Not with LN_PREFETCH.
 //   ln_fwd_bulk's LN_FWD_BULK_THREADS (256) its block, LN_FWD_BULK_NV (16) most vectors
 //     per thread, LN_FWD_BULK_S (12) most ring stages; ln_bwd_bulk's LN_BWD_BULK_THREADS
 //     (256), LN_BWD_BULK_NV (4), LN_BWD_BULK_S (12). The launcher's constants in
@@ -292,39 +288,6 @@ __device__ __forceinline__ void ln_fwd_row(const uint4* raw, const T* gamma, con
         }
     }
     r = rsqrtf(group_sum(q, gi, gn, sm) * inv_d + eps);
-    ln_store_row<T, LN_NV>(raw, gamma, beta, yr, nv, gl, gn, mu, r, stream);
-}
-
-#ifndef LN_SHIFT_STATS
-#define LN_SHIFT_STATS 0  // fwd: both statistics from one group reduction (candidate)
-#endif
-// ln_fwd_row with both statistics from one group reduction (LN_SHIFT_STATS): the sums of
-// x - c and of (x - c)^2, c the row's first element, so that the cancellation in
-// var = E[(x - c)^2] - E[x - c]^2 stays small where c lies near the mean (a sample of the
-// row). One pair of group barriers per row instead of two. sm: 64 floats.
-template <typename T>
-__device__ __forceinline__ void ln_fwd_row_shift(const uint4* raw, float c, const T* gamma, const T* beta, T* yr,
-                                                 size_t nv, float inv_d, float eps, unsigned gl, unsigned gi,
-                                                 unsigned gn, float* sm, float& mu, float& r, bool stream) {
-    constexpr int V = Ty<T>::V;
-    float s = 0.0f, q = 0.0f;
-#pragma unroll
-    for (int k = 0; k < LN_NV; ++k) {
-        if (gl + (size_t)k * gn < nv) {
-            float f[V];
-            Ty<T>::unpack(raw[k], f);
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-                const float t = f[e] - c;
-                s += t;
-                q += t * t;
-            }
-        }
-    }
-    group_sum2(s, q, gi, gn, sm);
-    const float m = s * inv_d;
-    mu = c + m;
-    r = rsqrtf(fmaxf(q * inv_d - m * m, 0.0f) + eps);
     ln_store_row<T, LN_NV>(raw, gamma, beta, yr, nv, gl, gn, mu, r, stream);
 }
 
@@ -591,7 +554,7 @@ __device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta
     const bool vec = d % V == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta);
     const size_t nv = d / V;
     if (vec && nv <= (size_t)blockDim.x * LN_NV) {
-        __shared__ float sm[LN_SHIFT_STATS ? 64 : 32];
+        __shared__ float sm[32];
         const unsigned gn = ln_group(nv), gpb = blockDim.x / gn, gi = threadIdx.x / gn, gl = threadIdx.x % gn;
         const size_t stride = (size_t)gridDim.x * gpb;
         const bool stream = ln_stream_rows(nv);
@@ -608,15 +571,6 @@ __device__ __forceinline__ void ln_fwd(const T* x, const T* gamma, const T* beta
             if (gl == 0) { mean[row] = mu; rstd[row] = r; }
 #pragma unroll
             for (int k = 0; k < LN_NV; ++k) raw[k] = nxt[k];
-        }
-#elif LN_SHIFT_STATS
-        for (; row < rows; row += stride) {
-            uint4 raw[LN_NV];
-            const float c = Ty<T>::load(x + row * d);
-            ln_load_row<T>(x + row * d, nv, gl, gn, raw, stream);
-            float mu, r;
-            ln_fwd_row_shift<T>(raw, c, gamma, beta, y + row * d, nv, inv_d, eps, gl, gi, gn, sm, mu, r, stream);
-            if (gl == 0) { mean[row] = mu; rstd[row] = r; }
         }
 #else
         for (; row < rows; row += stride) {
