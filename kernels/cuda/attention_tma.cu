@@ -158,19 +158,6 @@ __device__ __forceinline__ void tma_turn_pass(int cw, int j, int n) {
     }
 }
 
-// O += P V_j (V_j's tile at descriptor vd), issued and waited for at once.
-template <typename Tr, typename Cfg>
-__device__ __forceinline__ void tma_pv_now(float (&o)[Cfg::D / 2], unsigned (&pf)[Cfg::BC / 4],
-                                           unsigned long long vd) {
-    reg_fence(o);
-    reg_fence(pf);
-    wg_fence();
-    wg_issue_pv<Tr, Cfg>(o, pf, vd);
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(o);
-}
-
 template <typename Tr, typename Cfg, int KS, int VS, bool HAS_MASK = true>
 __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, unsigned char* smem) {
     static_assert(Cfg::PIPE && (Cfg::NWG == 2 || Cfg::NWG == 3) && Cfg::BC == 128 && Cfg::BR == 64 * Cfg::NWG &&
@@ -435,7 +422,13 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
             const int vs = kl % VS;
             mbar_wait_as<ATTN_TMA_WAIT_SLEEP, false>(v_full + 8 * vs, (kl / VS) & 1);
             if (wg_tiles == n_tiles) {
-                tma_pv_now<Tr, Cfg>(o, pf, wg_desc_add(v_desc, vs * KV_BYTES));
+                reg_fence(o);
+                reg_fence(pf);
+                wg_fence();
+                wg_issue_pv<Tr, Cfg>(o, pf, wg_desc_add(v_desc, vs * KV_BYTES));
+                wg_commit();
+                wg_wait<0>();
+                reg_fence(o);
             }
             mbar_arrive(v_empty + 8 * vs);
         }

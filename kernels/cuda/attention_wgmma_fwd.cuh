@@ -75,13 +75,15 @@ struct WgRows {
     long long mask_stride_q;
 };
 
-// The softmax's three steps (wg_softmax below runs them, the last two row by row). wg_mask_scores:
-// the Lk tail, causal and additive masks of the tile of keys n0 ..; wg_row_max: row r's running
-// max m (returns the new one; alpha = the factor for the old O and l; msc = max * sl2, 0 for a row
-// masked so far); wg_row_exp: row r of s into P = 2^(s * sl2 - msc), returns this thread's part
-// of its sum.
-template <typename Tr, int BC, bool HAS_MASK>
-__device__ __forceinline__ void wg_mask_scores(float (&s)[BC / 2], const WgRows<typename Tr::T>& w, int n0) {
+// Masks the scores of the tile of keys n0 .. n0+BC-1 (Lk tail, causal, additive mask), updates
+// the running max m_r and turns s into P = 2^(s*sl2 - m*sl2) in place; alpha = the factor for
+// the old O and l, rsum = this thread's part of the row sums of P. As attention_fwd.cuh.
+// HAS_MASK = false: a kernel for calls without an additive mask (w.mask is ignored): without the
+// mask's loads, which the front end gathers at the top of a tile, its consumers need fewer
+// registers.
+template <typename Tr, int BC, bool HAS_MASK = true>
+__device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], float (&alpha)[2],
+                                           float (&rsum)[2], const WgRows<typename Tr::T>& w, int n0) {
     const bool need_mask =
         (n0 + BC > w.Lk) || (w.causal && n0 + BC - 1 > w.row0) || (HAS_MASK && w.mask != nullptr);
     if (need_mask) {
@@ -102,51 +104,29 @@ __device__ __forceinline__ void wg_mask_scores(float (&s)[BC / 2], const WgRows<
                 s[4 * nt + e] = x;
             }
     }
-}
-template <int BC>
-__device__ __forceinline__ void wg_row_max(const float (&s)[BC / 2], int r, float& m, float& alpha, float& msc,
-                                           float sl2) {
-    float mx = m;
-#pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
-    // the 4 threads t = 0..3 of a row group hold the row's columns
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // old max -inf: nothing accumulated yet (l = 0, O = 0), any finite alpha works
-    alpha = (m == attn_neg_inf()) ? 0.f : fast_exp2((m - mx) * sl2);
-    m = mx;
-    // whole row masked so far: use 0 as the reference so 2^(-inf - 0) = 0, not NaN
-    msc = (mx == attn_neg_inf()) ? 0.f : mx * sl2;
-}
-template <int BC>
-__device__ __forceinline__ float wg_row_exp(float (&s)[BC / 2], int r, float msc, float sl2) {
-    float sum = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt) {
-        const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * r], sl2, -msc));
-        const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * r + 1], sl2, -msc));
-        s[4 * nt + 2 * r] = p0;
-        s[4 * nt + 2 * r + 1] = p1;
-        sum += p0 + p1;
-    }
-    return sum;
-}
-
-// Masks the scores of the tile of keys n0 .. n0+BC-1 (Lk tail, causal, additive mask), updates
-// the running max m_r and turns s into P = 2^(s*sl2 - m*sl2) in place; alpha = the factor for
-// the old O and l, rsum = this thread's part of the row sums of P. As attention_fwd.cuh.
-// HAS_MASK = false: a kernel for calls without an additive mask (w.mask is ignored): without the
-// mask's loads, which the front end gathers at the top of a tile, its consumers need fewer
-// registers.
-template <typename Tr, int BC, bool HAS_MASK = true>
-__device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], float (&alpha)[2],
-                                           float (&rsum)[2], const WgRows<typename Tr::T>& w, int n0) {
-    wg_mask_scores<Tr, BC, HAS_MASK>(s, w, n0);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float msc;
-        wg_row_max<BC>(s, r, m_r[r], alpha[r], msc, w.sl2);
-        rsum[r] = wg_row_exp<BC>(s, r, msc, w.sl2);
+        float mx = m_r[r];
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+        // the 4 threads t = 0..3 of a row group hold the row's columns
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // old max -inf: nothing accumulated yet (l = 0, O = 0), any finite alpha works
+        alpha[r] = (m_r[r] == attn_neg_inf()) ? 0.f : fast_exp2((m_r[r] - mx) * w.sl2);
+        m_r[r] = mx;
+        // whole row masked so far: use 0 as the reference so 2^(-inf - 0) = 0, not NaN
+        const float msc = (mx == attn_neg_inf()) ? 0.f : mx * w.sl2;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) {
+            const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * r], w.sl2, -msc));
+            const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * r + 1], w.sl2, -msc));
+            s[4 * nt + 2 * r] = p0;
+            s[4 * nt + 2 * r + 1] = p1;
+            sum += p0 + p1;
+        }
+        rsum[r] = sum;
     }
 }
 
