@@ -129,16 +129,6 @@ VARIANTS = [
                  "launch_sched": 1}, (128, 64), "tmaws2 on the launcher's grid"),
     ("tmaws2d5", {"launch_cubin": "tmaws2", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_WAIT_SLEEP": 2, "launch_persist": 2,
                   "launch_sched": 1, "launch_blocks": 5}, (128, 64), "tmaws2d on at most 5 blocks (for the check)"),
-    # The producer's waits suspending in the D = 64 kernels on a persistent grid only
-    # (ATTN_TMA_WAIT_SLEEP_P64): on a block per tile tma64wsp runs the default's waits.
-    ("tma64wsp", {"ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_WAIT_SLEEP_P64": 1},
-     (64,), "tma64w3 built with ATTN_TMA_WAIT_SLEEP_P64 (a block per tile: the default's waits)"),
-    ("tma64wspd", {"launch_cubin": "tma64wsp", "launch_persist": 2, "launch_sched": 1, "ATTN_TMA_D64_WG": 3,
-                   "ATTN_TMA_NOMASK": 1, "ATTN_TMA_WAIT_SLEEP_P64": 1}, (64,),
-     "tma64wsp on the launcher's grid: the producer's waits suspend"),
-    ("tma64wspd5", {"launch_cubin": "tma64wsp", "launch_persist": 2, "launch_sched": 1, "launch_blocks": 5,
-                    "ATTN_TMA_D64_WG": 3, "ATTN_TMA_NOMASK": 1, "ATTN_TMA_WAIT_SLEEP_P64": 1}, (64,),
-     "tma64wspd on at most 5 blocks (for the check)"),
     ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
     ("tmak3v3", {"ATTN_TMA_KS": 3, "ATTN_TMA_VS": 3}, (128,), "D128 TMA with 3 K and 3 V stages"),
 ]
@@ -507,8 +497,7 @@ def gpu_main(args):
         fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
         for K in [K for K in builds if K.name == args.child]:
             full = K.name in ("wg", "tma", "tmanm", "tma64w3", "tmad5", "tma64d5", "tmasf", "tmasfd5", "tma64sf",
-                              "tma64sfd5", "tmaws2", "tmaws2d5", "tma64wsp",
-                              "tma64wspd5") and not args.quick
+                              "tma64sfd5", "tmaws2", "tmaws2d5") and not args.quick
             gen = torch.Generator(device="cuda")
             gen.manual_seed(1234)
             res, worst, t1 = [], {"o": 0.0, "lse": 0.0}, time.time()
@@ -556,8 +545,7 @@ def gpu_main(args):
             if lost:
                 break
         # determinism: the same inputs three times give bitwise the same output
-        if args.child in ("wg", "tma", "tmad5", "tma64d5", "tmasfd5", "tma64sfd5", "tmaws2d5",
-                          "tma64wspd5") and args.child in ok_names:
+        if args.child in ("wg", "tma", "tmad5", "tma64d5", "tmasfd5", "tma64sfd5", "tmaws2d5") and args.child in ok_names:
             K = builds[0]
             gen = torch.Generator(device="cuda")
             gen.manual_seed(99)

@@ -114,13 +114,6 @@ static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TMA_WAIT_SLEEP
 #define ATTN_TMA_WAIT_SLEEP 0
 #endif
-// ATTN_TMA_WAIT_SLEEP_P64 (a candidate, 0 = off): the producer's waits suspend (as
-// ATTN_TMA_WAIT_SLEEP=1) in the D = 64 kernels on a persistent grid only (`sched` set: the
-// launcher's grid for calls of at most 4096 keys), the one place where suspending measured faster
-// (D = 64, L = 1024: 433 against 390-409 TFLOP/s on an H100); a uniform choice per launch.
-#ifndef ATTN_TMA_WAIT_SLEEP_P64
-#define ATTN_TMA_WAIT_SLEEP_P64 0
-#endif
 // With 3 consumer warpgroups (512 threads, 128 registers each at launch): the consumers'.
 #ifndef ATTN_TMA_CREGS3
 #define ATTN_TMA_CREGS3 160
@@ -222,8 +215,6 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
             // kv: the K / V tiles issued so far (over the block's work tiles: the ring's
             // stages and phases run on across them); tc: the block's work tiles so far.
             unsigned* const sched = tp.sched;
-            // ATTN_TMA_WAIT_SLEEP_P64: the waits for a free stage suspend on a persistent grid
-            const bool p64_sleep = ATTN_TMA_WAIT_SLEEP_P64 && D == 64 && sched != nullptr;
             int kv = 0;
             unsigned cur = blockIdx.x;  // < n_work: the grid is at most n_work
             for (int tc = 0; cur < n_work; ++tc) {
@@ -235,7 +226,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 const int kv_end = p.causal ? min(Lk, min(Lq, m0 + BR)) : Lk;
                 const int n_tiles = (kv_end + BC - 1) / BC;
                 // Q: the consumers' last S GEMM of the previous work tile has completed.
-                if (tc > 0) mbar_wait_as<ATTN_TMA_WAIT_SLEEP, true>(q_empty, (tc - 1) & 1, p64_sleep);
+                if (tc > 0) mbar_wait_as<ATTN_TMA_WAIT_SLEEP, true>(q_empty, (tc - 1) & 1);
                 mbar_expect_tx(q_full, Cfg::Q_BYTES);
 #pragma unroll
                 for (int pn = 0; pn < D / 64; ++pn)
@@ -246,8 +237,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
 #pragma unroll 1
                 for (int j = 0; j < n_tiles; ++j, ++kv) {  // (not unrolled: 24 registers)
                     const int ks = kv % KS;
-                    if (kv >= KS)
-                        mbar_wait_as<ATTN_TMA_WAIT_SLEEP, true>(k_empty + 8 * ks, ((kv / KS) + 1) & 1, p64_sleep);
+                    if (kv >= KS) mbar_wait_as<ATTN_TMA_WAIT_SLEEP, true>(k_empty + 8 * ks, ((kv / KS) + 1) & 1);
                     if (j == n_tiles - 1) {
                         // The block's next tile, claimed about KS key tiles before this one ends
                         // and announced with its last K (the expect_tx arrival releases the store;
@@ -263,8 +253,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                         tma_load_3d(s_k + ks * KV_BYTES + pn * (BC * 128), &tp.k, k_full + 8 * ks, 64 * pn, j * BC,
                                     kh);
                     const int vs = kv % VS;
-                    if (kv >= VS)
-                        mbar_wait_as<ATTN_TMA_WAIT_SLEEP, true>(v_empty + 8 * vs, ((kv / VS) + 1) & 1, p64_sleep);
+                    if (kv >= VS) mbar_wait_as<ATTN_TMA_WAIT_SLEEP, true>(v_empty + 8 * vs, ((kv / VS) + 1) & 1);
                     mbar_expect_tx(v_full + 8 * vs, KV_BYTES);
 #pragma unroll
                     for (int pn = 0; pn < D / 64; ++pn)

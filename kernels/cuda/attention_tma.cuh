@@ -47,11 +47,10 @@ __device__ __forceinline__ void mbar_wait_sleep(unsigned bar, unsigned parity) {
 }
 // A kernel's wait of the producer (PRODUCER) or of a consumer under the kernel's setting SLEEP
 // (attention_tma.cu's ATTN_TMA_WAIT_SLEEP, attention_tma_bwd.cu's ATTN_TBW_WAIT_SLEEP): 0 every wait
-// spins (mbar_wait), 1 the producer's suspend (mbar_wait_sleep), 2 every wait suspends. `suspend`
-// (uniform per launch) makes this wait suspend whatever SLEEP says (ATTN_TMA_WAIT_SLEEP_P64).
+// spins (mbar_wait), 1 the producer's suspend (mbar_wait_sleep), 2 every wait suspends.
 template <int SLEEP, bool PRODUCER>
-__device__ __forceinline__ void mbar_wait_as(unsigned bar, unsigned parity, bool suspend = false) {
-    if (suspend || SLEEP >= (PRODUCER ? 1 : 2)) {
+__device__ __forceinline__ void mbar_wait_as(unsigned bar, unsigned parity) {
+    if (SLEEP >= (PRODUCER ? 1 : 2)) {
         mbar_wait_sleep(bar, parity);
     } else {
         mbar_wait(bar, parity);
