@@ -965,18 +965,6 @@ def main():
         # on every case (past 16384 ids it falls back to the five launches, as the launcher).
         if "embedding" in mods:
             emb_vars.append(("one-launch", Emb(mods["embedding"], scan=True)))
-        # Its candidates (embedding.cu): EMB_SCAN_ZFIRST, each warp's first rows zeroed
-        # before the ids are read and sorted; EMB_SCAN_CS, the table stored with .cs;
-        # EMB_SCAN_ACC=24, a 768-wide row in one pass.
-        for dfn in ({"EMB_SCAN_ZFIRST": 1}, {"EMB_SCAN_ZFIRST": 2}, {"EMB_SCAN_ZFIRST": 4},
-                    {"EMB_SCAN_CS": 1}, {"EMB_SCAN_ZFIRST": 2, "EMB_SCAN_CS": 1}, {"EMB_SCAN_ACC": 24},
-                    {"EMB_SCAN_ZFIRST": 2, "EMB_SCAN_ACC": 24}):
-            try:
-                mod = Module("embedding", defines=dfn)
-                print("  variant %s emb_bwd_scan_f32_i32: %s" % (dfn, mod.regs("emb_bwd_scan_f32_i32")))
-                emb_vars.append(("one-launch " + ",".join("%s=%s" % kv for kv in dfn.items()), Emb(mod, scan=True)))
-            except Exception as e:  # noqa: BLE001
-                print("variant %s: %s" % (dfn, str(e)[:300]))
     ad_vars = []
     if "adamw" in only and not args.no_bench:
         for dfn in ({"RTX_MT_MAX": 24}, {"RTX_MT_MAX": 160}, {"RTX_MT_U": 2}):

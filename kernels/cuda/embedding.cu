@@ -302,8 +302,7 @@ __device__ __forceinline__ void rows_sum(const T* dy, Pos pos, unsigned k0, unsi
 // One warp writes table row `out`: the sum of the dy rows pos(k0..k1) in increasing k
 // (zeros for an empty bucket), in 16-byte vectors (U per lane per pass) when vec, else
 // element by element.
-// (CS: the stores of the vector path with st.global.cs, EMB_SCAN_CS's candidate.)
-template <typename T, int U, typename Pos, bool CS = false>
+template <typename T, int U, typename Pos>
 __device__ __forceinline__ void warp_row(const T* dy, Pos pos, unsigned k0, unsigned k1, T* out, size_t D,
                                          bool vec, unsigned lane) {
     constexpr int VW = Ty<T>::V;
@@ -315,16 +314,7 @@ __device__ __forceinline__ void warp_row(const T* dy, Pos pos, unsigned k0, unsi
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const size_t j = base + lane + 32 * u;
-                if (j < nv) {
-                    const uint4 v = Ty<T>::pack(acc[u]);
-                    if constexpr (CS) {
-                        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(out + j * VW), "r"(v.x),
-                                     "r"(v.y), "r"(v.z), "r"(v.w)
-                                     : "memory");
-                    } else {
-                        st16(out + j * VW, v);
-                    }
-                }
+                if (j < nv) st16(out + j * VW, Ty<T>::pack(acc[u]));
             }
         }
     } else {
@@ -450,30 +440,12 @@ __device__ __forceinline__ void bwd(const T* dy, const unsigned* offsets, const 
 #define EMB_SCAN_ROWS 4096     // most table rows per block (4 counts per thread in the scan)
 #define EMB_SCAN_Q (EMB_SCAN_MAX / 4 / EMB_SCAN_THREADS)  // 16-byte vectors of ids per thread
 #define EMB_SCAN_NW (EMB_SCAN_THREADS / 32)
-// Candidates (compile-time, default off; kernels/checks/train_kernels_check.py times them):
-//   EMB_SCAN_ZFIRST (0): before reading the ids, each warp writes zeros to its first
-//     EMB_SCAN_ZFIRST rows (local rows warp + NW u), so that stores stream while the ids are
-//     read and sorted; such a row is then written again only when its bucket is not empty
-//     (by the same warp, or after the block barrier by the whole block for a heavy row: the
-//     later write is the one that stays).
-//   EMB_SCAN_CS (0): the table rows stored with st.global.cs (streaming, evict first).
-#ifndef EMB_SCAN_ZFIRST
-#define EMB_SCAN_ZFIRST 0
-#endif
-#ifndef EMB_SCAN_CS
-#define EMB_SCAN_CS 0
-#endif
-//   EMB_SCAN_ACC (16): f32 accumulators per lane per pass over a row (16 / sizeof(T)
-//     vectors); 24 takes a 768-wide row in one pass instead of two.
-#ifndef EMB_SCAN_ACC
-#define EMB_SCAN_ACC 16
-#endif
 
 template <typename T, typename I>
 __device__ __forceinline__ void bwd_scan(const T* dy, const I* ids, size_t n, T* dtable, size_t V, size_t D,
                                          unsigned* bad) {
     constexpr int VW = Ty<T>::V;
-    constexpr int U = EMB_SCAN_ACC / VW;  // vectors per lane per pass: 16 accumulators
+    constexpr int U = 16 / VW;  // vectors per lane per pass: 16 accumulators
     constexpr unsigned NW = EMB_SCAN_NW;
     extern __shared__ __align__(16) unsigned char emb_smem[];
     __shared__ unsigned s_heavy[EMB_SCAN_MAX / (EMB_HEAVY + 1) + 1], s_nheavy, s_bad;
@@ -493,12 +465,6 @@ __device__ __forceinline__ void bwd_scan(const T* dy, const I* ids, size_t n, T*
     const unsigned M = G > 1 ? 0xffffffffu / G + 1u : 0u;
     auto quot = [&](unsigned v) { return G > 1 ? __umulhi(v, M) : v; };
 
-#if EMB_SCAN_ZFIRST
-    // EMB_SCAN_ZFIRST's candidate: this warp's first rows zeroed before the ids are read.
-    for (unsigned j = warp; j < rows_b && j < EMB_SCAN_ZFIRST * NW; j += NW)
-        warp_row<T, U, SharedPos, EMB_SCAN_CS>(dy, SharedPos{nullptr}, 0u, 0u, dtable + ((size_t)b + (size_t)j * G) * D,
-                                              D, D % VW == 0 && aligned16(dy) && aligned16(dtable), lane);
-#endif
     for (unsigned j = t; j <= R; j += blockDim.x) off[j] = 0u;
     if (t == 0) { s_nheavy = 0u; s_bad = 0u; }
     // 1. This block's entries. Thread t takes the ids [4 q t, 4 q (t + 1)): contiguous, so
@@ -585,9 +551,7 @@ __device__ __forceinline__ void bwd_scan(const T* dy, const I* ids, size_t n, T*
             if (lane == 0) s_heavy[atomicAdd(&s_nheavy, 1u)] = j;
             continue;
         }
-        if (EMB_SCAN_ZFIRST && j < EMB_SCAN_ZFIRST * NW && k1 == k0) continue;  // zeroed already
-        warp_row<T, U, SharedPos, EMB_SCAN_CS>(dy, SharedPos{P}, k0, k1, dtable + ((size_t)b + (size_t)j * G) * D, D,
-                                               vec, lane);
+        warp_row<T, U>(dy, SharedPos{P}, k0, k1, dtable + ((size_t)b + (size_t)j * G) * D, D, vec, lane);
     }
     __syncthreads();
     // Heavy rows (the list's order does not matter: each row's sum order is fixed): warp w
