@@ -23,6 +23,7 @@ Writes nothing outside $OUT (if set; a JSON summary goes there). cupy's kernel c
 kept in memory and its temporary files go under $OUT (or a private temp dir, removed).
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -438,6 +439,32 @@ def time_fn(fns, reps):
     torch.cuda.synchronize()
     ts = sorted(a.elapsed_time(b) for a, b in evs)
     return ts[len(ts) // 2]
+
+
+def sdpa_best_ms(fns, reps):
+    """time_fn of SDPA callables under its default dispatch and under its cuDNN and flash
+    backends (torch.nn.attention.sdpa_kernel, where this PyTorch has them): the fastest, as
+    benches/torch_baseline.py compares. The default dispatch picks the flash backend on some
+    hosts, 1.5-2x slower than cuDNN's there (run 27a, H100)."""
+    ctxs = [contextlib.nullcontext]
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        for attr in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+            b = getattr(SDPBackend, attr, None)
+            if b is not None:
+                ctxs.append(lambda b=b: sdpa_kernel(b))
+    except ImportError:
+        pass
+    best = float("inf")
+    for ctx in ctxs:
+        try:
+            with ctx():
+                best = min(best, time_fn(fns, reps))
+        except Exception:  # noqa: BLE001 (a backend that does not take these inputs)
+            pass
+    if best == float("inf"):
+        raise RuntimeError("no SDPA backend ran")
+    return best
 
 
 def bench(Ks, quick, fa2=False):

@@ -20,7 +20,8 @@ Two steps, because the GPU host has no Rust and the kernel needs the sm_90a targ
    times (CUDA events, medians, 2 rotating input sets) bf16, B*L = 16384, H*D = 2048,
    L in {1024, 4096, 16384}, causal 0/1: the passing wgmma variants, the mma.sync forward and
    torch.nn.functional.scaled_dot_product_attention (the fastest of its default dispatch and
-   its cuDNN and flash backends: sdpa_best_ms), and prints TFLOP/s and ratios to SDPA.
+   its cuDNN and flash backends: attention_check.sdpa_best_ms), and prints TFLOP/s and ratios
+   to SDPA.
    Full log and a JSON summary go to $OUT when set.
 
    Each variant is checked in a child process, so a kernel fault or hang costs that variant
@@ -136,32 +137,6 @@ VARIANTS = [
 # D -> (warpgroups, keys per tile, PIPE), the defaults of attention_wgmma.cu
 DEFAULT_TILES = {128: (2, 128, 1), 64: (2, 64, 0)}
 
-
-def sdpa_best_ms(time_fn, fns, reps):
-    """The fastest of SDPA's default dispatch and its cuDNN and flash backends (each forced with
-    torch.nn.attention.sdpa_kernel where this PyTorch has it) for the timed callables fns, ms, as
-    benches/torch_baseline.py compares: the default dispatch picks the flash backend on some
-    hosts, which is 1.5-2× slower than cuDNN's here."""
-    import contextlib
-    ctxs = [contextlib.nullcontext]
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        for attr in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
-            b = getattr(SDPBackend, attr, None)
-            if b is not None:
-                ctxs.append(lambda b=b: sdpa_kernel(b))
-    except ImportError:
-        pass
-    best = float("inf")
-    for ctx in ctxs:
-        try:
-            with ctx():
-                best = min(best, time_fn(fns, reps))
-        except Exception:  # noqa: BLE001 (a backend that does not take these inputs)
-            pass
-    if best == float("inf"):
-        raise RuntimeError("no SDPA backend ran")
-    return best
 
 def wg_cfg(defs, D):
     """(threads, dynamic smem bytes, query rows per block) of flash_fwd_wgmma_d{D}_* built
@@ -635,7 +610,7 @@ def gpu_main(args):
                             F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
 
                     try:
-                        ms = sdpa_best_ms(ac.time_fn, [lambda s=s: sdpa(s) for s in sets], reps)
+                        ms = ac.sdpa_best_ms([lambda s=s: sdpa(s) for s in sets], reps)
                         r["tflops"]["sdpa"] = fl / (ms * 1e-3) / 1e12
                     except Exception as e:  # noqa: BLE001
                         print("timing sdpa failed: %s" % str(e)[:200])
@@ -1006,8 +981,8 @@ def bwd_main(args):
                             F.scaled_dot_product_attention(s[0], s[1], s[2], is_causal=bool(causal))
 
                     try:
-                        ms[("sdpa", "fwd")] = sdpa_best_ms(ac.time_fn, [lambda s=s: t_f(s) for s in tsets], reps)
-                        ms[("sdpa", "fb")] = sdpa_best_ms(ac.time_fn, [lambda s=s: t_fb(s) for s in tsets], reps)
+                        ms[("sdpa", "fwd")] = ac.sdpa_best_ms([lambda s=s: t_f(s) for s in tsets], reps)
+                        ms[("sdpa", "fb")] = ac.sdpa_best_ms([lambda s=s: t_fb(s) for s in tsets], reps)
                         ms[("sdpa", "bwd")] = ms[("sdpa", "fb")] - ms[("sdpa", "fwd")]
                     except Exception as e:  # noqa: BLE001
                         print("timing sdpa failed: %s" % str(e)[:200])

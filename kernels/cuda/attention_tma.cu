@@ -109,8 +109,8 @@ static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxn
 // D = 128, L = 4096) counted 8.8 M turns of the producer's spin on v_empty (a YIELD, a try_wait
 // and a branch each: 9 % of the kernel's warp instructions) on the scheduler that also issues one
 // warp of each consumer warpgroup. Measured on an H100 (2026-12-06, docs/performance-notes.md):
-// level to 10 % slower at D = 128, L >= 4096; 6-11 % faster for D = 64 on the persistent grid
-// at L = 1024, level at 4096.
+// level to 10 % slower at D = 128, L >= 4096; for D = 64 on the persistent grid 6-11 % faster at
+// L = 1024 in one run, which a second (run 27a) did not repeat, level at 4096.
 #ifndef ATTN_TMA_WAIT_SLEEP
 #define ATTN_TMA_WAIT_SLEEP 0
 #endif
