@@ -33,6 +33,10 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--cubins", default=wc.DEFAULT_CUBINS)
+    ap.add_argument("--only", default="bwg,btma",
+                    help="main kernels, in order: bwg, btma and the check script's other btma* variants "
+                         "(a persistent ATTN_TBW_PERSIST one on its grid: attention_wgmma_check.py)")
+    ap.add_argument("--no-sdpa", action="store_true", help="leave out SDPA's backward")
     a = ap.parse_args()
     B, H, L, D, dt = 4, 16, 4096, 128, "bf16"
     causal = int(a.causal)
@@ -64,15 +68,31 @@ def main():
     tp = wc.tma_bwd_params(ac.PARAMS_DTYPE, wc.TensorMaps(), p, B, H, H, L, L, D, True)
 
     mains = []
-    for name in ("bwg", "btma"):
-        if not os.path.exists(os.path.join(a.cubins, name + ".cubin")):
-            print("no %s.cubin in %s: skipped" % (name, a.cubins))
+    variants = {n: d for (n, d, _) in wc.BWD_VARIANTS}
+    scheds = []
+    for name in a.only.split(","):
+        defs = variants.get(name, {})
+        cub = defs.get("launch_cubin", name)
+        if not os.path.exists(os.path.join(a.cubins, cub + ".cubin")):
+            print("no %s.cubin in %s: skipped" % (cub, a.cubins))
             continue
-        threads, smem, bc = wc.bwg_cfg({}, name)
-        kern = "flash_bwd_%s_d%d_%s" % ("tma" if name == "btma" else "wgmma", D, dt)
-        arg = tp if name == "btma" else p
-        mains.append((kern, lambda kern=kern, name=name, threads=threads, smem=smem, bc=bc, arg=arg: launch(
-            name, kern, ((L + bc - 1) // bc, H, B), (threads, 1, 1), smem, arg)))
+        threads, smem, bc = wc.bwg_cfg(defs, name)
+        tma = name.startswith("btma")
+        kern = "flash_bwd_%s_d%d_%s" % ("tma" if tma else "wgmma", D, dt)
+        grid, arg = ((L + bc - 1) // bc, H, B), (tp if tma else p)
+        if int(defs.get("ATTN_TBW_PERSIST", 0)):
+            # as attention_wgmma_check.py launches it: min(n_work, blocks) blocks, the counter when fewer
+            n_work = (L + bc - 1) // bc * H * B
+            nb = int(defs.get("launch_blocks", 0))
+            nb = n_work if nb < 0 else (nb or torch.cuda.get_device_properties(0).multi_processor_count)
+            sched = 0
+            if int(defs.get("launch_sched", 1)) and nb < n_work:
+                scheds.append(torch.zeros(2, dtype=torch.int32, device="cuda"))
+                sched = scheds[-1].data_ptr()
+            grid = (min(n_work, nb), 1, 1)
+            arg = wc.tma_bwd_params(ac.PARAMS_DTYPE, wc.TensorMaps(), p, B, H, H, L, L, D, True, 64, sched)
+        mains.append((name, lambda kern=kern, cub=cub, threads=threads, smem=smem, grid=grid, arg=arg: launch(
+            cub, kern, grid, (threads, 1, 1), smem, arg)))
 
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
 
@@ -83,7 +103,7 @@ def main():
         torch.autograd.grad(out, (qg, kg, vg), do)
 
     fl = 2.5 * 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
-    for name, fn in mains + [("sdpa cudnn fwd+bwd", sdpa_bwd)]:
+    for name, fn in mains + ([] if a.no_sdpa else [("sdpa cudnn fwd+bwd", sdpa_bwd)]):
         ms = event_times(fn, a.reps)[-1]
         print("%-28s %8.3f ms  %6.1f TFLOP/s (backward FLOPs; the SDPA row includes its forward)" % (
             name, ms, fl / (ms * 1e-3) / 1e12), flush=True)
