@@ -217,19 +217,17 @@ def tma_fwd_params(params_dtype, maps, p, B, H, Lq, D, bf16, br):
     return tp
 
 
-def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16, qrows=64, sched=0):
+def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16, qrows=64):
     """The `FlashTmaBwdParams` of flash_bwd_tma_* (attention_tma_bwd.cu: 832 bytes, q, k, v, dout,
     dq maps at 192, 320, 448, 576, 704) for the FlashParams `p` (a 1-element array of `params_dtype`):
     q and dO maps with boxes of `qrows` rows (the kernel's query rows per step: 64 for D = 128,
     128 for D = 64 unless built with ATTN_TBW_D64_BR=64), k and v with 128-row ones, dq_accum's
-    (f32) with boxes of 32 columns by 16 rows; `sched` the device address of the work-tile counters
-    read by ATTN_TBW_PERSIST builds (0: none)."""
+    (f32) with boxes of 32 columns by 16 rows."""
     import numpy as np
-    tdt = np.dtype({"names": ["p", "sched", "q", "k", "v", "dout", "dq"], "formats": [params_dtype, "u8"] + ["V128"] * 5,
-                    "offsets": [0, 152, 192, 320, 448, 576, 704], "itemsize": 832})
+    tdt = np.dtype({"names": ["p", "q", "k", "v", "dout", "dq"], "formats": [params_dtype] + ["V128"] * 5,
+                    "offsets": [0, 192, 320, 448, 576, 704], "itemsize": 832})
     tp = np.zeros(1, dtype=tdt)
     tp["p"] = p
-    tp["sched"] = sched
     pp = p[0] if getattr(p, "shape", ()) else p
     for f, L, heads, rows in (("q", Lq, B * H, qrows), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128),
                               ("dout", Lq, B * H, qrows)):
@@ -257,10 +255,10 @@ def build(outdir):
              if "launch_cubin" not in d] +
             [("attention", "attention", {})] +
             [(n, "attention_tma_bwd" if n.startswith("btma") else "attention_wgmma_bwd", d)
-             for (n, d, _) in BWD_VARIANTS if "launch_cubin" not in d])
+             for (n, d, _) in BWD_VARIANTS])
     for name, program, defs in jobs:
         os.makedirs(tmp, exist_ok=True)
-        flags = ["--flag=-D%s=%s" % kv for kv in sorted(defs.items()) if not kv[0].startswith("launch_")]
+        flags = ["--flag=-D%s=%s" % kv for kv in sorted(defs.items())]
         out = subprocess.run([exe, program, "--out=" + tmp, "--log"] + flags, cwd=ROOT, env=env,
                              capture_output=True, text=True)
         text = out.stdout + out.stderr
@@ -667,14 +665,6 @@ BWD_VARIANTS = [
                                        "the default before the dq tensor map)"),
     ("btmal", {"ATTN_TBW_EARLY": 0}, "btma, D128 reading lse and dsum after the waits for S^T and dP^T "
                                      "(the default before ATTN_TBW_EARLY)"),
-    # ATTN_TBW_PERSIST builds: "launch_blocks" blocks (0: one per SM) taking the work tiles from the
-    # kernel's counter ("launch_sched" 1, the default) or every grid-th tile (0); "launch_cubin" reuses
-    # another variant's CUBIN (no build of its own)
-    ("btmap", {"ATTN_TBW_PERSIST": 1}, "btma over a loop of work tiles: one block per SM, tiles from a counter"),
-    ("btmap1", {"launch_cubin": "btmap", "ATTN_TBW_PERSIST": 1, "launch_blocks": -1},
-     "btmap's kernel launched with a block per work tile (no counter): btma's schedule"),
-    ("btmap5", {"launch_cubin": "btmap", "ATTN_TBW_PERSIST": 1, "launch_blocks": 5},
-     "btmap on at most 5 blocks (several tiles each, for the check)"),
     ("btmaws1", {"ATTN_TBW_WAIT_SLEEP": 1}, "btma with the producer's waits suspending (mbar_wait_sleep)"),
     ("btmaws2", {"ATTN_TBW_WAIT_SLEEP": 2}, "btma with every mbarrier wait suspending"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
@@ -707,7 +697,7 @@ def bwg_cfg(defs, name="bwg", D=128):
         tiles = 2 if d == 64 else 1  # dQ staging tiles (64 rows each), without ATTN_TBW_DQ_TMA
         dqs = 32768 if int(defs.get("ATTN_TBW_DQ_TMA", 1)) else tiles * 64 * (d + 8) * 4
         return 384, 1024 + 2 * bc * d * 2 + bufs * bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + \
-            dqs + 8 * (1 + 2 * st) + (24 if int(defs.get("ATTN_TBW_PERSIST", 0)) else 0), bc
+            dqs + 8 * (1 + 2 * st), bc
     dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
     st = int(defs.get("ATTN_WGB_STAGES", 3))
     return 2 * bc, 1024 + 2 * bc * d * 2 + bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + dq, bc
@@ -722,8 +712,6 @@ assert bwg_cfg({"ATTN_TBW_D64_BR": 64}, "btma64", 64) == (384, 133160, 128)
 assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3", 64) == (384, 200760, 128)
 assert bwg_cfg({"ATTN_TBW_DQ_TMA": 0}, "btmaw") == (384, 200744, 128)
 assert bwg_cfg({"ATTN_TBW_DQ_TMA": 0}, "btmaw", 64) == (384, 203816, 128)
-assert bwg_cfg({"ATTN_TBW_PERSIST": 1}, "btmap") == (384, 198720, 128)
-assert bwg_cfg({"ATTN_TBW_PERSIST": 1}, "btmap", 64) == (384, 199744, 128)
 
 
 def bwd_main(args):
@@ -786,8 +774,6 @@ def bwd_main(args):
 
     maps = []
 
-    scheds = []  # the ATTN_TBW_PERSIST launches' tile counters (one pair, reset by every launch)
-
     def make_main_new(name, defs):
         threads, smem, bc = bwg_cfg(defs, name)
         if name.startswith("btma"):
@@ -795,24 +781,9 @@ def bwd_main(args):
                 threads, smem, bc = bwg_cfg(defs, name, D)
                 if not maps:
                     maps.append(TensorMaps())
-                cub = defs.get("launch_cubin", name)
-                if int(defs.get("ATTN_TBW_PERSIST", 0)):
-                    # work tiles in a loop: a 1-D grid of min(n_work, blocks)
-                    n_work = (Lk + bc - 1) // bc * Hkv * B
-                    nb = int(defs.get("launch_blocks", 0))
-                    nb = n_work if nb < 0 else (nb or torch.cuda.get_device_properties(0).multi_processor_count)
-                    sched = 0
-                    if int(defs.get("launch_sched", 1)) and nb < n_work:
-                        if not scheds:  # [next, done], left at 0 by every launch
-                            scheds.append(torch.zeros(2, dtype=torch.int32, device="cuda"))
-                        sched = scheds[0].data_ptr()
-                    tp = tma_bwd_params(ac.PARAMS_DTYPE, maps[0], p, B, H, Hkv, Lq, Lk, D, dt == "bf16",
-                                        tbw_rows(defs, D), sched)
-                    launch(cub, "flash_bwd_tma_d%d_%s" % (D, dt), (min(n_work, nb), 1, 1), (threads, 1, 1), smem, tp)
-                    return
                 tp = tma_bwd_params(ac.PARAMS_DTYPE, maps[0], p, B, H, Hkv, Lq, Lk, D, dt == "bf16",
                                     tbw_rows(defs, D))
-                launch(cub, "flash_bwd_tma_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
+                launch(name, "flash_bwd_tma_d%d_%s" % (D, dt), ((Lk + bc - 1) // bc, Hkv, B),
                        (threads, 1, 1), smem, tp)
             return main_tma
 

@@ -4,7 +4,9 @@
 and flash_bwd_tma_d128_bf16 (attention_tma_bwd.cu, the setting attn_bwd_tma) from the CUBINs of
 `attention_wgmma_check.py --build` (.wgmma_cubin/: bwg.cubin, btma.cubin, wg.cubin,
 attention.cubin), then PyTorch's SDPA backward on its cuDNN backend. bf16, B = 4, H = 16,
-L = 4096, D = 128, not causal (--causal: causal). Each main kernel and the SDPA backward run
+L = 4096, D = 128, not causal (--causal: causal); --only names the main kernels and their order (bwg,
+btma by default; any btma* variant of attention_wgmma_check.py whose CUBIN was built), --no-sdpa
+leaves out SDPA. Each main kernel and the SDPA backward run
 `--reps` times (default 2); the first of each is a warm-up for the timing printed at the end
 (CUDA events, no profiler: run it without ncu for the times).
 
@@ -34,8 +36,8 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--cubins", default=wc.DEFAULT_CUBINS)
     ap.add_argument("--only", default="bwg,btma",
-                    help="main kernels, in order: bwg, btma and the check script's other btma* variants "
-                         "(a persistent ATTN_TBW_PERSIST one on its grid: attention_wgmma_check.py)")
+                    help="main kernels, in order: bwg, btma or another of attention_wgmma_check.py's btma* "
+                         "variants (its CUBIN from --cubins)")
     ap.add_argument("--no-sdpa", action="store_true", help="leave out SDPA's backward")
     a = ap.parse_args()
     B, H, L, D, dt = 4, 16, 4096, 128, "bf16"
@@ -69,30 +71,17 @@ def main():
 
     mains = []
     variants = {n: d for (n, d, _) in wc.BWD_VARIANTS}
-    scheds = []
     for name in a.only.split(","):
         defs = variants.get(name, {})
-        cub = defs.get("launch_cubin", name)
-        if not os.path.exists(os.path.join(a.cubins, cub + ".cubin")):
-            print("no %s.cubin in %s: skipped" % (cub, a.cubins))
+        if not os.path.exists(os.path.join(a.cubins, name + ".cubin")):
+            print("no %s.cubin in %s: skipped" % (name, a.cubins))
             continue
         threads, smem, bc = wc.bwg_cfg(defs, name)
         tma = name.startswith("btma")
         kern = "flash_bwd_%s_d%d_%s" % ("tma" if tma else "wgmma", D, dt)
         grid, arg = ((L + bc - 1) // bc, H, B), (tp if tma else p)
-        if int(defs.get("ATTN_TBW_PERSIST", 0)):
-            # as attention_wgmma_check.py launches it: min(n_work, blocks) blocks, the counter when fewer
-            n_work = (L + bc - 1) // bc * H * B
-            nb = int(defs.get("launch_blocks", 0))
-            nb = n_work if nb < 0 else (nb or torch.cuda.get_device_properties(0).multi_processor_count)
-            sched = 0
-            if int(defs.get("launch_sched", 1)) and nb < n_work:
-                scheds.append(torch.zeros(2, dtype=torch.int32, device="cuda"))
-                sched = scheds[-1].data_ptr()
-            grid = (min(n_work, nb), 1, 1)
-            arg = wc.tma_bwd_params(ac.PARAMS_DTYPE, wc.TensorMaps(), p, B, H, H, L, L, D, True, 64, sched)
-        mains.append((name, lambda kern=kern, cub=cub, threads=threads, smem=smem, grid=grid, arg=arg: launch(
-            cub, kern, grid, (threads, 1, 1), smem, arg)))
+        mains.append((name, lambda kern=kern, name=name, threads=threads, smem=smem, grid=grid, arg=arg: launch(
+            name, kern, grid, (threads, 1, 1), smem, arg)))
 
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
 

@@ -84,13 +84,10 @@
 
 struct __align__(64) FlashTmaBwdParams {
     FlashParams p;
-    // ATTN_TBW_PERSIST builds only (else not read; the host may leave it undefined): nullable, two
-    // u32 counters [next, done], 0 at launch, as FlashTmaParams::sched (attention_tma.cu).
-    unsigned* sched;
     TmaMap q, k, v, dout;
     TmaMap dq;  // dq_accum (f32): see "dQ" in the launch comment
 };
-// (152 bytes of FlashParams, sched at 152, then q, k, v, dout, dq at 192, 320, 448, 576, 704.)
+// (152 bytes of FlashParams, then q, k, v, dout, dq at 192, 320, 448, 576, 704.)
 static_assert(sizeof(FlashTmaBwdParams) == 832 && alignof(FlashTmaBwdParams) == 64, "FlashTmaBwdParams ABI");
 
 // setmaxnreg: the producer warpgroup's registers and the consumers'; they must fit the block's
@@ -120,18 +117,6 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #endif
 #ifndef ATTN_TBW_STAGES
 #define ATTN_TBW_STAGES 2
-#endif
-// ATTN_TBW_PERSIST=1 (a candidate): the kernel takes work tiles (128 keys of one (batch, kv head))
-// in a loop, as the TMA forward's persistent grid does (attention_tma.cu, "Work tiles"): tile i is
-// key block i % n_kb of kv head (i / n_kb) % Hkv of batch i / (n_kb Hkv), block x takes tile x, then
-// (`sched` null) x + gridDim.x, ... or (`sched`) gridDim.x + atomicAdd(&sched[0], 1), claimed with
-// the current tile's last Q / dO (about two steps before its end); the next tile's first Q / dO
-// load as soon as a stage is free, its K and V once the consumers' last GEMMs reading this tile's
-// have completed (kv_empty), while they store dK and dV; the Q / dO ring and the dS^T buffers run
-// on across tiles. Grid (G, 1, 1), 1 <= G <= n_work; 24 more bytes of shared memory
-// (kv_empty and four u32 tile slots). Only with 2 stages, ATTN_TBW_DQ_TMA, no ATTN_TBW_CARRY_DK.
-#ifndef ATTN_TBW_PERSIST
-#define ATTN_TBW_PERSIST 0
 #endif
 // How dQ reaches dq_accum: 1 (the default) each consumer warp stages its 16 rows x 64 columns as
 // two 16 x 32 f32 panels with the 128-byte swizzle and one lane adds both with bulk tensor
@@ -179,7 +164,7 @@ struct TmaBwdCfg {
     static constexpr int DQ_BYTES = ATTN_TBW_DQ_TMA ? 8 * 2 * 2048 : (D == 64 ? 2 : 1) * DQ_TILE_BYTES;
     static constexpr int NBARS = 1 + 2 * STAGES; // kv_full, full[STAGES], empty[STAGES]
     static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + DS_BUFS * DS_BYTES + STAGES * 2 * Q_BYTES +
-                                      STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS + (ATTN_TBW_PERSIST ? 24 : 0);
+                                      STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS;
     static_assert(STAGES == 2 || STAGES == 3, "stages");
     static_assert(BR == 64 || (BR == 128 && D == 64), "query rows per step");
     static_assert(D == 64 || D == 128, "head dim");
@@ -188,15 +173,13 @@ struct TmaBwdCfg {
 typedef TmaBwdCfg<128> TmaBwdCfgD128;
 typedef TmaBwdCfg<64> TmaBwdCfgD64;
 // (the defaults' asserts come first: ops/src/attention/cuda/launch.rs reads the first of each)
-#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128 && ATTN_TBW_DQ_TMA && !ATTN_TBW_PERSIST
+#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128 && ATTN_TBW_DQ_TMA
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 198696 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128 &&
                   TmaBwdCfgD128::BR == 64,
               "documented (tma bwd d128)");
 static_assert(TmaBwdCfgD64::SMEM_BYTES == 199720 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128 &&
                   TmaBwdCfgD64::BR == 128,
               "documented (tma bwd d64)");
-#elif ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128 && ATTN_TBW_DQ_TMA && !ATTN_TBW_CARRY_DK
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 198720 && TmaBwdCfgD64::SMEM_BYTES == 199744, "tma bwd, persistent");
 #elif ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD64::SMEM_BYTES == 203816, "tma bwd, dQ rows one by one");
 #elif ATTN_TBW_STAGES == 2
@@ -544,316 +527,15 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
                           n0, Lk, t);
 }
 
-#if ATTN_TBW_PERSIST
-// ATTN_TBW_PERSIST (a candidate, see the macro): the body above over a loop of work tiles. Per tile
-// the same steps; what runs on across tiles: the Q / dO ring (q_it: the block's steps so far, for
-// the stages' slots and phases), the dS^T buffers (by q_it's parity: the buffer a step writes was
-// last read two steps earlier, in this tile or the last), the dQ staging (its reads waited for per
-// step as above). kv_full completes once per tile (phase tc & 1); kv_empty (256 consumer arrivals,
-// after the tile's last step, whose wg_wait<0> follows every GEMM of the step: no GEMM reads K or V
-// any more) frees K and V for the next tile's loads.
-template <typename Tr, typename Cfg>
-__device__ __forceinline__ void flash_bwd_tma_persist_body(const FlashTmaBwdParams& tp, unsigned char* smem) {
-    typedef typename Tr::T T;
-    const FlashParams& p = tp.p;
-    constexpr int D = Cfg::D;
-    constexpr int BC = Cfg::BC;
-    constexpr int BR = Cfg::BR;
-    constexpr int ST = Cfg::STAGES;
-    constexpr int SR = BR / 2;
-    constexpr int KR = D / 2;
-    constexpr int QR = 32;
-    constexpr int PR = BR / 4;
-    static_assert(ST == 2 && Cfg::DS_BUFS == 2 && ATTN_TBW_DQ_TMA && !ATTN_TBW_CARRY_DK && Cfg::DQ_EVERY,
-                  "ATTN_TBW_PERSIST: 2 stages, dQ by tensor reductions every step, no carried dK");
-    constexpr bool UNDEF = BR == 128 || ATTN_TBW_UNDEF;
-    constexpr bool EARLY = ATTN_TBW_EARLY && D == 128;
-
-    const int tid = threadIdx.x;
-    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-    const int H = p.H;
-    const int Hkv = p.Hkv;
-    const int G = H / Hkv;
-    const int Lq = p.Lq;
-    const int Lk = p.Lk;
-    const int n_kb = (Lk + BC - 1) / BC;
-    const unsigned n_work = (unsigned)n_kb * Hkv * p.B;  // (the launcher keeps it under 2^31)
-    const int n_m = (Lq + BR - 1) / BR;
-
-    const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
-    const unsigned s_k = base;
-    const unsigned s_v = s_k + Cfg::KV_BYTES;
-    const unsigned s_ds = s_v + Cfg::KV_BYTES;
-    const unsigned s_st = s_ds + Cfg::DS_BUFS * Cfg::DS_BYTES;
-    const unsigned s_dq = s_st + ST * 2 * Cfg::Q_BYTES;
-    const unsigned s_rv = s_dq + Cfg::DQ_BYTES;
-    const unsigned bar = s_rv + ST * Cfg::RV_BYTES;
-    const unsigned kv_full = bar;
-    const unsigned full = bar + 8;
-    const unsigned empty = full + 8 * ST;
-    const unsigned kv_empty = empty + 8 * ST;
-    unsigned char* const gbase = smem + (base - smem_u32(smem));
-    // the next work tile of each tile, by the tile's count mod 4 (written by lane 0 of the producer
-    // before its arrival on the full barrier of the tile's last step, or of kv_full for a tile
-    // without steps; read by the consumers after their wait for that barrier). Slot tc & 3 is
-    // written again for tile tc + 4, after the producer's wait for kv_empty of tile tc + 2, when
-    // every consumer has read it. (With two slots, a tile without steps followed by one with a
-    // single step could overwrite it before the reads: that step's Q waits only for a stage.)
-    volatile unsigned* const tslot = reinterpret_cast<volatile unsigned*>(gbase + (kv_empty + 8 - base));
-
-    if (tid == 0) {
-        mbar_init(kv_full, 1);
-        for (int i = 0; i < ST; ++i) {
-            mbar_init(full + 8 * i, 32);
-            mbar_init(empty + 8 * i, 256);
-        }
-        mbar_init(kv_empty, 256);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (wg == 0) {
-        // ---- producer: warp 0 ----
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ATTN_TBW_PREGS) : "memory");
-        if (tid >= 32) return;
-        const int lane = tid;
-        unsigned* const sched = tp.sched;
-        const float* lse = static_cast<const float*>(p.lse);
-        const float* dsum = static_cast<const float*>(p.dsum);
-        int q_it = 0;
-        unsigned cur = blockIdx.x;  // < n_work: the grid is at most n_work
-        unsigned nxt = 0;           // (lane 0's)
-#pragma unroll 1
-        for (int tc = 0; cur < n_work; ++tc) {
-            const int n_block = (int)(cur % (unsigned)n_kb);
-            const int hk = (int)((cur / (unsigned)n_kb) % (unsigned)Hkv);
-            const int b = (int)(cur / ((unsigned)n_kb * Hkv));
-            const int n0 = n_block * BC;
-            const int m_begin = p.causal ? n0 / BR : 0;
-            const int per_head = n_m > m_begin ? n_m - m_begin : 0;
-            const int total = G * per_head;
-            // Step `it` of this tile into the ring (block step q_it + it). With its last step lane 0
-            // claims the block's next tile (about two steps before the consumers finish this one) and
-            // writes its slot; its arrival on the stage's full barrier releases the store, and the
-            // consumers read the slot after their wait for that stage.
-            auto load_step = [&](int it) {
-                const int gi = q_it + it;
-                const int slot = gi % ST;
-                if (gi >= ST) mbar_wait(empty + 8 * slot, ((gi / ST) + 1) & 1);
-                const int hh = hk * G + it / per_head;
-                const int mm0 = (m_begin + it % per_head) * BR;
-                const long long row_base = (long long)(b * H + hh) * Lq + mm0;
-                const unsigned fb = full + 8 * slot;
-                if (lane == 0) {
-                    if (it == total - 1) {
-                        nxt = sched ? gridDim.x + atomicAdd(sched, 1u) : cur + gridDim.x;
-                        tslot[tc & 3] = nxt;
-                    }
-                    const unsigned st = s_st + slot * 2 * Cfg::Q_BYTES;
-                    const int qh = b * H + hh;
-                    mbar_expect_tx_only(fb, 2 * Cfg::Q_BYTES);
-#pragma unroll
-                    for (int pn = 0; pn < D / 64; ++pn) {
-                        tma_load_3d(st + pn * (BR * 128), &tp.q, fb, 64 * pn, mm0, qh);
-                        tma_load_3d(st + Cfg::Q_BYTES + pn * (BR * 128), &tp.dout, fb, 64 * pn, mm0, qh);
-                    }
-                }
-                float* rv = reinterpret_cast<float*>(gbase + (s_rv - base) + slot * Cfg::RV_BYTES);
-#pragma unroll
-                for (int r = lane; r < BR; r += 32) {
-                    const bool ok = mm0 + r < Lq;
-                    rv[r] = ok ? lse[row_base + r] : 0.f;
-                    rv[BR + r] = ok ? dsum[row_base + r] : 0.f;
-                }
-                mbar_arrive(fb);
-            };
-            // The tile's first Q and dO need only a free stage: issued before K and V, which wait for
-            // the consumers' last GEMMs of the previous tile.
-            if (total > 0) load_step(0);
-            if (lane == 0) {
-                if (total == 0) {  // no step to announce the next tile with: kv_full's arrival does
-                    nxt = sched ? gridDim.x + atomicAdd(sched, 1u) : cur + gridDim.x;
-                    tslot[tc & 3] = nxt;
-                }
-                if (tc > 0) mbar_wait(kv_empty, (tc - 1) & 1);
-                const int kh = b * Hkv + hk;
-                mbar_expect_tx(kv_full, 2 * Cfg::KV_BYTES);
-#pragma unroll
-                for (int pn = 0; pn < D / 64; ++pn) {
-                    tma_load_3d(s_k + pn * (BC * 128), &tp.k, kv_full, 64 * pn, n0, kh);
-                    tma_load_3d(s_v + pn * (BC * 128), &tp.v, kv_full, 64 * pn, n0, kh);
-                }
-            }
-#pragma unroll 1
-            for (int it = 1; it < total; ++it) load_step(it);
-            q_it += total;
-            cur = __shfl_sync(0xffffffffu, nxt, 0);
-        }
-        // the counters back to 0 for the next launch, as the forward's (attention_tma.cu)
-        if (sched && lane == 0) {
-            __threadfence();
-            if (atomicAdd(sched + 1, 1u) == gridDim.x - 1) {
-                __threadfence();
-                atomicExch(sched, 0u);
-                atomicExch(sched + 1, 0u);
-            }
-        }
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ATTN_TBW_CREGS) : "memory");
-
-    // ---- consumers ----
-    const int cw = wg - 1;
-    const int warp = (tid >> 5) & 3;
-    const int lane = tid & 31;
-    const int g = lane >> 2;
-    const int t = lane & 3;
-
-    float dk[KR], dv[KR], s[SR], dp[SR], dq[QR];
-    unsigned pf[PR], df[PR];
-#pragma unroll
-    for (int i = 0; i < SR; ++i) {
-        s[i] = 0.f;
-        dp[i] = 0.f;
-    }
-#pragma unroll
-    for (int i = 0; i < QR; ++i) dq[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < PR; ++i) {
-        pf[i] = 0u;
-        df[i] = 0u;
-    }
-
-    const unsigned long long k_a = wg_desc(s_k + cw * 64 * 128, 16, 1024);
-    const unsigned long long v_a = wg_desc(s_v + cw * 64 * 128, 16, 1024);
-    const unsigned long long st_kmaj = wg_desc(s_st, 16, 1024);
-    const unsigned long long st_mn = wg_desc(s_st, BR * 128, 1024);
-    const unsigned long long ds_a = wg_desc(s_ds, BC * 128, 1024);
-    const unsigned long long k_b = wg_desc(s_k + (D == 128 ? cw : 0) * (BC * 128), BC * 128, 1024);
-    const int dq_col0 = D == 128 ? 64 * cw : 0;
-    const int dq_row0 = BR == 128 ? 64 * cw : 0;
-    const unsigned ds_panel = BR == 128 ? cw * (BC * 128) : 0;
-    const unsigned s_dqw = s_dq + (cw * 4 + warp) * 4096;
-
-    const float sl2 = p.scale * ATTN_LOG2E;
-    const T* mask = static_cast<const T*>(p.mask);
-    const bool has_mask = mask != nullptr;
-    const float* const rv_ptr = reinterpret_cast<const float*>(gbase + (s_rv - base));
-
-    int q_it = 0;
-    unsigned tile = blockIdx.x;
-#pragma unroll 1
-    for (int tc = 0; tile < n_work; ++tc) {
-        const int n_block = (int)(tile % (unsigned)n_kb);
-        const int hk = (int)((tile / (unsigned)n_kb) % (unsigned)Hkv);
-        const int b = (int)(tile / ((unsigned)n_kb * Hkv));
-        const int n0 = n_block * BC;
-        const int m_begin = p.causal ? n0 / BR : 0;
-        const int per_head = n_m > m_begin ? n_m - m_begin : 0;
-        const int total = G * per_head;
-        const int kw0 = n0 + 64 * cw;
-        const int krow = kw0 + warp * 16 + g;
-#pragma unroll
-        for (int i = 0; i < KR; ++i) {
-            dk[i] = 0.f;
-            dv[i] = 0.f;
-        }
-        mbar_wait(kv_full, tc & 1);  // also when total == 0: no copy may be in flight when the block exits
-        unsigned nxt = total == 0 ? tslot[tc & 3] : 0u;
-        for (int it = 0; it < total; ++it) {
-            const int gi = q_it + it;  // the block's step: ring slot, phase, dS^T buffer
-            const int slot = gi % ST;
-            const int buf = gi & 1;
-            mbar_wait(full + 8 * slot, (gi / ST) & 1);
-            if (it == total - 1) nxt = tslot[tc & 3];
-            const int hh = hk * G + it / per_head;
-            const int mm0 = (m_begin + it % per_head) * BR;
-            const unsigned st_off = slot * 2 * Cfg::Q_BYTES;
-            const float* s_lse = rv_ptr + slot * (Cfg::RV_BYTES / 4);
-            const float* s_dsum = s_lse + BR;
-            if (UNDEF) {
-                reg_undef(s);
-                reg_undef(dp);
-                reg_undef(dq);
-            }
-            reg_fence(s);
-            reg_fence(dp);
-            wg_fence();
-            wgb_issue_sdp<Tr, D, BC, BR>(s, dp, k_a, v_a, st_kmaj, st_off, Cfg::Q_BYTES);
-            float2 lpre[EARLY ? BR / 8 : 1], dpre[EARLY ? BR / 8 : 1];
-            if (EARLY) {
-#pragma unroll
-                for (int nt = 0; nt < BR / 8; ++nt) lpre[nt] = wgb_lse_pair(s_lse, nt, t);
-            }
-            wg_wait<1>();
-            reg_fence(s);
-            const bool need_mask = (mm0 + BR > Lq) || (kw0 + 64 > Lk) || (p.causal && kw0 + 63 > mm0) || has_mask;
-            const WgbMask<T> wm = {krow, mm0, t, Lq, Lk, p.causal, mask, has_mask,
-                                   (long long)b * p.mask_stride_b + (long long)hh * p.mask_stride_h, p.mask_stride_q};
-            wgb_probs<Tr, BR, true>(s, s_lse, sl2, need_mask, wm, EARLY ? lpre : nullptr);
-            wgb_pack<Tr, PR>(pf, s);
-            reg_fence(dv);
-            reg_fence(pf);
-            wg_fence();
-            wgb_issue_rs<Tr, D, BR>(dv, pf, wg_desc_add(st_mn, st_off + Cfg::Q_BYTES));
-            wg_commit();
-            if (EARLY) {
-#pragma unroll
-                for (int nt = 0; nt < BR / 8; ++nt) dpre[nt] = *reinterpret_cast<const float2*>(s_dsum + nt * 8 + 2 * t);
-            }
-            wg_wait<1>();
-            reg_fence(dp);
-            wgb_ds<Tr, BR, BC>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t,
-                               EARLY ? dpre : nullptr);
-            fence_proxy_async_smem();
-            named_bar_sync(1, 256);
-            reg_fence(dq);
-            reg_fence(dk);
-            reg_fence(df);
-            wg_fence();
-            wgb_issue_dq<Tr, BC>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + ds_panel), k_b);
-            wg_commit();
-            wgb_issue_rs<Tr, D, BR>(dk, df, wg_desc_add(st_mn, st_off));
-            wg_commit();
-            wg_wait<1>();
-            reg_fence(dq);
-            reg_fence(dv);
-            reg_fence(pf);
-            if (lane == 0) bulk_wait_read();
-            __syncwarp();
-            tbw_reduce_dq(dq, gbase + (s_dqw - base), s_dqw, &tp.dq, dq_col0, mm0 + dq_row0 + 16 * warp, b * H + hh, Lq,
-                          lane, g, t);
-            wg_wait<0>();
-            reg_fence(dk);
-            reg_fence(df);
-            mbar_arrive(empty + 8 * slot);
-        }
-        q_it += total;
-        // No GEMM of this warpgroup reads K or V any more (each step ended with wg_wait<0>).
-        mbar_arrive(kv_empty);
-        const long long kv_off = ((long long)(b * Hkv + hk) * Lk + n0) * D;
-        wgb_store_dkdv<Tr, D>(dk, dv, static_cast<T*>(p.dk) + kv_off, static_cast<T*>(p.dv) + kv_off, p.scale, krow - n0,
-                              n0, Lk, t);
-        tile = nxt;
-    }
-    if (lane == 0) bulk_wait_all();
-}
-#endif
-
 // -------------------------------------------------------------------------------------
 // Kernels
 // -------------------------------------------------------------------------------------
 extern __shared__ __align__(1024) unsigned char attn_tbw_smem[];
 
-#if ATTN_TBW_PERSIST
-#define ATTN_TBW_BODY flash_bwd_tma_persist_body
-#else
-#define ATTN_TBW_BODY flash_bwd_tma_body
-#endif
 #define ATTN_TMA_BWD_KERNEL(NAME, TR, CFG)                                                                \
     extern "C" __global__ void __launch_bounds__(CFG::NTHREADS, 1) NAME(                                  \
         const __grid_constant__ FlashTmaBwdParams tp) {                                                   \
-        ATTN_TBW_BODY<TR, CFG>(tp, attn_tbw_smem);                                                        \
+        flash_bwd_tma_body<TR, CFG>(tp, attn_tbw_smem);                                                   \
     }
 ATTN_TMA_BWD_KERNEL(flash_bwd_tma_d128_f16, AttnF16, TmaBwdCfgD128)
 ATTN_TMA_BWD_KERNEL(flash_bwd_tma_d128_bf16, AttnBF16, TmaBwdCfgD128)
