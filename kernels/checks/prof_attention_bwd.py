@@ -67,7 +67,7 @@ def main():
     rpb = ac.pre_rows_per_block(D)
     launch("attention", "flash_bwd_preprocess_d%d_%s" % (D, dt), ((rows + rpb - 1) // rpb, 1, 1), (256, 1, 1), 0, p)
 
-    tp = wc.tma_bwd_params(ac.PARAMS_DTYPE, wc.TensorMaps(), p, B, H, H, L, L, D, True)
+    maps = wc.TensorMaps()
 
     mains = []
     variants = {n: d for (n, d, _) in wc.BWD_VARIANTS}
@@ -79,7 +79,9 @@ def main():
         threads, smem, bc = wc.bwg_cfg(defs, name)
         tma = name.startswith("btma")
         kern = "flash_bwd_%s_d%d_%s" % ("tma" if tma else "wgmma", D, dt)
-        grid, arg = ((L + bc - 1) // bc, H, B), (tp if tma else p)
+        grid = ((L + bc - 1) // bc, H, B)
+        arg = (wc.tma_bwd_params(ac.PARAMS_DTYPE, maps, p, B, H, H, L, L, D, True, wc.tbw_rows(defs, D))
+               if tma else p)
         mains.append((name, lambda kern=kern, name=name, threads=threads, smem=smem, grid=grid, arg=arg: launch(
             name, kern, grid, (threads, 1, 1), smem, arg)))
 
