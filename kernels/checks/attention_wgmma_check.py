@@ -175,24 +175,23 @@ class TensorMaps:
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.cache = {}
 
-    def encode(self, ptr, D, L, heads, bf16, rows=128, f32=False, inner=None, swizzle=3):
+    def encode(self, ptr, D, L, heads, bf16, rows=128, f32=False):
         """16-bit elements (bf16 or f16), box (64, rows, 1); f32=True: f32 elements, box
-        (32, rows, 1) (the backward's dq_accum map, rows = 16). inner: the box's first extent instead;
-        swizzle: CU_TENSOR_MAP_SWIZZLE_* (3 = 128 bytes, 2 = 64 bytes)."""
+        (32, rows, 1) (the backward's dq_accum map, rows = 16)."""
         ct = self.ct
-        key = (int(ptr), D, L, heads, bf16, rows, f32, inner, swizzle)
+        key = (int(ptr), D, L, heads, bf16, rows, f32)
         if key in self.cache:
             return self.cache[key]
         m = (ct.c_uint64 * 16)()
         es_bytes = 4 if f32 else 2
         dims = (ct.c_uint64 * 3)(D, L, heads)
         strides = (ct.c_uint64 * 2)(D * es_bytes, L * D * es_bytes)
-        box = (ct.c_uint32 * 3)(inner or (32 if f32 else 64), rows, 1)
+        box = (ct.c_uint32 * 3)(32 if f32 else 64, rows, 1)
         es = (ct.c_uint32 * 3)(1, 1, 1)
         # data type FLOAT32 = 7 / BFLOAT16 = 9 / FLOAT16 = 6, interleave none, swizzle 128B = 3,
         # L2 promotion 128B = 2, OOB fill none (zeros) = 0
         r = self.lib.cuTensorMapEncodeTiled(ct.byref(m), 7 if f32 else (9 if bf16 else 6), 3, ct.c_void_p(int(ptr)),
-                                            dims, strides, box, es, 0, swizzle, 2, 0)
+                                            dims, strides, box, es, 0, 3, 2, 0)
         if r != 0:
             raise RuntimeError("cuTensorMapEncodeTiled failed: CUresult %d" % r)
         out = bytes(bytearray(m))
@@ -233,11 +232,7 @@ def tma_bwd_params(params_dtype, maps, p, B, H, Hkv, Lq, Lk, D, bf16, qrows=64):
     for f, L, heads, rows in (("q", Lq, B * H, qrows), ("k", Lk, B * Hkv, 128), ("v", Lk, B * Hkv, 128),
                               ("dout", Lq, B * H, qrows)):
         tp[f] = np.frombuffer(maps.encode(pp[f], D, L, heads, bf16, rows), dtype="V128")[0]
-    if D == 128 and qrows == 80:  # dQ^T staged per warp as 80 rows x 16 columns (ATTN_TBW_D128_BR=80)
-        tp["dq"] = np.frombuffer(maps.encode(pp["dq_accum"], D, Lq, B * H, bf16, 80, f32=True, inner=16, swizzle=2),
-                                 dtype="V128")[0]
-    else:
-        tp["dq"] = np.frombuffer(maps.encode(pp["dq_accum"], D, Lq, B * H, bf16, 16, f32=True), dtype="V128")[0]
+    tp["dq"] = np.frombuffer(maps.encode(pp["dq_accum"], D, Lq, B * H, bf16, 16, f32=True), dtype="V128")[0]
     return tp
 
 
@@ -670,8 +665,6 @@ BWD_VARIANTS = [
                                        "the default before the dq tensor map)"),
     ("btmal", {"ATTN_TBW_EARLY": 0}, "btma, D128 reading lse and dsum after the waits for S^T and dP^T "
                                      "(the default before ATTN_TBW_EARLY)"),
-    ("btma80", {"ATTN_TBW_D128_BR": 80}, "btma, D128 with 80 query rows per step (m64n80 S^T / dP^T, dQ^T = K^T dS^T; "
-                                         "FlashAttention-3's step without causal masking; D64 as btma)"),
     ("btmaws1", {"ATTN_TBW_WAIT_SLEEP": 1}, "btma with the producer's waits suspending (mbar_wait_sleep)"),
     ("btmaws2", {"ATTN_TBW_WAIT_SLEEP": 2}, "btma with every mbarrier wait suspending"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
@@ -688,7 +681,7 @@ BWD_VARIANTS = [
 
 def tbw_rows(defs, D):
     """Query rows per step of flash_bwd_tma_d{D}_* built with `defs` (its q / dO box rows)."""
-    return int(defs.get("ATTN_TBW_D64_BR", 128)) if D == 64 else int(defs.get("ATTN_TBW_D128_BR", 64))
+    return int(defs.get("ATTN_TBW_D64_BR", 128)) if D == 64 else 64
 
 
 def bwg_cfg(defs, name="bwg", D=128):
@@ -703,8 +696,6 @@ def bwg_cfg(defs, name="bwg", D=128):
         bufs = 2 if st == 2 else 1
         tiles = 2 if d == 64 else 1  # dQ staging tiles (64 rows each), without ATTN_TBW_DQ_TMA
         dqs = 32768 if int(defs.get("ATTN_TBW_DQ_TMA", 1)) else tiles * 64 * (d + 8) * 4
-        if d == 128 and br == 80:
-            dqs = 8 * br * 16 * 4  # dQ^T: 8 warps x 80 rows x 16 columns
         return 384, 1024 + 2 * bc * d * 2 + bufs * bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + \
             dqs + 8 * (1 + 2 * st), bc
     dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
@@ -721,8 +712,6 @@ assert bwg_cfg({"ATTN_TBW_D64_BR": 64}, "btma64", 64) == (384, 133160, 128)
 assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3", 64) == (384, 200760, 128)
 assert bwg_cfg({"ATTN_TBW_DQ_TMA": 0}, "btmaw") == (384, 200744, 128)
 assert bwg_cfg({"ATTN_TBW_DQ_TMA": 0}, "btmaw", 64) == (384, 203816, 128)
-assert bwg_cfg({"ATTN_TBW_D128_BR": 80}, "btma80") == (384, 231720, 128)
-assert bwg_cfg({"ATTN_TBW_D128_BR": 80}, "btma80", 64) == (384, 199720, 128)
 
 
 def bwd_main(args):

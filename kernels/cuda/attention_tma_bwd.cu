@@ -137,27 +137,15 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #define ATTN_TBW_EARLY 1
 #endif
 // Query rows per step for D = 64: 128 (the default: FlashAttention-3's D = 64 block, see the
-// design comment) or 64 (the earlier default, kept as a candidate).
+// design comment) or 64 (the earlier default, kept as a candidate). D = 128 always takes 64.
 #ifndef ATTN_TBW_D64_BR
 #define ATTN_TBW_D64_BR 128
-#endif
-// Query rows per step for D = 128: 64 (the default) or 80 (a candidate: FlashAttention-3's step for
-// D = 128 calls without causal masking). With 80, S^T and dP^T are m64n80 GEMMs, dS is stored
-// query-major ([query][key], two 64-key panels of 80 rows, by stmatrix.trans) and dQ is computed
-// transposed, dQ^T = K^T dS^T (m64n80: each warpgroup its 64 of the D columns), staged per warp as
-// 80 rows x 16 columns (f32, 64-byte swizzle) and added by one bulk tensor reduction per warp through
-// a dq map with boxes (16, 80, 1) and the 64-byte swizzle; q and dO maps with 80-row boxes; lse and
-// dsum read after the waits (ATTN_TBW_EARLY would not fit the registers). 231,720 bytes of shared
-// memory.
-#ifndef ATTN_TBW_D128_BR
-#define ATTN_TBW_D128_BR 64
 #endif
 template <int D_>
 struct TmaBwdCfg {
     static constexpr int D = D_;
     static constexpr int BC = 128;               // keys per block (2 consumer warpgroups x 64)
-    static constexpr int BR = D_ == 64 ? ATTN_TBW_D64_BR : ATTN_TBW_D128_BR;  // query rows per step
-    static constexpr bool DQ_T = D_ == 128 && BR == 80;  // dQ^T = K^T dS^T (see ATTN_TBW_D128_BR)
+    static constexpr int BR = D_ == 64 ? ATTN_TBW_D64_BR : 64;  // query rows per step
     static constexpr int STAGES = ATTN_TBW_STAGES;  // Q / dO / lse / dsum stages
     static constexpr int DS_BUFS = STAGES == 2 ? 2 : 1;  // dS^T tiles
     static constexpr int NTHREADS = 384;         // producer warpgroup + 2 consumer warpgroups
@@ -173,28 +161,25 @@ struct TmaBwdCfg {
     // Every consumer warpgroup computes a dQ GEMM in every step (else they alternate).
     static constexpr bool DQ_EVERY = D == 128 || BR == 128;
     // ATTN_TBW_DQ_TMA: two 16 x 32 f32 panels (2048 bytes each) per consumer warp instead.
-    static constexpr int DQ_BYTES = ATTN_TBW_DQ_TMA ? (DQ_T ? 8 * BR * 16 * 4 : 8 * 2 * 2048) : (D == 64 ? 2 : 1) * DQ_TILE_BYTES;
+    static constexpr int DQ_BYTES = ATTN_TBW_DQ_TMA ? 8 * 2 * 2048 : (D == 64 ? 2 : 1) * DQ_TILE_BYTES;
     static constexpr int NBARS = 1 + 2 * STAGES; // kv_full, full[STAGES], empty[STAGES]
     static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + DS_BUFS * DS_BYTES + STAGES * 2 * Q_BYTES +
                                       STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS;
     static_assert(STAGES == 2 || STAGES == 3, "stages");
-    static_assert(BR == 64 || (BR == 128 && D == 64) || (BR == 80 && D == 128), "query rows per step");
-    static_assert(!DQ_T || (ATTN_TBW_DQ_TMA && STAGES == 2 && !ATTN_TBW_CARRY_DK), "ATTN_TBW_D128_BR=80: not built so");
+    static_assert(BR == 64 || (BR == 128 && D == 64), "query rows per step");
     static_assert(D == 64 || D == 128, "head dim");
     static_assert(SMEM_BYTES <= 232448, "shared memory per block");
 };
 typedef TmaBwdCfg<128> TmaBwdCfgD128;
 typedef TmaBwdCfg<64> TmaBwdCfgD64;
 // (the defaults' asserts come first: ops/src/attention/cuda/launch.rs reads the first of each)
-#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128 && ATTN_TBW_DQ_TMA && ATTN_TBW_D128_BR == 64
+#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128 && ATTN_TBW_DQ_TMA
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 198696 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128 &&
                   TmaBwdCfgD128::BR == 64,
               "documented (tma bwd d128)");
 static_assert(TmaBwdCfgD64::SMEM_BYTES == 199720 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128 &&
                   TmaBwdCfgD64::BR == 128,
               "documented (tma bwd d64)");
-#elif ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128 && ATTN_TBW_DQ_TMA && ATTN_TBW_D128_BR == 80
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 231720 && TmaBwdCfgD64::SMEM_BYTES == 199720, "tma bwd, d128 with 80-row steps");
 #elif ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD64::SMEM_BYTES == 203816, "tma bwd, dQ rows one by one");
 #elif ATTN_TBW_STAGES == 2
@@ -241,69 +226,6 @@ __device__ __forceinline__ void tbw_reduce_dq(const float (&dq)[32], unsigned ch
     }
 }
 
-// ATTN_TBW_D128_BR=80: the warp's packed dS^T fragments (df[2 nt + r]: keys 16 warp + 8 r + g of
-// the warpgroup's 64, queries 8 nt + 2 t + c) stored query-major into panel cw of the dS tile at
-// s_ds (row q = query, 128 bytes = the panel's 64 keys, 16-byte chunk k at k ^ (q & 7)) by
-// stmatrix.trans: matrix (nt, r) goes out transposed, each of its query rows one 16-byte chunk (keys
-// 16 warp + 8 r .. + 7, chunk 2 warp + r); lane 8 i + j gives the address of row j of matrix i.
-template <int BR>
-__device__ __forceinline__ void tbw_store_ds_qmajor(const unsigned (&df)[BR / 4], unsigned s_ds, int cw, int warp,
-                                                    int lane) {
-    const int i = lane >> 3, j = lane & 7;
-#pragma unroll
-    for (int m = 0; m < BR / 16; ++m) {
-        const int q = 8 * (2 * m + (i >> 1)) + j;
-        const unsigned addr = s_ds + (unsigned)cw * (BR * 128) + (unsigned)q * 128u +
-                              ((unsigned)((2 * warp + (i & 1)) ^ j) << 4);
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                     "r"(df[4 * m]), "r"(df[4 * m + 1]), "r"(df[4 * m + 2]), "r"(df[4 * m + 3])
-                     : "memory");
-    }
-}
-
-// ATTN_TBW_D128_BR=80: dQ^T[64 columns x BR queries] = K^T dS^T over the 128 keys: 8 m64nBRk16 SS
-// wgmmas, A = K's columns of the warpgroup (MN-major, k_b), B = the query-major dS tile (K-major,
-// ds_b: panel = 64 keys, 32 bytes per k-step). No fence and no commit.
-template <typename Tr, int BR>
-__device__ __forceinline__ void tbw_issue_dqt(float (&dqt)[BR / 2], unsigned long long k_b, unsigned long long ds_b) {
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-        Wgmma<Tr, BR>::template ss<1, 0>(dqt, wg_desc_add(k_b, kk * 2048),
-                                         wg_desc_add(ds_b, (kk >> 2) * (BR * 128) + (kk & 3) * 32), kk > 0 ? 1 : 0);
-    }
-}
-
-// ATTN_TBW_D128_BR=80: the warp's 16 columns x BR queries of dQ^T (dqt[4 nt + 2 r + c]: column
-// 16 warp + g + 8 r of the warpgroup's 64, query 8 nt + 2 t + c) into its staging at s_w / gw (BR rows
-// of 64 bytes, the 64-byte swizzle: 16-byte chunk k of row q at k ^ ((q >> 1) & 3), as the dq map
-// reads it; 1024-byte aligned), then lane 0 adds it to dq_accum (columns col0 .. + 15, rows row0 ..
-// + BR - 1 of head bh; the map clips rows past Lq) with one bulk tensor reduction. Lane 0 must have
-// waited for its previous reduction's reads before the warp comes here again.
-template <int BR>
-__device__ __forceinline__ void tbw_reduce_dqt(const float (&dqt)[BR / 2], unsigned char* gw, unsigned s_w,
-                                               const TmaMap* map, int col0, int row0, int bh, int Lq, int lane, int g,
-                                               int t) {
-#pragma unroll
-    for (int nt = 0; nt < BR / 8; ++nt) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const int q = 8 * nt + 2 * t + c;
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int dl = g + 8 * r;
-                const unsigned off = (unsigned)q * 64u + ((unsigned)((dl >> 2) ^ ((q >> 1) & 3)) << 4) + (dl & 3) * 4u;
-                *reinterpret_cast<float*>(gw + off) = dqt[4 * nt + 2 * r + c];
-            }
-        }
-    }
-    fence_proxy_async_smem();
-    __syncwarp();
-    if (lane == 0) {
-        if (row0 < Lq) tma_red_add_3d(map, s_w, col0, row0, bh);
-        bulk_commit();
-    }
-}
-
 template <typename Tr, typename Cfg>
 __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, unsigned char* smem) {
     typedef typename Tr::T T;
@@ -314,8 +236,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     constexpr int ST = Cfg::STAGES;
     constexpr int SR = BR / 2;  // S^T / dP^T accumulators per thread (64 keys x BR queries)
     constexpr int KR = D / 2;   // dK / dV accumulators per thread (64 keys x D)
-    constexpr int QR = Cfg::DQ_T ? BR / 2 : 32;  // dQ accumulators per thread (64 queries x 64 columns; DQ_T: dQ^T)
-    constexpr bool DQ_T = Cfg::DQ_T;
+    constexpr int QR = 32;      // dQ accumulators per thread (64 queries x 64 columns)
     // D = 64, BR = 64: warpgroup (it & 1) computes the whole dQ of step it (one m64n64 GEMM over
     // the 128 keys) and the other none, so that neither needs an N = 32 GEMM; D = 128: each its
     // half of the columns; D = 64, BR = 128: each its 64 query rows (cw).
@@ -328,9 +249,9 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     // Tell the compiler that S^T, dP^T and dQ die at their last use in a step (reg_undef): needed
     // for 128-row steps, whose registers do not hold them across the loop (ptxas would spill and
     // serialize the wgmmas); an untimed candidate elsewhere (ATTN_TBW_UNDEF=1).
-    constexpr bool UNDEF = BR == 128 || DQ_T || ATTN_TBW_UNDEF;
+    constexpr bool UNDEF = BR == 128 || ATTN_TBW_UNDEF;
     constexpr bool DQ_EVERY = Cfg::DQ_EVERY;
-    constexpr bool EARLY = ATTN_TBW_EARLY && D == 128 && BR == 64;  // (see the macro)
+    constexpr bool EARLY = ATTN_TBW_EARLY && D == 128;  // (see the macro)
 
     const int tid = threadIdx.x;
     // warp-uniform warpgroup index (broadcast, so ptxas sees it uniform): 0 producer, 1 and 2 consumers
@@ -467,10 +388,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     // A operand of its dQ GEMM: the dS^T panel of its query rows (BR = 128), else the tile
     const unsigned ds_panel = BR == 128 ? cw * (BC * 128) : 0;
     // its staging: ATTN_TBW_DQ_TMA, the warp's two panels; else its warpgroup's tile (D = 128: one shared tile)
-    const unsigned s_dqw = ATTN_TBW_DQ_TMA ? s_dq + (cw * 4 + warp) * (DQ_T ? BR * 64 : 4096)
-                                           : s_dq + (D == 64 ? cw * Cfg::DQ_TILE_BYTES : 0);
-    // DQ_T: the query-major dS tile as wgmma B (K-major; buffer + DS_BYTES)
-    const unsigned long long ds_b = wg_desc(s_ds, 16, 1024);
+    const unsigned s_dqw = ATTN_TBW_DQ_TMA ? s_dq + (cw * 4 + warp) * 4096 : s_dq + (D == 64 ? cw * Cfg::DQ_TILE_BYTES : 0);
 
     const float sl2 = p.scale * ATTN_LOG2E;
     const T* mask = static_cast<const T*>(p.mask);
@@ -542,9 +460,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             }
         }
         // ---- dS^T = P^T o (dP^T - dsum) -> smem buffer `buf` [key][query] ----
-        wgb_ds<Tr, BR, BC, !DQ_T>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t,
-                                  EARLY ? dpre : nullptr);
-        if (DQ_T) tbw_store_ds_qmajor<BR>(df, s_ds + buf * Cfg::DS_BYTES, cw, warp, lane);
+        wgb_ds<Tr, BR, BC>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t,
+                           EARLY ? dpre : nullptr);
         fence_proxy_async_smem();
         named_bar_sync(1, 256);  // dS^T of both warpgroups written
 
@@ -556,11 +473,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         if (DQ_EVERY) wg_fence();
         if (do_dq) {
             if (!DQ_EVERY) wg_fence();  // (inside the branch: ptxas would insert it there, C7519)
-            if constexpr (DQ_T) {
-                tbw_issue_dqt<Tr, BR>(dq, k_b, wg_desc_add(ds_b, buf * Cfg::DS_BYTES));
-            } else {
-                wgb_issue_dq<Tr, BC>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + ds_panel), k_b);
-            }
+            wgb_issue_dq<Tr, BC>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + ds_panel), k_b);
             wg_commit();
         }
         if (!DQ_EVERY) wg_fence();  // (after the branch, likewise)
@@ -585,10 +498,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         if (do_dq) {
             if (ATTN_TBW_DQ_TMA ? lane == 0 : lane < 16) bulk_wait_read();  // the staging's last reads are done
             __syncwarp();
-            if constexpr (DQ_T) {
-                tbw_reduce_dqt<BR>(dq, gbase + (s_dqw - base), s_dqw, &tp.dq, dq_col0 + 16 * warp, mm0, b * H + hh, Lq,
-                                   lane, g, t);
-            } else if (ATTN_TBW_DQ_TMA) {
+            if (ATTN_TBW_DQ_TMA) {
                 tbw_reduce_dq(dq, gbase + (s_dqw - base), s_dqw, &tp.dq, dq_col0, mm0 + dq_row0 + 16 * warp, b * H + hh,
                               Lq, lane, g, t);
             } else {
