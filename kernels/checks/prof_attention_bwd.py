@@ -4,7 +4,7 @@
 and flash_bwd_tma_d128_bf16 (attention_tma_bwd.cu, the setting attn_bwd_tma) from the CUBINs of
 `attention_wgmma_check.py --build` (.wgmma_cubin/: bwg.cubin, btma.cubin, wg.cubin,
 attention.cubin), then PyTorch's SDPA backward on its cuDNN backend. bf16, B = 4, H = 16,
-L = 4096, D = 128, not causal (--causal: causal); --only names the main kernels and their order (bwg,
+L = 4096 (--L: B = 16384 / L), D = 128, not causal (--causal: causal); --only names the main kernels and their order (bwg,
 btma by default; any btma* variant of attention_wgmma_check.py whose CUBIN was built), --no-sdpa
 leaves out SDPA. Each main kernel and the SDPA backward run
 `--reps` times (default 2); the first of each is a warm-up for the timing printed at the end
@@ -39,8 +39,9 @@ def main():
                     help="main kernels, in order: bwg, btma or another of attention_wgmma_check.py's btma* "
                          "variants (its CUBIN from --cubins)")
     ap.add_argument("--no-sdpa", action="store_true", help="leave out SDPA's backward")
+    ap.add_argument("--L", type=int, default=4096, help="sequence length (B = 16384 / L)")
     a = ap.parse_args()
-    B, H, L, D, dt = 4, 16, 4096, 128, "bf16"
+    B, H, L, D, dt = max(1, 16384 // a.L), 16, a.L, 128, "bf16"
     causal = int(a.causal)
     mods = {}
 

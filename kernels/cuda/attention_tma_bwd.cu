@@ -26,6 +26,8 @@
 //    ptxas then serializes the wgmmas, C7512; it fits with ATTN_TBW_UNDEF, below.)
 //  * The exponentials run without per-element mask tests on the steps that need none (full tiles,
 //    no mask, not on the causal diagonal).
+//  * D = 128: each warp stores its dS^T fragments with stmatrix (four per thread and step;
+//    ATTN_TBW_DS_STSM=0: 32 four-byte stores, the earlier path).
 //  * D = 64: K, V, Q and dO are one 64-column panel each; dV and dK are m64n64 GEMMs. A step
 //    takes 128 query rows (FlashAttention-3's D = 64 block, 128 keys x 128 queries): each consumer
 //    warpgroup computes S^T and dP^T of its 64 keys over the 128 queries (m64n128 GEMMs) and the
@@ -38,7 +40,7 @@
 //  * Compile-time candidates (kernels/checks/attention_wgmma_check.py builds and times them):
 //    ATTN_TBW_STAGES=3, ATTN_TBW_D64_BR=64 (above), ATTN_TBW_UNDEF=1 (reg_undef of the per-step
 //    accumulators), ATTN_TBW_CARRY_DK=1 or 2 (dK's GEMM carried into the next step, D = 64 or both
-//    head dims; with ATTN_TBW_D64_BR=64); see each macro below.
+//    head dims; with ATTN_TBW_D64_BR=64), ATTN_TBW_DS_STSM=0; see each macro below.
 //
 // rtx-kernels: arch-specific
 // (the line above makes rtx-kernels compile this program for sm_90a: wgmma, setmaxnreg and the
@@ -117,6 +119,14 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #endif
 #ifndef ATTN_TBW_STAGES
 #define ATTN_TBW_STAGES 2
+#endif
+// D = 128: dS^T goes to shared memory by stmatrix (1, the default: BR / 16 = 4 stmatrix.x4 per thread
+// and step) or by BR / 2 = 32 four-byte stores (0, the earlier path). cuDNN's sm90 backward stores
+// it by stmatrix (Nsight Compute, run 28j: 4.5 M STSM and 8.9 M STS executed against rtx's 34.1 M
+// STS); on an H100 (runs 28k-28l, one process, alternating) the main kernel took 0.98-0.99x the time
+// (12 of 16 pairs faster). D = 64 keeps the stores (not measured).
+#ifndef ATTN_TBW_DS_STSM
+#define ATTN_TBW_DS_STSM 1
 #endif
 // How dQ reaches dq_accum: 1 (the default) each consumer warp stages its 16 rows x 64 columns as
 // two 16 x 32 f32 panels with the 128-byte swizzle and one lane adds both with bulk tensor
@@ -223,6 +233,25 @@ __device__ __forceinline__ void tbw_reduce_dq(const float (&dq)[32], unsigned ch
             tma_red_add_3d(map, s_w + 2048, col0 + 32, row0, bh);
         }
         bulk_commit();
+    }
+}
+
+// D = 128 (ATTN_TBW_DS_STSM): the warp's packed dS^T fragments (df[2 nt + r]: keys row0 + 8 r + g, where row0 =
+// 64 cw + 16 warp is the warp's first key in the tile, queries 8 nt + 2 t + c) into the dS^T tile at
+// s_ds (the layout of wgb_store_ds) by stmatrix.x4: matrix i of instruction m is (nt = 2 m + i / 2,
+// r = i % 2), whose row j (key row0 + 8 r + j, queries 8 nt .. + 7: chunk nt & 7 of panel nt / 8,
+// swizzled by j) lane 8 i + j addresses.
+template <int BR, int BC>
+__device__ __forceinline__ void tbw_store_ds_stsm(const unsigned (&df)[BR / 4], unsigned s_ds, int row0, int lane) {
+    const int i = lane >> 3, j = lane & 7;
+#pragma unroll
+    for (int m = 0; m < BR / 16; ++m) {
+        const int nt = 2 * m + (i >> 1);
+        const unsigned addr = s_ds + (unsigned)(nt >> 3) * (BC * 128) + (unsigned)(row0 + 8 * (i & 1) + j) * 128u +
+                              ((unsigned)((nt & 7) ^ j) << 4);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                     "r"(df[4 * m]), "r"(df[4 * m + 1]), "r"(df[4 * m + 2]), "r"(df[4 * m + 3])
+                     : "memory");
     }
 }
 
@@ -460,8 +489,10 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             }
         }
         // ---- dS^T = P^T o (dP^T - dsum) -> smem buffer `buf` [key][query] ----
-        wgb_ds<Tr, BR, BC>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t,
-                           EARLY ? dpre : nullptr);
+        constexpr bool DS_STSM = ATTN_TBW_DS_STSM && D == 128;
+        wgb_ds<Tr, BR, BC, !DS_STSM>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t,
+                                     EARLY ? dpre : nullptr);
+        if (DS_STSM) tbw_store_ds_stsm<BR, BC>(df, s_ds + buf * Cfg::DS_BYTES, 64 * cw + 16 * warp, lane);
         fence_proxy_async_smem();
         named_bar_sync(1, 256);  // dS^T of both warpgroups written
 

@@ -130,7 +130,8 @@ __device__ __forceinline__ void wgb_store_ds(const unsigned (&df)[BR / 4], unsig
 // dS^T = P^T o (dP^T - dsum) in dp, packed into df, and stored into the dS^T tile at ds_ptr
 // ([key][query], 128-byte rows, 16-byte chunk nt of row r at nt ^ (r & 7); BR = 128: two such
 // panels of BC rows, queries 0-63 and 64-127); row0: the thread's first key relative to the tile.
-template <typename Tr, int BR, int BC = 128>
+// STORE = false: dp and df only (the caller stores df itself).
+template <typename Tr, int BR, int BC = 128, bool STORE = true>
 __device__ __forceinline__ void wgb_ds(float (&dp)[BR / 2], const float (&s)[BR / 2], unsigned (&df)[BR / 4],
                                        const float* s_dsum, unsigned char* ds_ptr, int row0, int g, int t,
                                        const float2* dpre = nullptr) {
@@ -141,7 +142,7 @@ __device__ __forceinline__ void wgb_ds(float (&dp)[BR / 2], const float (&s)[BR 
         for (int e = 0; e < 4; ++e) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - ((e & 1) ? dsv.y : dsv.x));
     }
     wgb_pack<Tr, BR / 4>(df, dp);
-    wgb_store_ds<BR, BC>(df, ds_ptr, row0, g, t);
+    if (STORE) wgb_store_ds<BR, BC>(df, ds_ptr, row0, g, t);
 }
 
 // dQ[64 queries x 64 columns] = dS K over BC keys: BC/16 m64n64k16 SS wgmmas, A = dS (the dS^T
