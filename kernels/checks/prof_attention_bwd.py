@@ -4,9 +4,9 @@
 and flash_bwd_tma_d128_bf16 (attention_tma_bwd.cu, the setting attn_bwd_tma) from the CUBINs of
 `attention_wgmma_check.py --build` (.wgmma_cubin/: bwg.cubin, btma.cubin, wg.cubin,
 attention.cubin), then PyTorch's SDPA backward on its cuDNN backend. bf16, B = 4, H = 16,
-L = 4096 (--L: B = 16384 / L), D = 128, not causal (--causal: causal); --only names the main kernels and their order (bwg,
-btma by default; any btma* variant of attention_wgmma_check.py whose CUBIN was built), --no-sdpa
-leaves out SDPA. Each main kernel and the SDPA backward run
+L = 4096 (--L: another length, B = 16384 / L), D = 128, not causal (--causal: causal); --only names
+the main kernels and their order (default bwg,btma; any btma* variant of attention_wgmma_check.py
+whose CUBIN was built), --no-sdpa leaves out SDPA. Each main kernel and the SDPA backward run
 `--reps` times (default 2); the first of each is a warm-up for the timing printed at the end
 (CUDA events, no profiler: run it without ncu for the times).
 

@@ -27,7 +27,7 @@
 //  * The exponentials run without per-element mask tests on the steps that need none (full tiles,
 //    no mask, not on the causal diagonal).
 //  * D = 128: each warp stores its dS^T fragments with stmatrix (four per thread and step;
-//    ATTN_TBW_DS_STSM=0: 32 four-byte stores, the earlier path).
+//    ATTN_TBW_DS_STSM=0: 16 four-byte stores, the earlier path).
 //  * D = 64: K, V, Q and dO are one 64-column panel each; dV and dK are m64n64 GEMMs. A step
 //    takes 128 query rows (FlashAttention-3's D = 64 block, 128 keys x 128 queries): each consumer
 //    warpgroup computes S^T and dP^T of its 64 keys over the 128 queries (m64n128 GEMMs) and the
@@ -121,7 +121,7 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #define ATTN_TBW_STAGES 2
 #endif
 // D = 128: dS^T goes to shared memory by stmatrix (1, the default: BR / 16 = 4 stmatrix.x4 per thread
-// and step) or by BR / 2 = 32 four-byte stores (0, the earlier path). cuDNN's sm90 backward stores
+// and step) or by BR / 4 = 16 four-byte stores (0, the earlier path). cuDNN's sm90 backward stores
 // it by stmatrix (Nsight Compute, run 28j: 4.5 M STSM and 8.9 M STS executed against rtx's 34.1 M
 // STS); on an H100 (runs 28k-28l, one process, alternating) the main kernel took 0.98-0.99x the time
 // (12 of 16 pairs faster). D = 64 keeps the stores (not measured).
