@@ -26,8 +26,6 @@
 //    ptxas then serializes the wgmmas, C7512; it fits with ATTN_TBW_UNDEF, below.)
 //  * The exponentials run without per-element mask tests on the steps that need none (full tiles,
 //    no mask, not on the causal diagonal).
-//  * D = 128: each warp stores its dS^T fragments with stmatrix (four per thread and step;
-//    ATTN_TBW_DS_STSM=0: 16 four-byte stores, the earlier path).
 //  * D = 64: K, V, Q and dO are one 64-column panel each; dV and dK are m64n64 GEMMs. A step
 //    takes 128 query rows (FlashAttention-3's D = 64 block, 128 keys x 128 queries): each consumer
 //    warpgroup computes S^T and dP^T of its 64 keys over the 128 queries (m64n128 GEMMs) and the
@@ -40,7 +38,8 @@
 //  * Compile-time candidates (kernels/checks/attention_wgmma_check.py builds and times them):
 //    ATTN_TBW_STAGES=3, ATTN_TBW_D64_BR=64 (above), ATTN_TBW_UNDEF=1 (reg_undef of the per-step
 //    accumulators), ATTN_TBW_CARRY_DK=1 or 2 (dK's GEMM carried into the next step, D = 64 or both
-//    head dims; with ATTN_TBW_D64_BR=64), ATTN_TBW_DS_STSM=0; see each macro below.
+//    head dims; with ATTN_TBW_D64_BR=64), ATTN_TBW_DS_STSM=1 (dS^T by stmatrix, D = 128); see each
+//    macro below.
 //
 // rtx-kernels: arch-specific
 // (the line above makes rtx-kernels compile this program for sm_90a: wgmma, setmaxnreg and the
@@ -120,13 +119,14 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #ifndef ATTN_TBW_STAGES
 #define ATTN_TBW_STAGES 2
 #endif
-// D = 128: dS^T goes to shared memory by stmatrix (1, the default: BR / 16 = 4 stmatrix.x4 per thread
-// and step) or by BR / 4 = 16 four-byte stores (0, the earlier path). cuDNN's sm90 backward stores
-// it by stmatrix (Nsight Compute, run 28j: 4.5 M STSM and 8.9 M STS executed against rtx's 34.1 M
-// STS); on an H100 (runs 28k-28l, one process, alternating) the main kernel took 0.98-0.99x the time
-// (12 of 16 pairs faster). D = 64 keeps the stores (not measured).
+// D = 128: dS^T goes to shared memory by BR / 4 = 16 four-byte stores per thread and step (0, the
+// default) or by stmatrix (1, a candidate: BR / 16 = 4 stmatrix.x4). cuDNN's sm90 backward stores it
+// by stmatrix (Nsight Compute, run 28j: 4.5 M STSM and 8.9 M STS executed against rtx's 34.1 M STS);
+// on an H100 (runs 28k-28l, one process, alternating) the main kernel took 0.98-0.99x the time with
+// it (12 of 16 pairs faster) and passed the reduced check, but the GPU test suite has not run on it
+// yet: the default once it has. D = 64 keeps the stores either way (not measured).
 #ifndef ATTN_TBW_DS_STSM
-#define ATTN_TBW_DS_STSM 1
+#define ATTN_TBW_DS_STSM 0
 #endif
 // How dQ reaches dq_accum: 1 (the default) each consumer warp stages its 16 rows x 64 columns as
 // two 16 x 32 f32 panels with the 128-byte swizzle and one lane adds both with bulk tensor
