@@ -120,11 +120,13 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #define ATTN_TBW_STAGES 2
 #endif
 // D = 128: dS^T goes to shared memory by BR / 4 = 16 four-byte stores per thread and step (0, the
-// default) or by stmatrix (1, a candidate: BR / 16 = 4 stmatrix.x4). cuDNN's sm90 backward stores it
-// by stmatrix (Nsight Compute, run 28j: 4.5 M STSM and 8.9 M STS executed against rtx's 34.1 M STS);
-// on an H100 (runs 28k-28l, one process, alternating) the main kernel took 0.98-0.99x the time with
-// it (12 of 16 pairs faster) and passed the reduced check, but the GPU test suite has not run on it
-// yet: the default once it has. D = 64 keeps the stores either way (not measured).
+// default) or by stmatrix (1, a candidate: BR / 16 = 4 stmatrix.x4; wgb_store_ds's STSM mode).
+// cuDNN's sm90 backward stores it by stmatrix (Nsight Compute, run 28j: 4.5 M STSM and 8.9 M STS
+// executed against rtx's 34.1 M STS); on an H100 (runs 28k-28l, one process, alternating) the main
+// kernel took 0.98-0.99x the time with it (12 of 16 pairs faster) and passed the reduced check, but
+// the GPU test suite has not run on it yet: the default once it has (measure it again first with
+// `benches/gpu/run attention-ab`: the store moved into wgb_store_ds after those runs, which changed
+// its register allocation). D = 64 keeps the stores either way (not measured).
 #ifndef ATTN_TBW_DS_STSM
 #define ATTN_TBW_DS_STSM 0
 #endif
@@ -233,25 +235,6 @@ __device__ __forceinline__ void tbw_reduce_dq(const float (&dq)[32], unsigned ch
             tma_red_add_3d(map, s_w + 2048, col0 + 32, row0, bh);
         }
         bulk_commit();
-    }
-}
-
-// D = 128 (ATTN_TBW_DS_STSM): the warp's packed dS^T fragments (df[2 nt + r]: keys row0 + 8 r + g, where row0 =
-// 64 cw + 16 warp is the warp's first key in the tile, queries 8 nt + 2 t + c) into the dS^T tile at
-// s_ds (the layout of wgb_store_ds) by stmatrix.x4: matrix i of instruction m is (nt = 2 m + i / 2,
-// r = i % 2), whose row j (key row0 + 8 r + j, queries 8 nt .. + 7: chunk nt & 7 of panel nt / 8,
-// swizzled by j) lane 8 i + j addresses.
-template <int BR, int BC>
-__device__ __forceinline__ void tbw_store_ds_stsm(const unsigned (&df)[BR / 4], unsigned s_ds, int row0, int lane) {
-    const int i = lane >> 3, j = lane & 7;
-#pragma unroll
-    for (int m = 0; m < BR / 16; ++m) {
-        const int nt = 2 * m + (i >> 1);
-        const unsigned addr = s_ds + (unsigned)(nt >> 3) * (BC * 128) + (unsigned)(row0 + 8 * (i & 1) + j) * 128u +
-                              ((unsigned)((nt & 7) ^ j) << 4);
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                     "r"(df[4 * m]), "r"(df[4 * m + 1]), "r"(df[4 * m + 2]), "r"(df[4 * m + 3])
-                     : "memory");
     }
 }
 
@@ -489,10 +472,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             }
         }
         // ---- dS^T = P^T o (dP^T - dsum) -> smem buffer `buf` [key][query] ----
-        constexpr bool DS_STSM = ATTN_TBW_DS_STSM && D == 128;
-        wgb_ds<Tr, BR, BC, !DS_STSM>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t,
-                                     EARLY ? dpre : nullptr);
-        if (DS_STSM) tbw_store_ds_stsm<BR, BC>(df, s_ds + buf * Cfg::DS_BYTES, 64 * cw + 16 * warp, lane);
+        wgb_ds<Tr, BR, BC, ATTN_TBW_DS_STSM && D == 128>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES,
+                                                         krow - n0, g, t, EARLY ? dpre : nullptr);
         fence_proxy_async_smem();
         named_bar_sync(1, 256);  // dS^T of both warpgroups written
 
