@@ -131,12 +131,6 @@ VARIANTS = [
                  "launch_sched": 1}, (128, 64), "tmaws2 on the launcher's grid"),
     ("tmaws2d5", {"launch_cubin": "tmaws2", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_WAIT_SLEEP": 2, "launch_persist": 2,
                   "launch_sched": 1, "launch_blocks": 5}, (128, 64), "tmaws2d on at most 5 blocks (for the check)"),
-    ("tmawa", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_TMA_WARP_ARRIVE": 1}, (128, 64),
-     "tmanm / tma64w3 with one arrival per consumer warp on the empty barriers"),
-    ("tmawad", {"launch_cubin": "tmawa", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_WARP_ARRIVE": 1, "launch_persist": 2,
-                "launch_sched": 1}, (128,), "tmawa on the launcher's persistent grid (as tmad)"),
-    ("tmawad5", {"launch_cubin": "tmawa", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_WARP_ARRIVE": 1, "launch_persist": 2,
-                 "launch_sched": 1, "launch_blocks": 5}, (128,), "tmawad on at most 5 blocks (for the check)"),
     ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
     ("tmak3v3", {"ATTN_TMA_KS": 3, "ATTN_TMA_VS": 3}, (128,), "D128 TMA with 3 K and 3 V stages"),
 ]
@@ -673,11 +667,6 @@ BWD_VARIANTS = [
                                      "(the default before ATTN_TBW_EARLY)"),
     ("btmasm", {"ATTN_TBW_DS_STSM": 1}, "btma, D128 storing dS^T by stmatrix (4 per thread and step instead of "
                                         "16 four-byte stores; D64 as btma)"),
-    ("btmads0", {"ATTN_TBW_DS_STSM": 0}, "btma, D128 storing dS^T by 16 four-byte stores per thread and step "
-                                          "(the default before ATTN_TBW_DS_STSM=1)"),
-    ("btmawa", {"ATTN_TBW_WARP_ARRIVE": 1}, "btma with one arrival per consumer warp on the empty barriers"),
-    ("btmadw", {"ATTN_TBW_DQ_WIDE": 1}, "btma, D128 with a step's whole dQ by one warpgroup (alternate steps, "
-                                        "m64n128; D64 as btma)"),
     ("btmaws1", {"ATTN_TBW_WAIT_SLEEP": 1}, "btma with the producer's waits suspending (mbar_wait_sleep)"),
     ("btmaws2", {"ATTN_TBW_WAIT_SLEEP": 2}, "btma with every mbarrier wait suspending"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),
@@ -708,8 +697,7 @@ def bwg_cfg(defs, name="bwg", D=128):
         st = int(defs.get("ATTN_TBW_STAGES", 2))
         bufs = 2 if st == 2 else 1
         tiles = 2 if d == 64 else 1  # dQ staging tiles (64 rows each), without ATTN_TBW_DQ_TMA
-        wide = 2 if d == 128 and int(defs.get("ATTN_TBW_DQ_WIDE", 0)) else 1  # (staging per warp: 16 x 128 f32)
-        dqs = 32768 * wide if int(defs.get("ATTN_TBW_DQ_TMA", 1)) else tiles * 64 * (d + 8) * 4
+        dqs = 32768 if int(defs.get("ATTN_TBW_DQ_TMA", 1)) else tiles * 64 * (d + 8) * 4
         return 384, 1024 + 2 * bc * d * 2 + bufs * bc * br * 2 + st * 2 * br * d * 2 + st * 2 * br * 4 + \
             dqs + 8 * (1 + 2 * st), bc
     dq = br * (d + 8) * 4 if int(defs.get("ATTN_WGB_DQ_BULK", 1)) else 0
@@ -726,8 +714,6 @@ assert bwg_cfg({"ATTN_TBW_D64_BR": 64}, "btma64", 64) == (384, 133160, 128)
 assert bwg_cfg({"ATTN_TBW_STAGES": 3}, "btma3", 64) == (384, 200760, 128)
 assert bwg_cfg({"ATTN_TBW_DQ_TMA": 0}, "btmaw") == (384, 200744, 128)
 assert bwg_cfg({"ATTN_TBW_DQ_TMA": 0}, "btmaw", 64) == (384, 203816, 128)
-assert bwg_cfg({"ATTN_TBW_DQ_WIDE": 1}, "btmadw") == (384, 231464, 128)
-assert bwg_cfg({"ATTN_TBW_DQ_WIDE": 1}, "btmadw", 64) == (384, 199720, 128)
 
 
 def bwd_main(args):

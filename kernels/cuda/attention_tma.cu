@@ -120,23 +120,6 @@ static_assert(128 * ATTN_TMA_PREGS + 256 * ATTN_TMA_CREGS <= 384 * 168, "setmaxn
 #endif
 static_assert(128 * ATTN_TMA_PREGS + 384 * ATTN_TMA_CREGS3 <= 512 * 128, "setmaxnreg budget (3 consumers)");
 
-// Arrivals on the empty barriers (k_empty, v_empty, q_empty): 0 (the default) every consumer
-// thread's; 1 (a candidate) lane 0's of each consumer warp, after a __syncwarp (cuDNN's sm90
-// forward predicates its arrivals so, apparently one thread's per warp: Nsight Compute, run 25b).
-// Only wgmma reads the stages, and a warp is past its wgmma wait once any of its lanes is.
-#ifndef ATTN_TMA_WARP_ARRIVE
-#define ATTN_TMA_WARP_ARRIVE 0
-#endif
-constexpr int TMA_ARRIVERS = ATTN_TMA_WARP_ARRIVE ? 32 : 1;  // consumer threads per arrival
-__device__ __forceinline__ void tma_release(unsigned bar, int lane) {
-    if (ATTN_TMA_WARP_ARRIVE) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-    } else {
-        mbar_arrive(bar);
-    }
-}
-
 // The consumers' turns (FlashAttention-3's ping-pong): the two warpgroups issue their GEMMs of
 // an iteration strictly in alternation. Warpgroup 0 waits (named barrier 1) for warpgroup 1's
 // pass of the previous iteration, warpgroup 1 (barrier 2) for warpgroup 0's pass of this one;
@@ -212,14 +195,14 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
     volatile unsigned* const slot = reinterpret_cast<volatile unsigned*>(smem + (v_empty + 8 * VS - smem_u32(smem)));
     if (tid == 0) {
         mbar_init(q_full, 1);
-        mbar_init(q_empty, NCONS / TMA_ARRIVERS);
+        mbar_init(q_empty, NCONS);
         for (int i = 0; i < KS; ++i) {
             mbar_init(k_full + 8 * i, 1);
-            mbar_init(k_empty + 8 * i, NCONS / TMA_ARRIVERS);
+            mbar_init(k_empty + 8 * i, NCONS);
         }
         for (int i = 0; i < VS; ++i) {
             mbar_init(v_full + 8 * i, 1);
-            mbar_init(v_empty + 8 * i, NCONS / TMA_ARRIVERS);
+            mbar_init(v_empty + 8 * i, NCONS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -368,13 +351,13 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     tma_turn_pass<NWG>(cw, j, turns);
                     wg_wait<0>();
                     reg_fence(s);
-                    tma_release(k_empty + 8 * ks, lane);
+                    mbar_arrive(k_empty + 8 * ks);
                     wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
                     wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
                 } else {
                     tma_turn_wait<NWG>(cw, kj);
                     tma_turn_pass<NWG>(cw, j, turns);
-                    tma_release(k_empty + 8 * ks, lane);
+                    mbar_arrive(k_empty + 8 * ks);
                 }
             } else if (j < wg_tiles) {
                 tma_turn_wait<NWG>(cw, kj);
@@ -389,16 +372,16 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 tma_turn_pass<NWG>(cw, j, turns);
                 wg_wait<1>();  // S_j done
                 reg_fence(s);
-                tma_release(k_empty + 8 * ks, lane);
+                mbar_arrive(k_empty + 8 * ks);
                 wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
                 if (SOFTMAX_FIRST) wg_keep_before_wait(rsum[0], rsum[1]);
                 wg_wait<0>();  // P_{j-1} V_{j-1} done
                 reg_fence(o);
                 reg_fence(pf);
-                tma_release(v_empty + 8 * vs, lane);
+                mbar_arrive(v_empty + 8 * vs);
                 wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
             } else if (j == wg_tiles) {
-                tma_release(k_empty + 8 * ks, lane);
+                mbar_arrive(k_empty + 8 * ks);
                 tma_turn_wait<NWG>(cw, kj);
                 reg_fence(o);
                 reg_fence(pf);
@@ -408,16 +391,16 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 tma_turn_pass<NWG>(cw, j, turns);
                 wg_wait<0>();
                 reg_fence(o);
-                tma_release(v_empty + 8 * vs, lane);
+                mbar_arrive(v_empty + 8 * vs);
             } else {
                 tma_turn_wait<NWG>(cw, kj);
                 tma_turn_pass<NWG>(cw, j, turns);
-                tma_release(k_empty + 8 * ks, lane);
-                if (j > 0) tma_release(v_empty + 8 * vs, lane);
+                mbar_arrive(k_empty + 8 * ks);
+                if (j > 0) mbar_arrive(v_empty + 8 * vs);
             }
         }
         // Every S GEMM of this work tile has completed: Q may take the next tile's rows.
-        tma_release(q_empty, lane);
+        mbar_arrive(q_empty);
         // The last V (V_{n-1}): its P V if this warpgroup's rows reach it, then its stage is free
         // for the ring's next tile (the block's next work tile; an arrival no load waits for
         // after the last one).
@@ -434,7 +417,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 wg_wait<0>();
                 reg_fence(o);
             }
-            tma_release(v_empty + 8 * vs, lane);
+            mbar_arrive(v_empty + 8 * vs);
         }
         kv += n_tiles;
         if (row0 < Lq) wg_store_o<Tr, D>(p, b, h, w, o, l_r, m_r);

@@ -123,10 +123,11 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 // default) or by stmatrix (1, a candidate: BR / 16 = 4 stmatrix.x4; wgb_store_ds's STSM mode).
 // cuDNN's sm90 backward stores it by stmatrix (Nsight Compute, run 28j: 4.5 M STSM and 8.9 M STS
 // executed against rtx's 34.1 M STS); on an H100 (runs 28k-28l, one process, alternating) the main
-// kernel took 0.98-0.99x the time with it (12 of 16 pairs faster) and passed the reduced check, but
-// the GPU test suite has not run on it yet: the default once it has (measure it again first with
-// `benches/gpu/run attention-ab`: the store moved into wgb_store_ds after those runs, which changed
-// its register allocation). D = 64 keeps the stores either way (not measured).
+// kernel took 0.98-0.99x the time with it (12 of 16 pairs faster) and passed the reduced check. In
+// its present form (the store moved into wgb_store_ds after those runs, which changed its register
+// allocation) it passed the attention GPU tests but ran level with the default (2026-12-06, H100,
+// 11 alternating pairs in one process: docs/performance-notes.md), so it stays off. D = 64 keeps
+// the stores either way (not measured).
 #ifndef ATTN_TBW_DS_STSM
 #define ATTN_TBW_DS_STSM 0
 #endif
@@ -147,18 +148,6 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 // with 0 (the main kernel alone 0.90-1.02x): within what these timings move between calls.
 #ifndef ATTN_TBW_EARLY
 #define ATTN_TBW_EARLY 1
-#endif
-// D = 128: who computes a step's dQ (64 query rows x 128 columns = dS K over the 128 keys).
-// 0 (the default): each consumer warpgroup its 64 columns, 8 m64n64k16 GEMMs per warpgroup and step.
-// 1 (a candidate): the warpgroups take alternate steps, warpgroup (it & 1) all 128 columns with 8
-// m64n128k16 GEMMs and the other none, as cuDNN's sm90 backward appears to (Nsight Compute, run
-// 28j: half rtx's count of dQ GEMMs, each m64n128). An m64n64k16 with both operands in shared
-// memory reads 4 KB for 64 x 64 x 16 products, an m64n128k16 6 KB for twice as many. Each
-// warpgroup then needs its own staging (4 warps x 16 x 128 f32, 32768 bytes): D = 128 takes
-// 231464 bytes of shared memory; 64 dQ accumulators per thread instead of 32. Needs
-// ATTN_TBW_DQ_TMA=1 and 2 stages.
-#ifndef ATTN_TBW_DQ_WIDE
-#define ATTN_TBW_DQ_WIDE 0
 #endif
 // Query rows per step for D = 64: 128 (the default: FlashAttention-3's D = 64 block, see the
 // design comment) or 64 (the earlier default, kept as a candidate). D = 128 always takes 64.
@@ -182,34 +171,28 @@ struct TmaBwdCfg {
     // (BR = 64: the warpgroups take the dQ GEMM of alternate steps, each all 64 columns; BR = 128:
     // each its 64 query rows every step).
     static constexpr int DQ_TILE_BYTES = 64 * DQ_LD * 4;
-    // ATTN_TBW_DQ_WIDE (D = 128): one warpgroup computes a step's whole dQ, m64n128 (see the macro).
-    static constexpr bool DQ_WIDE = ATTN_TBW_DQ_WIDE && D_ == 128;
-    static constexpr int DQ_N = DQ_WIDE ? 128 : 64;  // columns of a warpgroup's dQ GEMM
     // Every consumer warpgroup computes a dQ GEMM in every step (else they alternate).
-    static constexpr bool DQ_EVERY = (D == 128 && !DQ_WIDE) || BR == 128;
-    // ATTN_TBW_DQ_TMA: DQ_N / 32 panels of 16 x 32 f32 (2048 bytes each) per consumer warp instead.
-    static constexpr int DQ_BYTES = ATTN_TBW_DQ_TMA ? 8 * (DQ_N / 32) * 2048 : (D == 64 ? 2 : 1) * DQ_TILE_BYTES;
+    static constexpr bool DQ_EVERY = D == 128 || BR == 128;
+    // ATTN_TBW_DQ_TMA: two 16 x 32 f32 panels (2048 bytes each) per consumer warp instead.
+    static constexpr int DQ_BYTES = ATTN_TBW_DQ_TMA ? 8 * 2 * 2048 : (D == 64 ? 2 : 1) * DQ_TILE_BYTES;
     static constexpr int NBARS = 1 + 2 * STAGES; // kv_full, full[STAGES], empty[STAGES]
     static constexpr int SMEM_BYTES = 1024 + 2 * KV_BYTES + DS_BUFS * DS_BYTES + STAGES * 2 * Q_BYTES +
                                       STAGES * RV_BYTES + DQ_BYTES + 8 * NBARS;
     static_assert(STAGES == 2 || STAGES == 3, "stages");
     static_assert(BR == 64 || (BR == 128 && D == 64), "query rows per step");
     static_assert(D == 64 || D == 128, "head dim");
-    static_assert(!DQ_WIDE || (ATTN_TBW_DQ_TMA && STAGES == 2), "ATTN_TBW_DQ_WIDE needs ATTN_TBW_DQ_TMA and 2 stages");
     static_assert(SMEM_BYTES <= 232448, "shared memory per block");
 };
 typedef TmaBwdCfg<128> TmaBwdCfgD128;
 typedef TmaBwdCfg<64> TmaBwdCfgD64;
 // (the defaults' asserts come first: ops/src/attention/cuda/launch.rs reads the first of each)
-#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128 && ATTN_TBW_DQ_TMA && !ATTN_TBW_DQ_WIDE
+#if ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128 && ATTN_TBW_DQ_TMA
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 198696 && TmaBwdCfgD128::NTHREADS == 384 && TmaBwdCfgD128::BC == 128 &&
                   TmaBwdCfgD128::BR == 64,
               "documented (tma bwd d128)");
 static_assert(TmaBwdCfgD64::SMEM_BYTES == 199720 && TmaBwdCfgD64::NTHREADS == 384 && TmaBwdCfgD64::BC == 128 &&
                   TmaBwdCfgD64::BR == 128,
               "documented (tma bwd d64)");
-#elif ATTN_TBW_DQ_WIDE && ATTN_TBW_D64_BR == 128
-static_assert(TmaBwdCfgD128::SMEM_BYTES == 231464 && TmaBwdCfgD64::SMEM_BYTES == 199720, "tma bwd, one warpgroup's dQ");
 #elif ATTN_TBW_STAGES == 2 && ATTN_TBW_D64_BR == 128
 static_assert(TmaBwdCfgD128::SMEM_BYTES == 200744 && TmaBwdCfgD64::SMEM_BYTES == 203816, "tma bwd, dQ rows one by one");
 #elif ATTN_TBW_STAGES == 2
@@ -225,22 +208,21 @@ static_assert(TmaBwdCfgD128::SMEM_BYTES == (ATTN_TBW_DQ_TMA ? 215608 : 217656) &
               "tma bwd with 3 stages, d64 with 128-row steps");
 #endif
 
-// ATTN_TBW_DQ_TMA: the dQ of a consumer warp's 16 rows x the GEMM's N columns (dq[4 nt + 2 r + c]:
-// row g + 8 r, column 8 nt + 2 t + c, the m64nN accumulator layout) into its N / 32 16 x 32 f32 panels
+// ATTN_TBW_DQ_TMA: the dQ of a consumer warp's 16 rows x the GEMM's 64 columns (dq[4 nt + 2 r + c]:
+// row g + 8 r, column 8 nt + 2 t + c, the m64n64 accumulator layout) into its two 16 x 32 f32 panels
 // at s_w (gw: the same as a generic pointer; 128-byte rows, 1024-byte aligned, the 128-byte swizzle:
 // 16-byte chunk c of row r at chunk c ^ (r & 7), as the dq tensor map reads it), then lane 0 adds
-// them to dq_accum (columns col0 .. + N - 1 of rows row0 .. + 15 of head bh) with bulk tensor
+// both to dq_accum (columns col0 .. + 63 of rows row0 .. + 15 of head bh) with bulk tensor
 // reductions; rows at or past Lq are not written (nor, when row0 >= Lq, issued). Lane 0 must have
 // waited for its previous reductions' reads (bulk_wait_read) before the warp comes here again.
 // (Stores: each 8-byte store of the warp covers 32 bytes of each of 8 rows, two rows per 32-byte
 // bank group, so two wavefronts, the least for 256 bytes.)
-template <int N = 64>
-__device__ __forceinline__ void tbw_reduce_dq(const float (&dq)[N / 2], unsigned char* gw, unsigned s_w, const TmaMap* map,
+__device__ __forceinline__ void tbw_reduce_dq(const float (&dq)[32], unsigned char* gw, unsigned s_w, const TmaMap* map,
                                               int col0, int row0, int bh, int Lq, int lane, int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
 #pragma unroll
-        for (int nt = 0; nt < N / 8; ++nt) {
+        for (int nt = 0; nt < 8; ++nt) {
             const unsigned chunk = (unsigned)(2 * (nt & 3) + (t >> 1)) ^ (unsigned)g;
             const unsigned off = (unsigned)(nt >> 2) * 2048u + (unsigned)(g + 8 * r) * 128u + chunk * 16u + (t & 1) * 8u;
             *reinterpret_cast<float2*>(gw + off) = make_float2(dq[4 * nt + 2 * r], dq[4 * nt + 2 * r + 1]);
@@ -250,32 +232,12 @@ __device__ __forceinline__ void tbw_reduce_dq(const float (&dq)[N / 2], unsigned
     __syncwarp();
     if (lane == 0) {
         if (row0 < Lq) {
-#pragma unroll
-            for (int pn = 0; pn < N / 32; ++pn) tma_red_add_3d(map, s_w + pn * 2048, col0 + 32 * pn, row0, bh);
+            tma_red_add_3d(map, s_w, col0, row0, bh);
+            tma_red_add_3d(map, s_w + 2048, col0 + 32, row0, bh);
         }
         bulk_commit();
     }
 }
-
-// Arrivals on the stages' empty barriers: 0 (the default) every consumer thread's; 1 (a
-// candidate) lane 0's of each consumer warp, after a __syncwarp that orders the warp's reads of
-// the stage's lse and dsum before it (as attention_tma.cu's ATTN_TMA_WARP_ARRIVE).
-#ifndef ATTN_TBW_WARP_ARRIVE
-#define ATTN_TBW_WARP_ARRIVE 0
-#endif
-__device__ __forceinline__ void tbw_release(unsigned bar, int lane) {
-    if (ATTN_TBW_WARP_ARRIVE) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-    } else {
-        mbar_arrive(bar);
-    }
-}
-
-template <int M>
-struct TbwMode {
-    static constexpr int value = M;
-};
 
 template <typename Tr, typename Cfg>
 __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, unsigned char* smem) {
@@ -287,8 +249,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     constexpr int ST = Cfg::STAGES;
     constexpr int SR = BR / 2;  // S^T / dP^T accumulators per thread (64 keys x BR queries)
     constexpr int KR = D / 2;   // dK / dV accumulators per thread (64 keys x D)
-    constexpr int QR = Cfg::DQ_N / 2;  // dQ accumulators per thread (64 queries x DQ_N columns)
-    constexpr bool DQ_WIDE = Cfg::DQ_WIDE;
+    constexpr int QR = 32;      // dQ accumulators per thread (64 queries x 64 columns)
     // D = 64, BR = 64: warpgroup (it & 1) computes the whole dQ of step it (one m64n64 GEMM over
     // the 128 keys) and the other none, so that neither needs an N = 32 GEMM; D = 128: each its
     // half of the columns; D = 64, BR = 128: each its 64 query rows (cw).
@@ -301,7 +262,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     // Tell the compiler that S^T, dP^T and dQ die at their last use in a step (reg_undef): needed
     // for 128-row steps, whose registers do not hold them across the loop (ptxas would spill and
     // serialize the wgmmas); an untimed candidate elsewhere (ATTN_TBW_UNDEF=1).
-    constexpr bool UNDEF = BR == 128 || ATTN_TBW_UNDEF || Cfg::DQ_WIDE;  // (DQ_WIDE: with 64 dQ registers)
+    constexpr bool UNDEF = BR == 128 || ATTN_TBW_UNDEF;
     constexpr bool DQ_EVERY = Cfg::DQ_EVERY;
     constexpr bool EARLY = ATTN_TBW_EARLY && D == 128;  // (see the macro)
 
@@ -343,7 +304,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         mbar_init(kv_full, 1);
         for (int i = 0; i < ST; ++i) {
             mbar_init(full + 8 * i, 32);
-            mbar_init(empty + 8 * i, ATTN_TBW_WARP_ARRIVE ? 8 : 256);
+            mbar_init(empty + 8 * i, 256);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -434,15 +395,13 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     const unsigned long long st_mn = wg_desc(s_st, BR * 128, 1024);           // Q / dO as B, MN-major
     const unsigned long long ds_a = wg_desc(s_ds, BC * 128, 1024);            // dS (A, MN-major)
     // K columns 64cw .. (D = 128) or all 64 (D = 64) as B, MN-major
-    // (DQ_WIDE: all 128 from column 0, the two panels BC * 128 bytes apart, as the descriptor's LBO says)
-    const unsigned long long k_b = wg_desc(s_k + (D == 128 && !DQ_WIDE ? cw : 0) * (BC * 128), BC * 128, 1024);
-    const int dq_col0 = D == 128 && !DQ_WIDE ? 64 * cw : 0;  // first dq column of this warpgroup's GEMM
+    const unsigned long long k_b = wg_desc(s_k + (D == 128 ? cw : 0) * (BC * 128), BC * 128, 1024);
+    const int dq_col0 = D == 128 ? 64 * cw : 0;  // first dq column of this warpgroup's GEMM
     const int dq_row0 = BR == 128 ? 64 * cw : 0;  // its first query row in the step
     // A operand of its dQ GEMM: the dS^T panel of its query rows (BR = 128), else the tile
     const unsigned ds_panel = BR == 128 ? cw * (BC * 128) : 0;
     // its staging: ATTN_TBW_DQ_TMA, the warp's two panels; else its warpgroup's tile (D = 128: one shared tile)
-    const unsigned s_dqw = ATTN_TBW_DQ_TMA ? s_dq + (cw * 4 + warp) * (Cfg::DQ_N / 32) * 2048
-                                           : s_dq + (D == 64 ? cw * Cfg::DQ_TILE_BYTES : 0);
+    const unsigned s_dqw = ATTN_TBW_DQ_TMA ? s_dq + (cw * 4 + warp) * 4096 : s_dq + (D == 64 ? cw * Cfg::DQ_TILE_BYTES : 0);
 
     const float sl2 = p.scale * ATTN_LOG2E;
     const T* mask = static_cast<const T*>(p.mask);
@@ -452,12 +411,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
     float* const sdq = reinterpret_cast<float*>(gbase + (s_dqw - base));
 
     mbar_wait_as<ATTN_TBW_WAIT_SLEEP, false>(kv_full, 0);  // also when total == 0: no copy may be in flight when the block exits
-    // One step (it). MODE 0: whether this warpgroup computes the step's dQ is decided in the step
-    // (do_dq); 1 and 2 fix it to yes and no. DQ_WIDE calls two copies of the step through an if /
-    // else on it instead: with its dQ GEMM under a branch inside one copy, ptxas keeps the 64 dQ
-    // accumulators live across the whole loop, spills and serializes the wgmmas (C7512).
-    auto step = [&](const int it, auto mode) {
-        constexpr int MODE = decltype(mode)::value;
+    for (int it = 0; it < total; ++it) {
         const int slot = it % ST;
         const int buf = Cfg::DS_BUFS == 2 ? (it & 1) : 0;
         mbar_wait_as<ATTN_TBW_WAIT_SLEEP, false>(full + 8 * slot, (it / ST) & 1);
@@ -487,7 +441,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         if (CARRY) {
             reg_fence(dk);
             reg_fence(df);
-            if (it > 0) tbw_release(empty + 8 * ((it - 1) % ST), lane);  // step it-1's stage is free
+            if (it > 0) mbar_arrive(empty + 8 * ((it - 1) % ST));  // step it-1's stage is free
         }
 
         // ---- P^T (rows = keys krow + 8r, columns = queries mm0 + 8nt + 2t + c) ----
@@ -525,28 +479,21 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         named_bar_sync(1, 256);  // dS^T of both warpgroups written
 
         // ---- dQ[step rows, dq_col0 .. + 63] = dS K (D = 64: on alternate steps), then dK += dS^T Q ----
-        const bool do_dq = MODE == 1 || (MODE == 0 && (DQ_EVERY || (it & 1) == cw));  // warpgroup-uniform
-        if (DQ_WIDE && do_dq) {  // dV done first: P^T's registers are free for dQ's 64 accumulators (without
-                                 // this wait ptxas serializes the wgmmas, C7512)
-            wg_wait<0>();
-            reg_fence(dv);
-            reg_fence(pf);
-        }
-        if (!DQ_WIDE) reg_fence(dq);  // (DQ_WIDE: only in the steps that compute it, so it lives only there)
+        const bool do_dq = DQ_EVERY || (it & 1) == cw;  // warpgroup-uniform
+        reg_fence(dq);
         reg_fence(dk);
         reg_fence(df);
         if (DQ_EVERY) wg_fence();
         if (do_dq) {
-            if (DQ_WIDE) reg_undef(dq);  // (overwritten, scale-d 0: no value carried across the loop)
             if (!DQ_EVERY) wg_fence();  // (inside the branch: ptxas would insert it there, C7519)
-            wgb_issue_dq<Tr, BC, Cfg::DQ_N>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + ds_panel), k_b);
+            wgb_issue_dq<Tr, BC>(dq, wg_desc_add(ds_a, buf * Cfg::DS_BYTES + ds_panel), k_b);
             wg_commit();
         }
         if (!DQ_EVERY) wg_fence();  // (after the branch, likewise)
         wgb_issue_rs<Tr, D, BR>(dk, df, wg_desc_add(st_mn, st_off));
         wg_commit();
         wg_wait<1>();  // dV and dQ (if any) done (dK runs on)
-        if (!DQ_WIDE || do_dq) reg_fence(dq);
+        reg_fence(dq);
         reg_fence(dv);
         reg_fence(pf);
         // One dS^T buffer: tell the other warpgroup this one's dQ GEMM no longer reads it.
@@ -564,8 +511,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
         if (do_dq) {
             if (ATTN_TBW_DQ_TMA ? lane == 0 : lane < 16) bulk_wait_read();  // the staging's last reads are done
             __syncwarp();
-            if constexpr (ATTN_TBW_DQ_TMA) {
-                tbw_reduce_dq<Cfg::DQ_N>(dq, gbase + (s_dqw - base), s_dqw, &tp.dq, dq_col0, mm0 + dq_row0 + 16 * warp, b * H + hh,
+            if (ATTN_TBW_DQ_TMA) {
+                tbw_reduce_dq(dq, gbase + (s_dqw - base), s_dqw, &tp.dq, dq_col0, mm0 + dq_row0 + 16 * warp, b * H + hh,
                               Lq, lane, g, t);
             } else {
                 wgb_reduce_dq<D>(dq, sdq, s_dqw, Cfg::DQ_LD, dq_col0, dq_accum,
@@ -577,18 +524,7 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             wg_wait<0>();  // dK done: the stage has no reader left in this warpgroup
             reg_fence(dk);
             reg_fence(df);
-            tbw_release(empty + 8 * slot, lane);
-        }
-    };
-    for (int it = 0; it < total; ++it) {
-        if constexpr (DQ_WIDE) {
-            if ((it & 1) == cw) {
-                step(it, TbwMode<1>{});
-            } else {
-                step(it, TbwMode<2>{});
-            }
-        } else {
-            step(it, TbwMode<0>{});
+            mbar_arrive(empty + 8 * slot);
         }
     }
     if (CARRY) {  // the last dK (its stage is never refilled: no arrival)

@@ -162,13 +162,13 @@ __device__ __forceinline__ void wgb_ds(float (&dp)[BR / 2], const float (&s)[BR 
     wgb_store_ds<BR, BC, STSM>(df, ds_ptr, row0, g, t);
 }
 
-// dQ[64 queries x N columns] = dS K over BC keys: BC/16 m64nNk16 SS wgmmas (N = 64 or 128), A = dS
-// (the dS^T tile read MN-major, ds_a), B = K's columns (MN-major, k_b). No fence and no commit.
-template <typename Tr, int BC, int N = 64>
-__device__ __forceinline__ void wgb_issue_dq(float (&dq)[N / 2], unsigned long long ds_a, unsigned long long k_b) {
+// dQ[64 queries x 64 columns] = dS K over BC keys: BC/16 m64n64k16 SS wgmmas, A = dS (the dS^T
+// tile read MN-major, ds_a), B = K's columns (MN-major, k_b). No fence and no commit.
+template <typename Tr, int BC>
+__device__ __forceinline__ void wgb_issue_dq(float (&dq)[32], unsigned long long ds_a, unsigned long long k_b) {
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
-        Wgmma<Tr, N>::template ss<1, 1>(dq, wg_desc_add(ds_a, kk * 2048), wg_desc_add(k_b, kk * 2048), kk > 0 ? 1 : 0);
+        Wgmma<Tr, 64>::template ss<1, 1>(dq, wg_desc_add(ds_a, kk * 2048), wg_desc_add(k_b, kk * 2048), kk > 0 ? 1 : 0);
     }
 }
 
