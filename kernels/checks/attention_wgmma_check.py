@@ -131,10 +131,6 @@ VARIANTS = [
                  "launch_sched": 1}, (128, 64), "tmaws2 on the launcher's grid"),
     ("tmaws2d5", {"launch_cubin": "tmaws2", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_WAIT_SLEEP": 2, "launch_persist": 2,
                   "launch_sched": 1, "launch_blocks": 5}, (128, 64), "tmaws2d on at most 5 blocks (for the check)"),
-    ("tmail", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_D64_MASKED": 1, "ATTN_WG_SM_ILV": 1}, (128, 64),
-     "tmanm / tma64w3 with the softmax's two rows interleaved (maxima, then exponentials alternating)"),
-    ("tmaild5", {"launch_cubin": "tmail", "ATTN_TMA_NOMASK": 1, "ATTN_WG_SM_ILV": 1, "launch_persist": 2,
-                 "launch_sched": 1, "launch_blocks": 5}, (128,), "tmail on the launcher's grid, at most 5 blocks"),
     ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
     ("tmak3v3", {"ATTN_TMA_KS": 3, "ATTN_TMA_VS": 3}, (128,), "D128 TMA with 3 K and 3 V stages"),
 ]

@@ -75,14 +75,6 @@ struct WgRows {
     long long mask_stride_q;
 };
 
-// wg_softmax's order: 1 (a candidate): both rows' maxima as two interleaved chains, then the exponentials of the two
-// rows alternating, so that the exp2s are spread over the whole softmax instead of the second
-// row's coming last in back-to-back pairs (Nsight Compute, run 29j: docs/performance-notes.md,
-// "The forward's source view by instruction kind"). 0 (the default): row by row.
-#ifndef ATTN_WG_SM_ILV
-#define ATTN_WG_SM_ILV 0
-#endif
-
 // Masks the scores of the tile of keys n0 .. n0+BC-1 (Lk tail, causal, additive mask), updates
 // the running max m_r and turns s into P = 2^(s*sl2 - m*sl2) in place; alpha = the factor for
 // the old O and l, rsum = this thread's part of the row sums of P. As attention_fwd.cuh.
@@ -111,33 +103,6 @@ __device__ __forceinline__ void wg_softmax(float (&s)[BC / 2], float (&m_r)[2], 
                 }
                 s[4 * nt + e] = x;
             }
-    }
-    if (ATTN_WG_SM_ILV) {  // (a candidate: see the macro)
-        float mx[2] = {m_r[0], m_r[1]}, msc[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            alpha[r] = (m_r[r] == attn_neg_inf()) ? 0.f : fast_exp2((m_r[r] - mx[r]) * w.sl2);
-            m_r[r] = mx[r];
-            msc[r] = (mx[r] == attn_neg_inf()) ? 0.f : mx[r] * w.sl2;
-        }
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {  // (row e >> 1: the two rows' exponentials alternate in pairs)
-                const int r = e >> 1;
-                const float pe = fast_exp2(fmaf(s[4 * nt + e], w.sl2, -msc[r]));
-                s[4 * nt + e] = pe;
-                sum[r] += pe;
-            }
-        rsum[0] = sum[0];
-        rsum[1] = sum[1];
-        return;
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
