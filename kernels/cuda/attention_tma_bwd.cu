@@ -125,9 +125,9 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 // executed against rtx's 34.1 M STS); on an H100 (runs 28k-28l, one process, alternating) the main
 // kernel took 0.98-0.99x the time with it (12 of 16 pairs faster) and passed the reduced check. In
 // its present form (the store moved into wgb_store_ds after those runs, which changed its register
-// allocation) it passed the attention GPU tests but ran level with the default (2026-12-06, H100,
-// 24 alternating pairs in one process: docs/performance-notes.md), so it stays off. D = 64 keeps
-// the stores either way (not measured).
+// allocation) it passed the attention GPU tests but ran level with the default (2026-12-06, 24
+// alternating pairs in one process on an H100 and 12 on an H200: docs/performance-notes.md), so it
+// stays off. D = 64 keeps the stores either way (not measured).
 #ifndef ATTN_TBW_DS_STSM
 #define ATTN_TBW_DS_STSM 0
 #endif
