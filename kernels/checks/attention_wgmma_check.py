@@ -665,8 +665,6 @@ BWD_VARIANTS = [
                                        "the default before the dq tensor map)"),
     ("btmal", {"ATTN_TBW_EARLY": 0}, "btma, D128 reading lse and dsum after the waits for S^T and dP^T "
                                      "(the default before ATTN_TBW_EARLY)"),
-    ("btmasm", {"ATTN_TBW_DS_STSM": 1}, "btma, D128 storing dS^T by stmatrix (4 per thread and step instead of "
-                                        "16 four-byte stores; D64 as btma)"),
     ("btmaws1", {"ATTN_TBW_WAIT_SLEEP": 1}, "btma with the producer's waits suspending (mbar_wait_sleep)"),
     ("btmaws2", {"ATTN_TBW_WAIT_SLEEP": 2}, "btma with every mbarrier wait suspending"),
     ("btma3", {"ATTN_TBW_STAGES": 3}, "btma with 3 stages and one dS^T tile (two more barriers per step)"),

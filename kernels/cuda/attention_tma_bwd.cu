@@ -38,8 +38,7 @@
 //  * Compile-time candidates (kernels/checks/attention_wgmma_check.py builds and times them):
 //    ATTN_TBW_STAGES=3, ATTN_TBW_D64_BR=64 (above), ATTN_TBW_UNDEF=1 (reg_undef of the per-step
 //    accumulators), ATTN_TBW_CARRY_DK=1 or 2 (dK's GEMM carried into the next step, D = 64 or both
-//    head dims; with ATTN_TBW_D64_BR=64), ATTN_TBW_DS_STSM=1 (dS^T by stmatrix, D = 128); see each
-//    macro below.
+//    head dims; with ATTN_TBW_D64_BR=64); see each macro below.
 //
 // rtx-kernels: arch-specific
 // (the line above makes rtx-kernels compile this program for sm_90a: wgmma, setmaxnreg and the
@@ -118,18 +117,6 @@ static_assert(128 * ATTN_TBW_PREGS + 256 * ATTN_TBW_CREGS <= 384 * 168, "setmaxn
 #endif
 #ifndef ATTN_TBW_STAGES
 #define ATTN_TBW_STAGES 2
-#endif
-// D = 128: dS^T goes to shared memory by BR / 4 = 16 four-byte stores per thread and step (0, the
-// default) or by stmatrix (1, a candidate: BR / 16 = 4 stmatrix.x4; wgb_store_ds's STSM mode).
-// cuDNN's sm90 backward stores it by stmatrix (Nsight Compute, run 28j: 4.5 M STSM and 8.9 M STS
-// executed against rtx's 34.1 M STS); on an H100 (runs 28k-28l, one process, alternating) the main
-// kernel took 0.98-0.99x the time with it (12 of 16 pairs faster) and passed the reduced check. In
-// its present form (the store moved into wgb_store_ds after those runs, which changed its register
-// allocation) it passed the attention GPU tests but ran level with the default (2026-12-06, 24
-// alternating pairs in one process on an H100 and 12 on an H200: docs/performance-notes.md), so it
-// stays off. D = 64 keeps the stores either way (not measured).
-#ifndef ATTN_TBW_DS_STSM
-#define ATTN_TBW_DS_STSM 0
 #endif
 // How dQ reaches dq_accum: 1 (the default) each consumer warp stages its 16 rows x 64 columns as
 // two 16 x 32 f32 panels with the 128-byte swizzle and one lane adds both with bulk tensor
@@ -473,8 +460,8 @@ __device__ __forceinline__ void flash_bwd_tma_body(const FlashTmaBwdParams& tp, 
             }
         }
         // ---- dS^T = P^T o (dP^T - dsum) -> smem buffer `buf` [key][query] ----
-        wgb_ds<Tr, BR, BC, ATTN_TBW_DS_STSM && D == 128>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES,
-                                                         krow - n0, g, t, EARLY ? dpre : nullptr);
+        wgb_ds<Tr, BR, BC>(dp, s, df, s_dsum, gbase + (s_ds - base) + buf * Cfg::DS_BYTES, krow - n0, g, t,
+                           EARLY ? dpre : nullptr);
         fence_proxy_async_smem();
         named_bar_sync(1, 256);  // dS^T of both warpgroups written
 

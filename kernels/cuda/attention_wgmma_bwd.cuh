@@ -112,34 +112,17 @@ __device__ __forceinline__ void wgb_issue_rs(float (&acc)[N / 2], const unsigned
     }
 }
 
-// Stores the packed dS^T fragments df into the dS^T tile at ds_ptr (layout: wgb_ds below): BR / 4
-// four-byte stores per thread, or with STSM BR / 16 stmatrix.x4 per thread (matrix i of
-// instruction m is (nt = 2 m + i / 2, r = i % 2), fragment df[2 nt + r]; lane 8 i + j gives the
-// address of its row j: key row0 - g + 8 r + j, queries 8 nt .. + 7 as one 16-byte chunk).
-template <int BR, int BC, bool STSM = false>
+// Stores the packed dS^T fragments df into the dS^T tile at ds_ptr (layout: wgb_ds below).
+template <int BR, int BC>
 __device__ __forceinline__ void wgb_store_ds(const unsigned (&df)[BR / 4], unsigned char* ds_ptr, int row0, int g,
                                              int t) {
-    if constexpr (STSM) {
-        const int lane = 4 * g + t, i = lane >> 3, j = lane & 7;
-        const unsigned s_ds = smem_u32(ds_ptr);
 #pragma unroll
-        for (int m = 0; m < BR / 16; ++m) {
-            const int nt = 2 * m + (i >> 1);
-            const unsigned addr = s_ds + (unsigned)(nt >> 3) * (BC * 128) + (unsigned)(row0 - g + 8 * (i & 1) + j) * 128u +
-                                  ((unsigned)((nt & 7) ^ j) << 4);
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                         "r"(df[4 * m]), "r"(df[4 * m + 1]), "r"(df[4 * m + 2]), "r"(df[4 * m + 3])
-                         : "memory");
-        }
-    } else {
+    for (int nt = 0; nt < BR / 8; ++nt) {
 #pragma unroll
-        for (int nt = 0; nt < BR / 8; ++nt) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = row0 + 8 * r;
-                *reinterpret_cast<unsigned*>(ds_ptr + (nt >> 3) * (BC * 128) + row * 128 + (((nt & 7) ^ g) << 4) +
-                                             4 * t) = df[2 * nt + r];
-            }
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 8 * r;
+            *reinterpret_cast<unsigned*>(ds_ptr + (nt >> 3) * (BC * 128) + row * 128 + (((nt & 7) ^ g) << 4) + 4 * t) =
+                df[2 * nt + r];
         }
     }
 }
@@ -147,8 +130,7 @@ __device__ __forceinline__ void wgb_store_ds(const unsigned (&df)[BR / 4], unsig
 // dS^T = P^T o (dP^T - dsum) in dp, packed into df, and stored into the dS^T tile at ds_ptr
 // ([key][query], 128-byte rows, 16-byte chunk nt of row r at nt ^ (r & 7); BR = 128: two such
 // panels of BC rows, queries 0-63 and 64-127); row0: the thread's first key relative to the tile.
-// STSM: stored by stmatrix (wgb_store_ds).
-template <typename Tr, int BR, int BC = 128, bool STSM = false>
+template <typename Tr, int BR, int BC = 128>
 __device__ __forceinline__ void wgb_ds(float (&dp)[BR / 2], const float (&s)[BR / 2], unsigned (&df)[BR / 4],
                                        const float* s_dsum, unsigned char* ds_ptr, int row0, int g, int t,
                                        const float2* dpre = nullptr) {
@@ -159,7 +141,7 @@ __device__ __forceinline__ void wgb_ds(float (&dp)[BR / 2], const float (&s)[BR 
         for (int e = 0; e < 4; ++e) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - ((e & 1) ? dsv.y : dsv.x));
     }
     wgb_pack<Tr, BR / 4>(df, dp);
-    wgb_store_ds<BR, BC, STSM>(df, ds_ptr, row0, g, t);
+    wgb_store_ds<BR, BC>(df, ds_ptr, row0, g, t);
 }
 
 // dQ[64 queries x 64 columns] = dS K over BC keys: BC/16 m64n64k16 SS wgmmas, A = dS (the dS^T
