@@ -11,8 +11,14 @@ norm_bulk.cuh, as the setting layer_norm_bulk takes them and in other shapes), l
 launch), embedding.cu (lookup and the deterministic scatter-add in five launches and, as
 the setting embedding_one_launch takes it, in one: uniform, Zipf, all-equal and invalid
 ids; the backward run twice and compared bit for bit), elementwise.cu (add, exp: only
-timed, at several grid sizes). Each .cu is compiled with cupy's RawModule
-(NVRTC) with the flags rtx uses (sm_90, -std=c++17, --use_fast_math, -I kernels/cuda).
+timed, at several grid sizes). Each .cu is compiled with cupy's RawModule (NVRTC)
+with the runtime's flags (rtx_kernels::Options::default(): sm_90, -std=c++17,
+-default-device, precise math; plus -I kernels/cuda), to which cupy adds -ftz=true
+(denormal results flushed, which the runtime's kernels keep). Before 2026-12-06 this
+script compiled with --use_fast_math, which the runtime never used: figures it gave
+until then (benches/RESULTS.md says which) timed fast-math builds.
+kernels/checks/ew_math_check.py times the element-wise kernels from CUBINs built by
+rtx's own NVRTC path instead.
 
 1. Correctness against float64 PyTorch math on fresh torch.randn inputs, every output
    poisoned with NaN before the launch: relative error ||out - ref|| / ||ref|| (each
@@ -84,7 +90,7 @@ def ptr(t):
 class Module:
     def __init__(self, name, kdir=KDIR, defines=None):
         src = open(os.path.join(kdir, name + ".cu")).read()
-        opts = ["-std=c++17", "--use_fast_math", "-I" + kdir]
+        opts = ["-std=c++17", "-default-device", "-I" + kdir]
         opts += ["-D%s=%s" % kv for kv in (defines or {}).items()]
         self.mod = cupy.RawModule(code=src, options=tuple(opts + ["--gpu-architecture=sm_90"]))
         self.fns = {}
@@ -539,7 +545,7 @@ class Adam:
             c = copies[i] if copies else None
             grid = max(1, min((n + BLOCK - 1) // BLOCK, self.m.resident(name)))
             self.m.launch(name, grid, (ptr(p), ptr(p), ptr(g), ptr(m), ptr(m), ptr(v), ptr(v), ptr(c),
-                                       np.uint64(n), h, np.uint64(0), np.uint64(0)))
+                                       np.uint64(n), h, np.uint64(0), np.uint64(0), np.uint64(0)))
 
     def tables(self, ts, copies=None):
         out = []
@@ -567,7 +573,8 @@ class Adam:
         for tab, tiles, pn, gn in tabs:
             name = "adamw_mt_%s_%s" % (pn, gn)
             grid = max(1, min(tiles, self.m.resident(name, mode)))  # "all": a block per tile, as the launcher
-            self.m.launch(name, grid, (tab, h, np.uint64(0), np.uint64(0)))
+            # norm, scaler, tstep: none (h.t is the step)
+            self.m.launch(name, grid, (tab, h, np.uint64(0), np.uint64(0), np.uint64(0)))
 
 
 def adam_ref(p, g, m, v, lr, b1, b2, eps, wd, t):

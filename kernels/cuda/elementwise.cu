@@ -10,7 +10,8 @@
 // Unary, y[i] = op(x[i]) for i < n; op in neg exp log sin cos sqrt abs relu:
 //   extern "C" __global__ void ew_{op}_{dt}(const T* x, T* y, size_t n)
 //   relu(x) = x < 0 ? 0 : x (NaN stays NaN); abs, neg exact; exp log sin cos sqrt are the
-//   CUDA f32 functions (expf, ...; approximate under --use_fast_math).
+//   CUDA f32 functions (expf, ...; approximate under --use_fast_math). exp of f16 on sm_90
+//   takes a shorter packed form with expf's results bit for bit (Packed<Exp, __half>).
 //
 // Binary, same shape, y[i] = a[i] op b[i]; op in add sub mul div max min:
 //   extern "C" __global__ void ew_{op}_{dt}(const T* a, const T* b, T* y, size_t n)
@@ -65,6 +66,58 @@ template <> struct Unroll<Div> { static constexpr int value = 2; };
 struct Max { __device__ __forceinline__ float operator()(float a, float b) const { return max_nan(a, b); } };
 struct Min { __device__ __forceinline__ float operator()(float a, float b) const { return min_nan(a, b); } };
 
+// Ops with a packed 16-bit form, applied to the loaded 16-byte vector as is (no f32
+// unpacking), with the same results as the f32 form rounded to T. Without one
+// (Packed<Op, T>::value false) the kernels compute in f32.
+template <class Op, typename T> struct Packed { static constexpr bool value = false; };
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+// exp of f16 on sm_90: 2^(x log2 e) by ex2.approx.ftz in f32 (one MUFU.EX2), rounded to
+// f16. On sm_90 that gives expf's result rounded to f16 on every one of the 65,536 inputs
+// but two, 0xC13B (-2.6152) and 0xC1EF (-2.9668), whose result it rounds one unit low;
+// those two are corrected (a compare and an add per pair of inputs each). So the results
+// are those of the f32 form bit for bit (and PyTorch's: kernels/checks/ew_math_check.py
+// runs all 65,536 inputs through each of the kernel's paths on the GPU), in fewer
+// instructions: the f32 form's expf takes eight per element. cuda_fp16's h2exp is the same
+// computation but corrects four inputs, two of which (0x1F79, 0x25CF) sm_90's EX2 already
+// rounds right, so it misrounds those two. Other architectures keep the f32 form: their
+// EX2 may round other inputs differently.
+struct ExpF16 {
+    static __device__ __forceinline__ float ex2(float x) {
+        float y;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+        return y;
+    }
+    static __device__ __forceinline__ __half2 pair(__half2 h) {
+        const float2 f = __half22float2(h);
+        __half2 r = __floats2half2_rn(ex2(__fmul_rn(f.x, 1.4426950408889634f)),
+                                      ex2(__fmul_rn(f.y, 1.4426950408889634f)));
+        // r += (h == input) * ulp, per half: __heq2 is 1 where equal, 0 elsewhere (and for NaN).
+        r = __hfma2(__heq2(h, __half2half2(__ushort_as_half(0xC13Bu))),
+                    __half2half2(__ushort_as_half(0x0400u)), r);  // 2^-14
+        r = __hfma2(__heq2(h, __half2half2(__ushort_as_half(0xC1EFu))),
+                    __half2half2(__ushort_as_half(0x0200u)), r);  // 2^-15
+        return r;
+    }
+};
+template <> struct Packed<Exp, __half> {
+    static constexpr bool value = true;
+    static __device__ __forceinline__ unsigned word(unsigned w) {
+        __half2 h;
+        memcpy(&h, &w, 4);
+        h = ExpF16::pair(h);
+        memcpy(&w, &h, 4);
+        return w;
+    }
+    static __device__ __forceinline__ uint4 vec(uint4 v) {
+        return make_uint4(word(v.x), word(v.y), word(v.z), word(v.w));
+    }
+    static __device__ __forceinline__ void one(const __half* x, __half* y) {
+        *y = __low2half(ExpF16::pair(__half2half2(__ldg(x))));
+    }
+};
+#endif
+
 // ---- contiguous ----------------------------------------------------------------------
 
 // Each thread handles U 16-byte vectors per step (all loads issued before any
@@ -78,27 +131,46 @@ __device__ __forceinline__ void unary(const T* x, T* y, size_t n) {
     if (aligned16(x) && aligned16(y)) {
         const size_t nv = n / V;
         size_t i = t;
-        for (; i + (U - 1) * nt < nv; i += U * nt) {
-            float f[U][V];
-#pragma unroll
-            for (int u = 0; u < U; ++u) load_vec<T, V>(x + (i + u * nt) * V, f[u]);
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-#pragma unroll
-                for (int e = 0; e < V; ++e) f[u][e] = op(f[u][e]);
-                store_vec<T, V>(y + (i + u * nt) * V, f[u]);
+        if constexpr (Packed<Op, T>::value) {
+            if (nt >= nv) {  // the launcher's grid: at most one vector per thread
+                if (i < nv) st16(y + i * V, Packed<Op, T>::vec(ldg16(x + i * V)));
+                for (size_t j = nv * V + t; j < n; j += nt) Packed<Op, T>::one(x + j, y + j);
+                return;
             }
-        }
-        for (; i < nv; i += nt) {
-            float f[V];
-            load_vec<T, V>(x + i * V, f);
+            for (; i + (U - 1) * nt < nv; i += U * nt) {
+                uint4 v[U];
 #pragma unroll
-            for (int e = 0; e < V; ++e) f[e] = op(f[e]);
-            store_vec<T, V>(y + i * V, f);
+                for (int u = 0; u < U; ++u) v[u] = ldg16(x + (i + u * nt) * V);
+#pragma unroll
+                for (int u = 0; u < U; ++u) st16(y + (i + u * nt) * V, Packed<Op, T>::vec(v[u]));
+            }
+            for (; i < nv; i += nt) st16(y + i * V, Packed<Op, T>::vec(ldg16(x + i * V)));
+        } else {
+            for (; i + (U - 1) * nt < nv; i += U * nt) {
+                float f[U][V];
+#pragma unroll
+                for (int u = 0; u < U; ++u) load_vec<T, V>(x + (i + u * nt) * V, f[u]);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+#pragma unroll
+                    for (int e = 0; e < V; ++e) f[u][e] = op(f[u][e]);
+                    store_vec<T, V>(y + (i + u * nt) * V, f[u]);
+                }
+            }
+            for (; i < nv; i += nt) {
+                float f[V];
+                load_vec<T, V>(x + i * V, f);
+#pragma unroll
+                for (int e = 0; e < V; ++e) f[e] = op(f[e]);
+                store_vec<T, V>(y + i * V, f);
+            }
         }
         done = nv * V;
     }
-    for (size_t j = done + t; j < n; j += nt) Ty<T>::store(y + j, op(Ty<T>::load(x + j)));
+    for (size_t j = done + t; j < n; j += nt) {
+        if constexpr (Packed<Op, T>::value) Packed<Op, T>::one(x + j, y + j);
+        else Ty<T>::store(y + j, op(Ty<T>::load(x + j)));
+    }
 }
 
 template <class Op, typename T>

@@ -498,3 +498,50 @@ fn programmatic_launch_equals_plain_launch() {
         }
     }
 }
+
+// exp on every one of the 65,536 f16 inputs (NaNs, infinities and subnormals included)
+// gives the exact exp rounded to f16, bit for bit (NaN for NaN). On sm_90 the CUDA kernel
+// takes its packed f16 path for this (`ExpF16` in `kernels/cuda/elementwise.cu`, which
+// corrects the two inputs that the f32 `ex2.approx` misrounds), so this test fails if a
+// correction is missing or wrong; 65,533 inputs also run the element-by-element tail.
+backend_test!(exp_f16_every_input_is_correctly_rounded, |rt, label| {
+    let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+    for skip in [0usize, 3] {
+        let x = &all[skip..];
+        let out = run(rt, ew::exp(&upload(rt, x, &[x.len()])));
+        let y: Vec<f16> = rt
+            .to_vec::<f16>(&out)
+            .expect("to_vec")
+            .wait()
+            .expect("download");
+        assert_eq!(y.len(), x.len());
+        let wrong: Vec<String> = x
+            .iter()
+            .zip(&y)
+            .filter(|(a, b)| {
+                let want = f16::from_f64(a.to_f64().exp());
+                if want.is_nan() {
+                    !b.is_nan()
+                } else {
+                    f16::to_bits(want) != f16::to_bits(**b)
+                }
+            })
+            .map(|(a, b)| {
+                let want = f16::from_f64(a.to_f64().exp());
+                format!(
+                    "{:#06x} -> {:#06x} (want {:#06x})",
+                    f16::to_bits(*a),
+                    f16::to_bits(*b),
+                    f16::to_bits(want)
+                )
+            })
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{label}: exp of {} of {} f16 inputs is not the exact value rounded: {}",
+            wrong.len(),
+            x.len(),
+            wrong.iter().take(8).cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+});
