@@ -7,8 +7,8 @@ GPU host.
 The kernel (y = act(x · wᵀ + bias), f16/bf16, see the file's header) is compiled with
 cupy's RawModule (NVRTC) with the runtime's flags (sm_90, -std=c++17, -default-device,
 precise math, -I kernels/cuda; cupy adds -ftz=true; before 2026-12-06 this script also
-passed --use_fast_math, which the runtime never used) and launched with the geometry of ops/src/gemm/cuda/small.rs: grid
-(ceil(n/64), ceil(m/64), batch), 128 threads.
+passed --use_fast_math, which the runtime never used) and launched with the geometry of
+ops/src/gemm/cuda/small.rs: grid (ceil(n/64), ceil(m/64), batch), 128 threads.
 
 1. Correctness against float64 math on fresh torch.randn inputs (x, w scaled by
    1/sqrt(k) so that outputs are O(1)), the output poisoned with NaN before the launch:
