@@ -54,14 +54,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "benches"))
 from torch_baseline import time_cuda, uniform  # noqa: E402
 
 BLOCK = 256
+DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
 
 
 def load(cubins, variant):
     return cupy.RawModule(path=os.path.join(cubins, variant + ".cubin"))
-
-
-def tname(dt):
-    return {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dt]
 
 
 def wide_exp(mods, dt, dname, n, vec):
@@ -146,9 +143,8 @@ def exhaustive_f16(mods):
 
 def once(a, mods, blocks):
     """One launch of each variant and of PyTorch's kernel per case, in that order."""
-    dts = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
     for dname in a.dtypes.split(","):
-        dt = dts[dname]
+        dt = DTYPES[dname]
         vec = 16 // torch.tensor([], dtype=dt).element_size()
         for p in map(int, a.sizes.split(",")):
             n = 1 << p
@@ -195,10 +191,9 @@ def main():
     blocks = [int(b) for b in a.blocks.split(",")]
     if a.once:
         return once(a, mods, blocks)
-    dts = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
     fails = 0
     for dname in a.dtypes.split(","):
-        dt = dts[dname]
+        dt = DTYPES[dname]
         vec = 16 // torch.tensor([], dtype=dt).element_size()
         for p in map(int, a.sizes.split(",")):
             n = 1 << p
