@@ -506,7 +506,7 @@ def gpu_main(args):
         fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
         for K in [K for K in builds if K.name == args.child]:
             full = K.name in ("wg", "tma", "tmanm", "tma64w3", "tmad5", "tma64d5", "tmasf", "tmasfd5", "tma64sf",
-                              "tma64sfd5", "tmaws2", "tmaws2d5") and not args.quick
+                              "tma64sfd5", "tmaws2", "tmaws2d5", "tmacl") and not args.quick
             gen = torch.Generator(device="cuda")
             gen.manual_seed(1234)
             res, worst, t1 = [], {"o": 0.0, "lse": 0.0}, time.time()
