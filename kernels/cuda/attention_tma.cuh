@@ -75,11 +75,12 @@ __device__ __forceinline__ void tma_load_3d_mc(unsigned dst, const TmaMap* map, 
         "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
         : "memory");
 }
-// `count` arrivals (release, cluster scope) on the barrier at offset bar of CTA `rank` of the cluster.
+// `count` arrivals on the barrier at offset bar of CTA `rank` of the cluster (release at CTA scope,
+// the default: a cluster-scope release puts a fence, CGAERRBAR, before each arrival).
 __device__ __forceinline__ void mbar_arrive_remote(unsigned bar, unsigned rank, unsigned count) {
     asm volatile(
         "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra], %2;\n}\n" ::"r"(bar),
+        "mbarrier.arrive.shared::cluster.b64 _, [ra], %2;\n}\n" ::"r"(bar),
         "r"(rank), "r"(count)
         : "memory");
 }
