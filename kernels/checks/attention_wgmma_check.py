@@ -131,11 +131,6 @@ VARIANTS = [
                  "launch_sched": 1}, (128, 64), "tmaws2 on the launcher's grid"),
     ("tmaws2d5", {"launch_cubin": "tmaws2", "ATTN_TMA_NOMASK": 1, "ATTN_TMA_WAIT_SLEEP": 2, "launch_persist": 2,
                   "launch_sched": 1, "launch_blocks": 5}, (128, 64), "tmaws2d on at most 5 blocks (for the check)"),
-    # Clusters of 2 blocks sharing each K / V tile by multicast (attention_tma.cu, ATTN_TMA_CLUSTER:
-    # calls without causal masking, an even number of query tiles and no counter; other calls
-    # load as tmanm does), FlashAttention-3's Hopper forward for D >= 128 without causal masking.
-    ("tmacl", {"ATTN_TMA_NOMASK": 1, "ATTN_TMA_CLUSTER": 2}, (128,),
-     "tmanm in clusters of 2 blocks, K / V multicast to both (a block per tile; an even grid)"),
     ("tmak3", {"ATTN_TMA_KS": 3}, (128,), "D128 TMA with 3 K stages"),
     ("tmak3v3", {"ATTN_TMA_KS": 3, "ATTN_TMA_VS": 3}, (128,), "D128 TMA with 3 K and 3 V stages"),
 ]
@@ -343,8 +338,6 @@ def gpu_main(args):
             if persist == 2 or (persist == 1 and not int(pp["causal"])):
                 blocks = min(blocks, torch.cuda.get_device_properties(0).multi_processor_count,
                              int(self.defs.get("launch_blocks", 1 << 30)))
-            if D == 128 and int(self.defs.get("ATTN_TMA_CLUSTER", 1)) == 2:
-                blocks += blocks % 2  # clusters of 2 (a block past the work tiles does nothing)
             if int(self.defs.get("launch_sched", 0)):
                 if self.sched is None:  # [next, done], left at 0 by every launch
                     self.sched = torch.zeros(2, dtype=torch.int32, device="cuda")
@@ -506,7 +499,7 @@ def gpu_main(args):
         fmt = lambda x: "%8.1e" % x if x == x else "     NaN"  # noqa: E731
         for K in [K for K in builds if K.name == args.child]:
             full = K.name in ("wg", "tma", "tmanm", "tma64w3", "tmad5", "tma64d5", "tmasf", "tmasfd5", "tma64sf",
-                              "tma64sfd5", "tmaws2", "tmaws2d5", "tmacl") and not args.quick
+                              "tma64sfd5", "tmaws2", "tmaws2d5") and not args.quick
             gen = torch.Generator(device="cuda")
             gen.manual_seed(1234)
             res, worst, t1 = [], {"o": 0.0, "lse": 0.0}, time.time()

@@ -151,7 +151,7 @@ __device__ __forceinline__ void tma_turn_pass(int cw, int j, int n) {
     }
 }
 
-template <typename Tr, typename Cfg, int KS, int VS, bool HAS_MASK = true, int CL = 1>
+template <typename Tr, typename Cfg, int KS, int VS, bool HAS_MASK = true>
 __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, unsigned char* smem) {
     static_assert(Cfg::PIPE && (Cfg::NWG == 2 || Cfg::NWG == 3) && Cfg::BC == 128 && Cfg::BR == 64 * Cfg::NWG &&
                       (Cfg::D == 64 || Cfg::D == 128),
@@ -177,16 +177,6 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
     // Work tiles: see "Work tiles" above the kernel.
     const int n_m = (Lq + BR - 1) / BR;
     const unsigned n_work = (unsigned)n_m * p.H * p.B;  // (the launcher keeps it under 2^31)
-    // CL = 2 (ATTN_TMA_CLUSTER): the kernel runs in clusters of 2 blocks. For calls without causal
-    // masking, an even n_m and no `sched` (both blocks of a cluster then take tiles 2i and 2i + 1 of
-    // one (batch, head) with the same keys, tile after tile), each K and V tile is loaded once per
-    // cluster (mc): block `rank` loads its 64-column panel `rank` into both blocks' stage
-    // (multicast), each block's full barrier expecting the whole tile, and a stage is free once
-    // the consumers of both blocks have released it (empty barriers of 2 x NCONS arrivals: each
-    // consumer thread's own, and one of 32 per warp of the other block's). Other calls load as
-    // with CL = 1.
-    const bool mc = CL == 2 && D == 128 && !p.causal && n_m % 2 == 0 && tp.sched == nullptr;
-    const unsigned rank = CL == 2 ? cluster_ctarank() : 0u;
 
     // smem: [Q][K stages][V stages]
     //       [barriers: q_full, q_empty, k_full[KS], k_empty[KS], v_full[VS], v_empty[VS]]
@@ -208,19 +198,15 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
         mbar_init(q_empty, NCONS);
         for (int i = 0; i < KS; ++i) {
             mbar_init(k_full + 8 * i, 1);
-            mbar_init(k_empty + 8 * i, mc ? 2 * NCONS : NCONS);
+            mbar_init(k_empty + 8 * i, NCONS);
         }
         for (int i = 0; i < VS; ++i) {
             mbar_init(v_full + 8 * i, 1);
-            mbar_init(v_empty + 8 * i, mc ? 2 * NCONS : NCONS);
+            mbar_init(v_empty + 8 * i, NCONS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if (CL > 1) {
-        cluster_sync_all();  // the other block's barriers exist before a copy or arrival reaches them
-    } else {
-        __syncthreads();
-    }
+    __syncthreads();
 
     if (wg == 0) {
         // ---- producer ----
@@ -262,37 +248,18 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                         slot[tc & 1] = cur;
                     }
                     mbar_expect_tx(k_full + 8 * ks, KV_BYTES);
-                    if (mc) {
-                        tma_load_3d_mc(s_k + ks * KV_BYTES + rank * (BC * 128), &tp.k, k_full + 8 * ks, 64 * rank,
-                                       j * BC, kh, 3);
-                    } else {
 #pragma unroll
-                        for (int pn = 0; pn < D / 64; ++pn)
-                            tma_load_3d(s_k + ks * KV_BYTES + pn * (BC * 128), &tp.k, k_full + 8 * ks, 64 * pn,
-                                        j * BC, kh);
-                    }
+                    for (int pn = 0; pn < D / 64; ++pn)
+                        tma_load_3d(s_k + ks * KV_BYTES + pn * (BC * 128), &tp.k, k_full + 8 * ks, 64 * pn, j * BC,
+                                    kh);
                     const int vs = kv % VS;
                     if (kv >= VS) mbar_wait_as<ATTN_TMA_WAIT_SLEEP, true>(v_empty + 8 * vs, ((kv / VS) + 1) & 1);
                     mbar_expect_tx(v_full + 8 * vs, KV_BYTES);
-                    if (mc) {
-                        tma_load_3d_mc(s_v + vs * KV_BYTES + rank * (BC * 128), &tp.v, v_full + 8 * vs, 64 * rank,
-                                       j * BC, kh, 3);
-                    } else {
 #pragma unroll
-                        for (int pn = 0; pn < D / 64; ++pn)
-                            tma_load_3d(s_v + vs * KV_BYTES + pn * (BC * 128), &tp.v, v_full + 8 * vs, 64 * pn,
-                                        j * BC, kh);
-                    }
+                    for (int pn = 0; pn < D / 64; ++pn)
+                        tma_load_3d(s_v + vs * KV_BYTES + pn * (BC * 128), &tp.v, v_full + 8 * vs, 64 * pn, j * BC,
+                                    kh);
                 }
-            }
-            // mc: the block stays until both blocks' consumers have released its last stages,
-            // so that no arrival of the other block reaches its barriers after it has exited
-            // (the copies into it completed before its own consumers finished).
-            if (mc) {
-                for (int i = 1; i <= KS && i <= kv; ++i)
-                    mbar_wait(k_empty + 8 * ((kv - i) % KS), ((kv - i) / KS) & 1);
-                for (int i = 1; i <= VS && i <= kv; ++i)
-                    mbar_wait(v_empty + 8 * ((kv - i) % VS), ((kv - i) / VS) & 1);
             }
             // Every block has claimed its last tile once `done` counts the grid: the last one
             // leaves the counters at 0 for the next launch (stream order makes them visible).
@@ -326,14 +293,6 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
 
     int kv = 0;                  // as the producer's
     unsigned tile = blockIdx.x;  // the producer's first, then what its slots announce
-    // A stage's release: this thread's arrival, and with mc one per warp on the other block's barrier.
-    auto release = [&](unsigned b) {
-        mbar_arrive(b);
-        if (mc) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive_remote(b, rank ^ 1u, 32);
-        }
-    };
     for (int tc = 0; tile < n_work; ++tc) {
         const int bh = (int)(tile / n_m);
         const int m0 = (n_m - 1 - ((int)tile - bh * n_m)) * BR;
@@ -392,13 +351,13 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                     tma_turn_pass<NWG>(cw, j, turns);
                     wg_wait<0>();
                     reg_fence(s);
-                    release(k_empty + 8 * ks);
+                    mbar_arrive(k_empty + 8 * ks);
                     wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
                     wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
                 } else {
                     tma_turn_wait<NWG>(cw, kj);
                     tma_turn_pass<NWG>(cw, j, turns);
-                    release(k_empty + 8 * ks);
+                    mbar_arrive(k_empty + 8 * ks);
                 }
             } else if (j < wg_tiles) {
                 tma_turn_wait<NWG>(cw, kj);
@@ -413,16 +372,16 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 tma_turn_pass<NWG>(cw, j, turns);
                 wg_wait<1>();  // S_j done
                 reg_fence(s);
-                release(k_empty + 8 * ks);
+                mbar_arrive(k_empty + 8 * ks);
                 wg_softmax<Tr, BC, HAS_MASK>(s, m_r, alpha, rsum, w, n0);
                 if (SOFTMAX_FIRST) wg_keep_before_wait(rsum[0], rsum[1]);
                 wg_wait<0>();  // P_{j-1} V_{j-1} done
                 reg_fence(o);
                 reg_fence(pf);
-                release(v_empty + 8 * vs);
+                mbar_arrive(v_empty + 8 * vs);
                 wg_rescale_pack<Tr, D, BC>(o, pf, l_r, s, alpha, rsum);
             } else if (j == wg_tiles) {
-                release(k_empty + 8 * ks);
+                mbar_arrive(k_empty + 8 * ks);
                 tma_turn_wait<NWG>(cw, kj);
                 reg_fence(o);
                 reg_fence(pf);
@@ -432,12 +391,12 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 tma_turn_pass<NWG>(cw, j, turns);
                 wg_wait<0>();
                 reg_fence(o);
-                release(v_empty + 8 * vs);
+                mbar_arrive(v_empty + 8 * vs);
             } else {
                 tma_turn_wait<NWG>(cw, kj);
                 tma_turn_pass<NWG>(cw, j, turns);
-                release(k_empty + 8 * ks);
-                if (j > 0) release(v_empty + 8 * vs);
+                mbar_arrive(k_empty + 8 * ks);
+                if (j > 0) mbar_arrive(v_empty + 8 * vs);
             }
         }
         // Every S GEMM of this work tile has completed: Q may take the next tile's rows.
@@ -458,7 +417,7 @@ __device__ __forceinline__ void flash_fwd_tma_body(const FlashTmaParams& tp, uns
                 wg_wait<0>();
                 reg_fence(o);
             }
-            release(v_empty + 8 * vs);
+            mbar_arrive(v_empty + 8 * vs);
         }
         kv += n_tiles;
         if (row0 < Lq) wg_store_o<Tr, D>(p, b, h, w, o, l_r, m_r);
@@ -507,31 +466,13 @@ static_assert(AttnTmaLaunchD64::SMEM_BYTES == 83032 && AttnTmaLaunchD64::NTHREAD
               "documented (tma fwd d64)");
 #endif
 #endif
-// ATTN_TMA_CLUSTER (a candidate, 1 = off): 2 compiles the D = 128 kernels for clusters of 2
-// blocks (__cluster_dims__: the grid must be even; a block past n_work only takes part in the
-// cluster's first barrier) whose K / V tiles, for calls without causal masking, are loaded once
-// per cluster and multicast to both blocks (`mc` in the body above), as FlashAttention-3's
-// Hopper forward does for head dimensions of 128 and more without causal masking.
-#ifndef ATTN_TMA_CLUSTER
-#define ATTN_TMA_CLUSTER 1
-#endif
-#if ATTN_TMA_CLUSTER == 2
-#define ATTN_TMA_D128_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
-#elif ATTN_TMA_CLUSTER == 1
-#define ATTN_TMA_D128_CLUSTER_DIMS
-#else
-#error "ATTN_TMA_CLUSTER: 1 or 2"
-#endif
-#define ATTN_TMA_FWD_KERNEL(NAME, TR, CFG, HAS_MASK, CL, ATTR)                                          \
-    extern "C" __global__ void __launch_bounds__(AttnTmaLaunch<CFG>::NTHREADS, 1) ATTR NAME(            \
+#define ATTN_TMA_FWD_KERNEL(NAME, TR, CFG, HAS_MASK)                                                    \
+    extern "C" __global__ void __launch_bounds__(AttnTmaLaunch<CFG>::NTHREADS, 1) NAME(                 \
         const __grid_constant__ FlashTmaParams tp) {                                                    \
-        flash_fwd_tma_body<TR, CFG, ATTN_TMA_KS, ATTN_TMA_VS, HAS_MASK, CL>(tp, attn_tma_smem);          \
+        flash_fwd_tma_body<TR, CFG, ATTN_TMA_KS, ATTN_TMA_VS, HAS_MASK>(tp, attn_tma_smem);              \
     }
-#define ATTN_TMA_D128_KERNEL(NAME, TR, HAS_MASK) \
-    ATTN_TMA_FWD_KERNEL(NAME, TR, AttnTmaCfgD128, HAS_MASK, ATTN_TMA_CLUSTER, ATTN_TMA_D128_CLUSTER_DIMS)
-#define ATTN_TMA_D64_KERNEL(NAME, TR, HAS_MASK) ATTN_TMA_FWD_KERNEL(NAME, TR, AttnTmaCfgD64, HAS_MASK, 1, )
-ATTN_TMA_D128_KERNEL(flash_fwd_tma_d128_f16, AttnF16, true)
-ATTN_TMA_D128_KERNEL(flash_fwd_tma_d128_bf16, AttnBF16, true)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_f16, AttnF16, AttnTmaCfgD128, true)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d128_bf16, AttnBF16, AttnTmaCfgD128, true)
 #ifndef ATTN_TMA_NOMASK
 // 1 (the default): also flash_fwd_tma_nm_d{D}_{T}, the same kernels for calls without an
 // additive mask (the mask pointer is ignored; the launcher takes them only for calls without
@@ -541,8 +482,8 @@ ATTN_TMA_D128_KERNEL(flash_fwd_tma_d128_bf16, AttnBF16, true)
 #define ATTN_TMA_NOMASK 1
 #endif
 #if ATTN_TMA_NOMASK
-ATTN_TMA_D128_KERNEL(flash_fwd_tma_nm_d128_f16, AttnF16, false)
-ATTN_TMA_D128_KERNEL(flash_fwd_tma_nm_d128_bf16, AttnBF16, false)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d128_f16, AttnF16, AttnTmaCfgD128, false)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d128_bf16, AttnBF16, AttnTmaCfgD128, false)
 #endif
 #if ATTN_TMA_D64
 // D = 64: with 3 consumer warpgroups (the default) the mask-less build alone, since the
@@ -555,11 +496,11 @@ ATTN_TMA_D128_KERNEL(flash_fwd_tma_nm_d128_bf16, AttnBF16, false)
 #define ATTN_TMA_D64_MASKED 0
 #endif
 #if ATTN_TMA_D64_WG == 2 || ATTN_TMA_D64_MASKED
-ATTN_TMA_D64_KERNEL(flash_fwd_tma_d64_f16, AttnF16, true)
-ATTN_TMA_D64_KERNEL(flash_fwd_tma_d64_bf16, AttnBF16, true)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_f16, AttnF16, AttnTmaCfgD64, true)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_d64_bf16, AttnBF16, AttnTmaCfgD64, true)
 #endif
 #if ATTN_TMA_NOMASK
-ATTN_TMA_D64_KERNEL(flash_fwd_tma_nm_d64_f16, AttnF16, false)
-ATTN_TMA_D64_KERNEL(flash_fwd_tma_nm_d64_bf16, AttnBF16, false)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d64_f16, AttnF16, AttnTmaCfgD64, false)
+ATTN_TMA_FWD_KERNEL(flash_fwd_tma_nm_d64_bf16, AttnBF16, AttnTmaCfgD64, false)
 #endif
 #endif

@@ -65,35 +65,6 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, uns
         : "memory");
 }
 
-// The same box multicast to every CTA of the cluster in cta_mask: each receives it at offset dst
-// of its own shared memory and completes the transaction bytes on its own barrier at offset bar.
-__device__ __forceinline__ void tma_load_3d_mc(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1, int c2,
-                                               unsigned short cta_mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
-        "{%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
-        : "memory");
-}
-// `count` arrivals on the barrier at offset bar of CTA `rank` of the cluster (release at CTA scope,
-// the default: a cluster-scope release puts a fence, CGAERRBAR, before each arrival).
-__device__ __forceinline__ void mbar_arrive_remote(unsigned bar, unsigned rank, unsigned count) {
-    asm volatile(
-        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [ra], %2;\n}\n" ::"r"(bar),
-        "r"(rank), "r"(count)
-        : "memory");
-}
-__device__ __forceinline__ unsigned cluster_ctarank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// Every thread of every CTA of the cluster (what each wrote before is visible to all after).
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 // -------------------------------------------------------------------------------------
 // Bulk asynchronous reductions (shared -> global)
 // -------------------------------------------------------------------------------------
